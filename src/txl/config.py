@@ -1,0 +1,492 @@
+"""Typed, frozen configuration: the model, data, training, evaluation and generation sections.
+
+Every field is documented and validated when the object is built, with a message that names the field.
+Presets are TOML files (``src/txl/configs/*.toml``); ``--set section.field=value`` overrides are applied
+with :func:`apply_overrides`. Configs are never mutated: derive new ones with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "TransformerXLConfig",
+    "DataConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "GenerateConfig",
+    "RunConfig",
+    "ConfigError",
+    "load_config",
+    "preset_names",
+    "apply_overrides",
+    "config_to_dict",
+    "config_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value, unknown field or unknown preset."""
+
+
+def _check(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {message}")
+
+
+def _positive_int(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+           f"must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name,
+           f"must be a non-negative integer, got {value!r}")
+
+
+def _probability(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}")
+
+
+def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    _check(value in choices, name, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """Sizes and variants of a Transformer-XL language model (or its vanilla baseline).
+
+    The defaults make a tiny CPU model. Names follow the paper and the authors' code.
+    """
+
+    vocab_size: int = 256
+    """Number of tokens in the vocabulary (V)."""
+    n_layer: int = 2
+    """Number of decoder layers (N)."""
+    n_head: int = 2
+    """Attention heads per layer (H)."""
+    d_head: int = 16
+    """Size of each attention head (Dh)."""
+    d_model: int = 32
+    """Hidden size of the residual stream (D); even, since the sinusoid interleaves sin and cos halves."""
+    d_inner: int = 64
+    """Hidden size of the position-wise feed-forward network."""
+    d_embed: int | None = None
+    """Embedding size before projection to d_model; None means d_model (no projection)."""
+    dropout: float = 0.0
+    """Dropout on embeddings, positions, residual branches and the final hidden state."""
+    dropatt: float = 0.0
+    """Dropout on attention probabilities."""
+    attention: Literal["relative", "absolute"] = "relative"
+    """"relative": Transformer-XL attention with memory. "absolute": the vanilla baseline of the paper
+    (absolute sinusoidal positions added to the input, standard attention, no memory; mem_len is unused)."""
+    mem_len: int = 32
+    """Positions of hidden states kept per layer as memory for the next segment (M); 0 disables memory."""
+    same_length: bool = False
+    """Every query attends to the same number of keys (the paper's evaluation setting)."""
+    clamp_len: int | None = None
+    """Relative distances larger than this use the embedding of clamp_len; None means no clamp."""
+    pre_norm: bool = False
+    """LayerNorm before each sub-layer (pre-norm) instead of after the residual sum (post-norm, the paper)."""
+    final_norm: bool = False
+    """A LayerNorm after the last layer (useful with pre_norm; the authors' code has none)."""
+    tie_weights: bool = True
+    """Share the input embedding and output softmax weights."""
+    share_rel_bias: bool = True
+    """One pair of global biases u, v for all layers (the authors' PyTorch code), or one pair per layer."""
+    cutoffs: tuple[int, ...] = ()
+    """Adaptive input/softmax cluster boundaries (token ids); empty means one ordinary softmax."""
+    div_val: int = 1
+    """Each adaptive cluster's embedding size is d_embed // div_val**i."""
+    tie_projs: bool = True
+    """Share the tail clusters' output projections with the input embedding projections (adaptive only)."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of weights, embeddings and the biases u, v."""
+    proj_init_std: float = 0.01
+    """Standard deviation of the normal initialisation of the adaptive projections."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cutoffs, list):
+            object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
+        for name in ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner", "div_val"):
+            _positive_int(self, name)
+        _check(self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}")
+        if self.d_embed is not None:
+            _positive_int(self, "d_embed")
+        _probability(self, "dropout")
+        _probability(self, "dropatt")
+        _one_of(self, "attention", ("relative", "absolute"))
+        _non_negative_int(self, "mem_len")
+        if self.clamp_len is not None:
+            _positive_int(self, "clamp_len")
+        for name in ("same_length", "pre_norm", "final_norm", "tie_weights", "share_rel_bias", "tie_projs"):
+            _check(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        cut = self.cutoffs
+        _check(all(isinstance(c, int) and not isinstance(c, bool) for c in cut), "cutoffs", "must be integers")
+        _check(all(a < b for a, b in zip(cut, cut[1:], strict=False)), "cutoffs", f"must increase strictly, got {cut}")
+        _check(all(0 < c < self.vocab_size for c in cut), "cutoffs",
+               f"must lie strictly between 0 and vocab_size={self.vocab_size}, got {cut}")
+        if self.div_val > 1:
+            _check(bool(cut), "div_val", "needs cutoffs (div_val > 1 shrinks the embeddings of adaptive clusters)")
+            smallest = self.embed_dim // self.div_val ** len(cut)
+            _check(smallest > 0, "div_val", f"d_embed // div_val**{len(cut)} must be positive, got {smallest}")
+        for name in ("init_std", "proj_init_std"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and value > 0, name, f"must be positive, got {value!r}")
+
+    @property
+    def embed_dim(self) -> int:
+        """The embedding size actually used (d_embed, or d_model when d_embed is None)."""
+        return self.d_model if self.d_embed is None else self.d_embed
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether forward returns memory for the next segment."""
+        return self.attention == "relative" and self.mem_len > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data, training, evaluation, generation
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which text to model and how to turn it into tokens."""
+
+    corpus: str = "python-stdlib"
+    """A corpus name (tinyshakespeare, books, wikitext-2, wikitext-103, enwik8, text8, ptb, python-stdlib)
+    or a path to a text file or folder."""
+    vocab: Literal["word", "char", "byte", "bpe"] | None = None
+    """Vocabulary kind; None picks the corpus's natural level (word, char or byte)."""
+    min_freq: int = 1
+    """Word vocabulary: drop tokens seen fewer times than this (they become <unk>)."""
+    max_size: int | None = None
+    """Word vocabulary: keep at most this many tokens (plus specials)."""
+    bpe_vocab_size: int = 8000
+    """BPE vocabulary size."""
+    tokenizer: Literal["whitespace", "regex"] | None = None
+    """Word vocabulary tokenizer; None: whitespace for pre-tokenized corpora, regex for raw text."""
+    data_dir: str | None = None
+    """Folder to look for corpora in before $TXL_DATA_DIR and ~/.cache/txl."""
+    cache_dir: str | None = None
+    """Folder for encoded .npy caches; None means ~/.cache/txl/encoded."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
+        if self.vocab is not None:
+            _one_of(self, "vocab", ("word", "char", "byte", "bpe"))
+        _positive_int(self, "min_freq")
+        if self.max_size is not None:
+            _positive_int(self, "max_size")
+        _check(isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260, "bpe_vocab_size",
+               f"must be an integer >= 260, got {self.bpe_vocab_size!r}")
+        if self.tokenizer is not None:
+            _one_of(self, "tokenizer", ("whitespace", "regex"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop."""
+
+    steps: int = 200
+    """Optimizer steps to run."""
+    batch_size: int = 8
+    """Number of parallel streams (batch rows), each a contiguous part of the corpus."""
+    tgt_len: int = 32
+    """Segment length T (tokens predicted per row per step)."""
+    varlen: bool = False
+    """Draw segment lengths around tgt_len as the original (the memory carries across any length)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the cosine or linear schedule."""
+    schedule: Literal["cosine", "linear", "inverse_sqrt", "constant"] = "cosine"
+    """Learning-rate schedule after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to lr over this many steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (not applied to biases, norms, embeddings' u/v biases)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.999
+    """AdamW beta2."""
+    clip: float | None = 0.25
+    """Gradient norm clipping threshold; None disables clipping."""
+    accum_steps: int = 1
+    """Gradient accumulation: the batch rows are split into this many chunks per step."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """bf16 autocast for the forward pass (weights and optimizer stay fp32)."""
+    device: str = "auto"
+    """"auto" (CUDA if available), "cpu", "cuda", "cuda:N"."""
+    seed: int = 0
+    """Seed for parameters, dropout and the segment stream."""
+    log_every: int = 10
+    """Write a train line to metrics.jsonl every N steps."""
+    eval_every: int = 100
+    """Evaluate on the validation split every N steps (and at the end); 0 only at the end."""
+    eval_tokens: int | None = None
+    """Limit periodic validation to about this many tokens (None: the whole split). The final is always full."""
+    checkpoint_every: int = 100
+    """Save a checkpoint every N steps (and at the end); 0 only at the end."""
+    keep_last: int = 2
+    """Keep this many most recent step checkpoints (the best one is kept separately)."""
+    patience: int | None = None
+    """Stop after this many evaluations without a better validation loss; None never stops early."""
+    compile: bool = False
+    """Wrap the model with torch.compile."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "tgt_len", "accum_steps", "log_every", "keep_last"):
+            _positive_int(self, name)
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
+            _non_negative_int(self, name)
+        _check(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", f"must be positive, got {self.lr!r}")
+        _check(isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr, "min_lr",
+               f"must be in [0, lr], got {self.min_lr!r}")
+        _one_of(self, "schedule", ("cosine", "linear", "inverse_sqrt", "constant"))
+        _check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay",
+               "must be >= 0")
+        for name in ("beta1", "beta2"):
+            _probability(self, name)
+        if self.clip is not None:
+            _check(isinstance(self.clip, (int, float)) and self.clip > 0, "clip", "must be positive or null")
+        _one_of(self, "precision", ("fp32", "bf16"))
+        _check(self.batch_size % self.accum_steps == 0, "accum_steps",
+               f"must divide batch_size={self.batch_size}, got {self.accum_steps}")
+        if self.eval_tokens is not None:
+            _positive_int(self, "eval_tokens")
+        if self.patience is not None:
+            _positive_int(self, "patience")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation over a whole split, carrying memory; these may differ from training (longer memory)."""
+
+    batch_size: int = 8
+    """Parallel streams during evaluation."""
+    tgt_len: int | None = None
+    """Segment length; None: the training tgt_len."""
+    mem_len: int | None = None
+    """Memory length; None: the model's mem_len."""
+    clamp_len: int | None = None
+    """Clamp of relative distances; None: the model's clamp_len."""
+    same_length: bool | None = None
+    """Every query sees the same number of keys; None: the model's setting."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "batch_size")
+        if self.tgt_len is not None:
+            _positive_int(self, "tgt_len")
+        if self.mem_len is not None:
+            _non_negative_int(self, "mem_len")
+        if self.clamp_len is not None:
+            _positive_int(self, "clamp_len")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Sampling settings."""
+
+    max_new_tokens: int = 200
+    """Tokens to sample."""
+    temperature: float = 1.0
+    """Divide logits by this; 0 means greedy."""
+    top_k: int | None = None
+    """Keep the k most likely tokens."""
+    top_p: float | None = None
+    """Keep the smallest set of tokens whose probability reaches p (nucleus)."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "max_new_tokens")
+        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0, "temperature",
+               "must be >= 0")
+        if self.top_k is not None:
+            _positive_int(self, "top_k")
+        if self.top_p is not None:
+            _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run needs; saved as config.json in the run folder."""
+
+    model: TransformerXLConfig = field(default_factory=TransformerXLConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+
+
+_SECTIONS: dict[str, type] = {
+    "model": TransformerXLConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "generate": GenerateConfig,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Conversion, presets and overrides
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Convert a TOML/JSON value to the field's declared type (lists to tuples, ints to floats)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{name}: invalid value {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            choices = ", ".join(map(repr, typing.get_args(hint)))
+            raise ConfigError(f"{name}: must be one of {choices}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)[:1]
+        return tuple(_coerce(v, item, name) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{name}: must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}: must be a number, got {value!r}")
+        if not math.isfinite(float(value)):
+            raise ConfigError(f"{name}: must be finite, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{section}.{key}: unknown field (known: {', '.join(sorted(known))})")
+        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        msg = str(exc)
+        if not msg.startswith(f"{section}."):
+            msg = f"{section}.{msg}"
+        raise ConfigError(msg) from None
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build a RunConfig from nested plain values (TOML or JSON); unknown sections or fields are errors."""
+    sections = {}
+    for key, value in data.items():
+        if key not in _SECTIONS:
+            raise ConfigError(f"{key}: unknown config section (known: {', '.join(_SECTIONS)})")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be a table of fields")
+        sections[key] = _build_section(_SECTIONS[key], value, key)
+    return RunConfig(**sections)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Nested plain values (tuples as lists) for JSON or TOML."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(config)
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("txl") / "configs"))
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with txl."""
+    return sorted(p.stem for p in _presets_dir().glob("*.toml"))
+
+
+def load_config(name_or_path: str | Path) -> RunConfig:
+    """Load a preset by name (``tiny``) or a TOML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" or path.exists()):
+        path = _presets_dir() / f"{name_or_path}.toml"
+        if not path.exists():
+            raise ConfigError(f"unknown preset {str(name_or_path)!r} (presets: {', '.join(preset_names())}; "
+                              "or give a path to a .toml file)")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return config_from_dict(data)
+
+
+def _parse_value(text: str) -> Any:
+    """A TOML value (``3``, ``1e-3``, ``true``, ``[1, 2]``, ``"x"``); a bare word is a string."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(config: RunConfig, overrides: list[str] | tuple[str, ...]) -> RunConfig:
+    """Apply ``section.field=value`` overrides, returning a new validated RunConfig."""
+    data = config_to_dict(config)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        section, dot, name = key.strip().partition(".")
+        if not dot or section not in _SECTIONS:
+            raise ConfigError(f"{key.strip()}: unknown config section (known: {', '.join(_SECTIONS)})")
+        if name not in {f.name for f in dataclasses.fields(_SECTIONS[section])}:
+            raise ConfigError(f"{key.strip()}: unknown field")
+        data[section][name] = _parse_value(raw.strip())
+    return config_from_dict(data)

@@ -1,0 +1,50 @@
+"""txl.data: corpora, vocabularies, encoded-split cache, the ordered segment stream, downloads."""
+
+from txl.data.cache import default_cache_dir, encode_split, token_dtype
+from txl.data.corpora import (
+    CORPUS_NAMES,
+    Corpus,
+    CorpusError,
+    cache_root,
+    data_search_dirs,
+    load_corpus,
+)
+from txl.data.download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
+from txl.data.stream import Batch, SegmentStream
+from txl.data.vocab import (
+    BPEVocab,
+    ByteVocab,
+    CharVocab,
+    Vocab,
+    WordVocab,
+    build_vocab,
+    load_vocab,
+    vocab_from_dict,
+)
+
+__all__ = [
+    "CORPUS_NAMES",
+    "DOWNLOADS",
+    "BPEVocab",
+    "Batch",
+    "ByteVocab",
+    "CharVocab",
+    "Corpus",
+    "CorpusError",
+    "DownloadSpec",
+    "RemoteFile",
+    "SegmentStream",
+    "UnverifiedDownloadWarning",
+    "Vocab",
+    "WordVocab",
+    "build_vocab",
+    "cache_root",
+    "data_search_dirs",
+    "default_cache_dir",
+    "download_corpus",
+    "encode_split",
+    "load_corpus",
+    "load_vocab",
+    "token_dtype",
+    "vocab_from_dict",
+]

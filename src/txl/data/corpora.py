@@ -1,0 +1,444 @@
+"""Corpus readers: known corpora by name, or plain text files and folders by path.
+
+Owns where corpora are looked for, how each is split into train/valid/test and read as raw bytes.
+Turning text into token ids is left to `vocab.py`, caching ids to `cache.py`, fetching to `download.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sysconfig
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, NamedTuple
+
+CORPUS_NAMES = (
+    "tinyshakespeare",
+    "books",
+    "wikitext-2",
+    "wikitext-103",
+    "enwik8",
+    "text8",
+    "ptb",
+    "python-stdlib",
+)
+SPLITS = ("train", "valid", "test")
+DOWNLOADABLE = ("wikitext-2", "wikitext-103", "enwik8", "text8", "ptb")
+
+Level = Literal["word", "char", "byte"]
+
+# books/: which novels are held out (the rest is train).
+BOOKS_VALID = ("emma.txt",)
+BOOKS_TEST = ("the_last_of_the_mohicans.txt",)
+_PG_START = re.compile(rb"^\*\*\* ?START OF (?:THIS|THE) PROJECT GUTENBERG EBOOK[^\n]*\n", re.I | re.M)
+_PG_END = re.compile(rb"^\*\*\* ?END OF (?:THIS|THE) PROJECT GUTENBERG EBOOK", re.I | re.M)
+
+# python-stdlib: directories skipped while walking the standard library (third-party code and the
+# test suites, whose data files include deliberately malformed sources).
+STDLIB_EXCLUDED_DIRS = frozenset(
+    {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "turtledemo"}
+)
+
+_ENWIK8_TRAIN, _ENWIK8_VALID = 90_000_000, 5_000_000
+
+
+class CorpusError(ValueError):
+    """A corpus could not be found or read; the message says what, which file, and what to do."""
+
+
+class FileSpan(NamedTuple):
+    """Where a piece of a split came from: `start` is its offset in the split's bytes,
+    `file_offset` its offset in `path` (None when the text was normalised, e.g. CRLF -> LF)."""
+
+    path: str
+    start: int
+    file_offset: int | None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus read into memory: raw bytes per split plus what is needed to tokenize it.
+
+    name: corpus name (or the file/folder name for a path).
+    splits: raw bytes per split; keys among "train", "valid", "test"; a missing split is absent.
+    level: the natural vocabulary ("word", "char" or "byte").
+    eos_per_line: whether a word vocabulary appends `<eos>` after every line (WikiText, PTB).
+    sources: the files each split was read from (for messages).
+    fingerprint: sha256 over name, level, eos_per_line and every split's contents (the cache key).
+    spans: per split, where each piece came from (to turn a byte offset back into a file offset).
+    """
+
+    name: str
+    splits: Mapping[str, bytes]
+    level: Level
+    eos_per_line: bool
+    sources: Mapping[str, tuple[str, ...]]
+    fingerprint: str
+    spans: Mapping[str, tuple[FileSpan, ...]] = field(default_factory=dict, repr=False)
+
+    def has(self, split: str) -> bool:
+        return split in self.splits
+
+    def require(self, split: str) -> bytes:
+        """The bytes of `split`, or a CorpusError saying that the split is absent and where it looked."""
+        if split not in self.splits:
+            present = ", ".join(sorted(self.splits)) or "none"
+            read = ", ".join(f for files in self.sources.values() for f in files) or "none"
+            fix = (
+                f"add the file or run `txl data download {self.name}`"
+                if self.name in DOWNLOADABLE
+                else f"provide a {split} file or use another split"
+            )
+            raise CorpusError(
+                f"corpus '{self.name}' has no '{split}' split (present: {present}; files read: {read}); {fix}"
+            )
+        return self.splits[split]
+
+    def locate(self, split: str, offset: int) -> str:
+        """Describe byte `offset` of `split` as a position in its source file."""
+        spans = self.spans.get(split, ())
+        for span in reversed(spans):
+            if offset >= span.start:
+                if span.file_offset is None:
+                    return f"{span.path} (byte {offset - span.start} of its normalised text)"
+                return f"{span.path} at byte offset {span.file_offset + offset - span.start}"
+        files = ", ".join(self.sources.get(split, ())) or "<memory>"
+        return f"{files} at byte offset {offset}"
+
+    def text(self, split: str) -> str:
+        """Strict UTF-8 decode of a split; a CorpusError names the file and byte offset on failure."""
+        data = self.require(split)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            where = self.locate(split, err.start)
+            raise CorpusError(
+                f"corpus '{self.name}' split '{split}' is not valid UTF-8: {where} "
+                f"(byte {data[err.start : err.start + 1]!r}, {err.reason}); "
+                "re-encode the file as UTF-8 or use a byte-level vocabulary"
+            ) from None
+
+
+def cache_root() -> Path:
+    """`$XDG_CACHE_HOME/txl`, else `~/.cache/txl`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "txl"
+
+
+def data_search_dirs() -> list[Path]:
+    """Folders searched for named corpora: each entry of `$TXL_DATA_DIR` (os.pathsep-separated),
+    then the txl cache folder (`~/.cache/txl`, XDG aware)."""
+    dirs = [Path(p).expanduser() for p in os.environ.get("TXL_DATA_DIR", "").split(os.pathsep) if p]
+    dirs.append(cache_root())
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _read(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CorpusError(f"cannot read {path}: {err.strerror}; check the path and its permissions") from None
+    if not data:
+        raise CorpusError(f"file {path} is empty; a corpus file needs text (replace or remove it)")
+    return data
+
+
+def _fingerprint(name: str, level: str, eos_per_line: bool, splits: Mapping[str, bytes]) -> str:
+    h = hashlib.sha256()
+    h.update(f"txl-corpus-v1\0{name}\0{level}\0{int(eos_per_line)}\0".encode())
+    for split in sorted(splits):
+        h.update(f"{split}\0{len(splits[split])}\0".encode())
+        h.update(splits[split])
+    return h.hexdigest()
+
+
+def _make(
+    name: str,
+    level: Level,
+    eos_per_line: bool,
+    parts: Mapping[str, list[tuple[bytes, str, int | None]]],
+) -> Corpus:
+    """Build a Corpus from per-split pieces (bytes, source path, offset in that file or None)."""
+    splits: dict[str, bytes] = {}
+    sources: dict[str, tuple[str, ...]] = {}
+    spans: dict[str, tuple[FileSpan, ...]] = {}
+    for split in SPLITS:
+        pieces = parts.get(split) or []
+        if not pieces:
+            continue
+        buf = bytearray()
+        sp: list[FileSpan] = []
+        for data, path, file_offset in pieces:
+            sp.append(FileSpan(path, len(buf), file_offset))
+            buf += data
+        if not buf:
+            continue
+        splits[split] = bytes(buf)
+        sources[split] = tuple(dict.fromkeys(p for _, p, _ in pieces))
+        spans[split] = tuple(sp)
+    if not splits:
+        raise CorpusError(f"corpus '{name}' is empty: no split has any text; check its files")
+    return Corpus(
+        name=name,
+        splits=MappingProxyType(splits),
+        level=level,
+        eos_per_line=eos_per_line,
+        sources=MappingProxyType(sources),
+        fingerprint=_fingerprint(name, level, eos_per_line, splits),
+        spans=MappingProxyType(spans),
+    )
+
+
+def _char_cuts(data: bytes, fractions: Iterable[float], path: Path) -> list[int]:
+    """Byte offsets of the cuts at the given fractions of the *characters* of UTF-8 `data`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CorpusError(
+            f"{path} is not valid UTF-8 at byte offset {err.start}; it is split by characters, "
+            "so it must be UTF-8 text"
+        ) from None
+    if len(text) == len(data):  # ASCII: characters are bytes
+        return [int(f * len(text)) for f in fractions]
+    return [len(text[: int(f * len(text))].encode("utf-8")) for f in fractions]
+
+
+def _line_cut(data: bytes, at: int) -> int:
+    """Move a cut at byte `at` forward to just after the next newline (or a UTF-8 boundary)."""
+    if at <= 0 or at >= len(data):
+        return max(0, min(at, len(data)))
+    nl = data.find(b"\n", at)
+    if nl != -1 and nl - at < max(4096, len(data) // 100):
+        return nl + 1
+    while at < len(data) and (data[at] & 0xC0) == 0x80:  # do not cut inside a UTF-8 sequence
+        at += 1
+    return at
+
+
+def _bucket(relpath: str) -> str:
+    """Deterministic ~90/5/5 split assignment of a file by the sha256 of its relative path."""
+    v = int.from_bytes(hashlib.sha256(relpath.encode("utf-8")).digest()[:8], "big") % 100
+    return "train" if v < 90 else "valid" if v < 95 else "test"
+
+
+def _with_newline(data: bytes) -> bytes:
+    return data if data.endswith(b"\n") else data + b"\n"
+
+
+def _split_by_file(files: list[tuple[str, Path]]) -> dict[str, list[tuple[bytes, str, int | None]]]:
+    parts: dict[str, list[tuple[bytes, str, int | None]]] = {s: [] for s in SPLITS}
+    for rel, path in sorted(files):
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise CorpusError(f"cannot read {path}: {err.strerror}") from None
+        if data:
+            parts[_bucket(rel)].append((_with_newline(data), str(path), 0))
+    return parts
+
+
+def strip_gutenberg(data: bytes) -> bytes:
+    """CRLF -> LF, and keep only the text between the Project Gutenberg START/END lines if present."""
+    data = data.replace(b"\r\n", b"\n")
+    start = _PG_START.search(data)
+    if start:
+        data = data[start.end() :]
+    end = _PG_END.search(data)
+    if end:
+        data = data[: end.start()]
+    return data.strip(b"\n") + b"\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# named corpora
+
+_LAYOUTS: dict[str, dict[str, str]] = {
+    "wikitext-2": {s: f"wiki.{s}.tokens" for s in SPLITS},
+    "wikitext-103": {s: f"wiki.{s}.tokens" for s in SPLITS},
+    "ptb": {s: f"ptb.{s}.txt" for s in SPLITS},
+    "tinyshakespeare": {"all": "input.txt"},
+    "enwik8": {"all": "enwik8"},
+    "text8": {"all": "text8"},
+}
+
+
+def _find_folder(name: str, search: list[Path]) -> Path:
+    """The first `<dir>/<name>/` holding at least one of the corpus's expected files."""
+    for d in search:
+        folder = d / name
+        if name == "books":
+            if folder.is_dir() and any(folder.glob("*.txt")):
+                return folder
+        elif any((folder / f).is_file() for f in _LAYOUTS[name].values()):
+            return folder
+    expected = "*.txt" if name == "books" else ", ".join(sorted(set(_LAYOUTS[name].values())))
+    looked = ", ".join(str(d / name) for d in search) or "(no search folders)"
+    hint = (
+        f"run `txl data download {name}`" if name in DOWNLOADABLE else "put the files in one of those folders"
+    )
+    raise CorpusError(
+        f"corpus '{name}' not found: looked for {expected} in {looked}; {hint} "
+        "or point $TXL_DATA_DIR at the folder that contains it"
+    )
+
+
+def _load_named(name: str, search: list[Path]) -> Corpus:
+    if name == "python-stdlib":
+        return _load_stdlib()
+    folder = _find_folder(name, search)
+    if name in ("wikitext-2", "wikitext-103", "ptb"):
+        parts: dict[str, list[tuple[bytes, str, int | None]]] = {}
+        for split, fname in _LAYOUTS[name].items():
+            path = folder / fname
+            if path.is_file():
+                parts[split] = [(_read(path), str(path), 0)]
+        return _make(name, "word", True, parts)
+    if name == "tinyshakespeare":  # nanoGPT: first 90% of characters train, last 10% valid
+        path = folder / "input.txt"
+        data = _read(path)
+        (cut,) = _char_cuts(data, [0.9], path)
+        return _make(
+            name,
+            "char",
+            False,
+            {"train": [(data[:cut], str(path), 0)], "valid": [(data[cut:], str(path), cut)]},
+        )
+    if name in ("enwik8", "text8"):  # 90M / 5M / 5M (bytes for enwik8, characters for text8)
+        path = folder / name
+        data = _read(path)
+        if name == "enwik8":
+            a, b = _ENWIK8_TRAIN, _ENWIK8_TRAIN + _ENWIK8_VALID
+        else:
+            a, b = _char_offsets(data, [_ENWIK8_TRAIN, _ENWIK8_TRAIN + _ENWIK8_VALID], path)
+        level: Level = "byte" if name == "enwik8" else "char"
+        return _make(
+            name,
+            level,
+            False,
+            {
+                "train": [(data[:a], str(path), 0)],
+                "valid": [(data[a:b], str(path), a)],
+                "test": [(data[b:], str(path), b)],
+            },
+        )
+    if name == "books":
+        parts = {s: [] for s in SPLITS}
+        for path in sorted(folder.glob("*.txt")):
+            split = "valid" if path.name in BOOKS_VALID else "test" if path.name in BOOKS_TEST else "train"
+            parts[split].append((strip_gutenberg(_read(path)), str(path), None))
+        return _make(name, "word", False, parts)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _char_offsets(data: bytes, counts: list[int], path: Path) -> list[int]:
+    """Byte offsets of the first `counts[i]` characters (identity for ASCII text such as text8)."""
+    if data.isascii():
+        return [min(c, len(data)) for c in counts]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"{path} is not valid UTF-8 at byte offset {err.start}") from None
+    return [len(text[:c].encode("utf-8")) for c in counts]
+
+
+def stdlib_files() -> list[tuple[str, Path]]:
+    """(relative posix path, path) of the standard library's own `.py` files, sorted, skipping
+    `STDLIB_EXCLUDED_DIRS` (site-packages, test suites, idlelib, lib2to3, turtledemo)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_EXCLUDED_DIRS and not d.startswith("."))
+        for f in filenames:
+            if f.endswith(".py"):
+                p = Path(dirpath) / f
+                out.append((p.relative_to(root).as_posix(), p))
+    if not out:
+        raise CorpusError(f"no .py files found under the Python standard library at {root}")
+    return sorted(out)
+
+
+def _load_stdlib() -> Corpus:
+    return _make("python-stdlib", "byte", False, _split_by_file(stdlib_files()))
+
+
+# ---------------------------------------------------------------------------------------------
+# paths
+
+_SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "validation", "val", "dev"), "test": ("test",)}
+
+
+def _folder_split_files(folder: Path) -> dict[str, Path]:
+    """`train.txt`/`valid.txt`/`test.txt`, or files named like `*.train.*` (`wiki.valid.tokens`)."""
+    found: dict[str, Path] = {}
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    for split, aliases in _SPLIT_ALIASES.items():
+        for p in files:
+            parts = p.name.lower().split(".")
+            if parts[0] in aliases and len(parts) <= 2 or any(a in parts[1:-1] for a in aliases):
+                found.setdefault(split, p)
+    return found
+
+
+def _load_path(path: Path) -> Corpus:
+    name = path.name or str(path)
+    if path.is_file():
+        data = _read(path)
+        a = _line_cut(data, int(0.90 * len(data)))
+        b = _line_cut(data, int(0.95 * len(data)))
+        return _make(
+            name,
+            "char",
+            False,
+            {
+                "train": [(data[:a], str(path), 0)],
+                "valid": [(data[a:b], str(path), a)],
+                "test": [(data[b:], str(path), b)],
+            },
+        )
+    by_split = _folder_split_files(path)
+    if by_split:
+        return _make(name, "char", False, {s: [(_read(p), str(p), 0)] for s, p in by_split.items()})
+    files = [
+        (p.relative_to(path).as_posix(), p)
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    ]
+    if not files:
+        raise CorpusError(
+            f"folder {path} holds no files; put text files (or train.txt/valid.txt/test.txt) in it"
+        )
+    return _make(name, "char", False, _split_by_file(files))
+
+
+def load_corpus(spec: str, *, data_dir: Path | None = None) -> Corpus:
+    """Load a corpus by name (one of CORPUS_NAMES) or by path (a text file or a folder).
+
+    Names are looked up as `<dir>/<name>/` in `data_dir` if given, else in `data_search_dirs()`.
+    A path that is a file is split 90/5/5 (at line ends near those points); a folder uses
+    train/valid/test files if it has them, else assigns its files to splits by a hash of their path.
+    A split missing on disk is absent from `Corpus.splits`; callers fail when they need it.
+    """
+    if spec in CORPUS_NAMES:
+        search = [Path(data_dir)] if data_dir is not None else data_search_dirs()
+        return _load_named(spec, search)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _load_path(path)
+    if os.sep in spec or "/" in spec or "." in spec:
+        raise CorpusError(f"corpus path {path} does not exist; give an existing file or folder")
+    raise CorpusError(
+        f"unknown corpus '{spec}': not a known name ({', '.join(CORPUS_NAMES)}) and no such path"
+    )

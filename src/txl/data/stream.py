@@ -1,0 +1,198 @@
+"""The ordered segment iterator: one token array cut into B contiguous streams, read T tokens at a time.
+
+Row b of batch k+1 continues exactly where row b of batch k stopped, so a model's memory carries over
+between batches. Owns batching, variable segment lengths and resumable position; not tokenization.
+
+Dimensions: B batch size (streams), T segment length (tgt_len), L tokens per stream.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+VARLEN_STD = 5.0  # as the original Transformer-XL: std of the segment length
+VARLEN_MIN = 5  # shortest variable segment
+VARLEN_MAX_DEV = 3  # longest variable segment is tgt_len + VARLEN_MAX_DEV * VARLEN_STD
+
+
+@dataclass(frozen=True)
+class Batch:
+    """inputs and targets: (B, T) int64, targets = inputs shifted by one token within each stream.
+    mask: (B, T) bool, True where the target is a real token; None when all are real."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor | None = None
+
+    @property
+    def n_targets(self) -> int:
+        """Number of real targets in the batch."""
+        return int(self.mask.sum()) if self.mask is not None else self.targets.numel()
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
+        mask = self.mask.to(device, non_blocking=non_blocking) if self.mask is not None else None
+        return Batch(
+            self.inputs.to(device, non_blocking=non_blocking),
+            self.targets.to(device, non_blocking=non_blocking),
+            mask,
+        )
+
+
+class SegmentStream:
+    """Iterate a 1-D token array as B parallel contiguous streams, T tokens per step.
+
+    drop_last=True (training): stream b = tokens[b*L:(b+1)*L], L = N // B; the tail beyond B*L is
+    dropped, as is the prediction of each stream's first token. Needs L >= T + 1.
+    drop_last=False (evaluation): every token 1..N-1 is a target exactly once. L = ceil((N-1)/B);
+    stream b = tokens[b*L : b*L+L+1] (consecutive streams share one boundary token); short streams are
+    padded with 0 and `Batch.mask` marks real targets. Needs N >= 2.
+    varlen=True: each segment length is drawn as in the original Transformer-XL (tgt_len with
+    probability 0.95, else tgt_len/2; then normal(that, 5), clipped to [5, tgt_len + 15]) from a
+    numpy Generator seeded with `seed`, whose state is part of `state_dict()`.
+
+    The last batch of an epoch may be shorter. Producing it moves the stream to position 0 of the
+    next epoch. One iteration at a time: the stream holds the position, iterators share it.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray | torch.Tensor,
+        *,
+        batch_size: int,
+        tgt_len: int,
+        varlen: bool = False,
+        seed: int = 0,
+        drop_last: bool = True,
+        name: str = "tokens",
+    ) -> None:
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.detach().cpu().numpy()
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"{name}: expected a 1-D token array, got shape {tuple(tokens.shape)}")
+        if batch_size < 1 or tgt_len < 1:
+            raise ValueError(f"batch_size and tgt_len must be >= 1, got {batch_size} and {tgt_len}")
+        n = int(tokens.shape[0])
+        self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
+        self.drop_last, self.name, self.n_tokens = drop_last, name, n
+        if drop_last:
+            length = n // batch_size
+            if length < tgt_len + 1:
+                raise ValueError(
+                    f"split '{name}' has {n} tokens, fewer than one segment "
+                    f"(B x (T+1) = {batch_size} x {tgt_len + 1} = {batch_size * (tgt_len + 1)}); "
+                    "lower batch_size or tgt_len"
+                )
+            self._rows = tokens[: batch_size * length].reshape(batch_size, length)  # (B, L), a view
+            self._row_len = np.full(batch_size, length)
+            self._n_steps = length - 1
+        else:
+            if n < 2:
+                raise ValueError(f"split '{name}' has {n} tokens; evaluation needs at least 2")
+            length = math.ceil((n - 1) / batch_size)
+            rows = np.zeros((batch_size, length + 1), dtype=tokens.dtype)  # (B, L+1), padded
+            row_len = np.zeros(batch_size, dtype=np.int64)
+            for b in range(batch_size):
+                piece = tokens[b * length : min(b * length + length + 1, n)]
+                rows[b, : len(piece)] = piece
+                row_len[b] = len(piece)
+            self._rows, self._row_len, self._n_steps = rows, row_len, length
+        self._pos = 0
+        self._epoch = 0
+        self._rng = np.random.default_rng(seed)
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    @property
+    def n_batches(self) -> int:
+        """Batches per epoch at fixed length (with varlen, the count at the mean length tgt_len)."""
+        return math.ceil(self._n_steps / self.tgt_len)
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Targets predicted per epoch (B*(L-1) for training, N-1 for evaluation)."""
+        return int(np.clip(self._row_len - 1, 0, None).sum())
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def _next_len(self) -> int:
+        if not self.varlen:
+            return self.tgt_len
+        base = self.tgt_len if self._rng.random() < 0.95 else self.tgt_len / 2
+        seq_len = int(self._rng.normal(base, VARLEN_STD))
+        return max(
+            min(VARLEN_MIN, self.tgt_len), min(seq_len, int(self.tgt_len + VARLEN_MAX_DEV * VARLEN_STD))
+        )
+
+    def _batch(self, pos: int, seq_len: int) -> Batch:
+        inputs = np.asarray(self._rows[:, pos : pos + seq_len], dtype=np.int64)  # (B, T)
+        targets = np.asarray(self._rows[:, pos + 1 : pos + 1 + seq_len], dtype=np.int64)  # (B, T)
+        mask = None
+        if not self.drop_last:
+            real = (pos + 1 + np.arange(seq_len))[None, :] < self._row_len[:, None]  # (B, T)
+            if not real.all():
+                mask = torch.from_numpy(real)
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), mask)
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches from the current position to the end of the epoch."""
+        while self._pos < self._n_steps:
+            pos = self._pos
+            seq_len = min(self._next_len(), self._n_steps - pos)
+            batch = self._batch(pos, seq_len)
+            self._pos = pos + seq_len
+            if self._pos >= self._n_steps:  # epoch done: the next batch starts the next epoch
+                self._pos = 0
+                self._epoch += 1
+                yield batch
+                return
+            yield batch
+
+    def batches(self) -> Iterator[Batch]:
+        """Endless batches, epoch after epoch (for training by steps)."""
+        while True:
+            yield from self
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position: load it into an equal stream to continue exactly here."""
+        return {
+            "position": self._pos,
+            "epoch": self._epoch,
+            "rng": self._rng.bit_generator.state,
+            "n_tokens": self.n_tokens,
+            "batch_size": self.batch_size,
+            "tgt_len": self.tgt_len,
+            "varlen": self.varlen,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("n_tokens", "batch_size", "tgt_len", "varlen", "drop_last"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"stream state was saved with {key}={state[key]!r}, this stream has "
+                    f"{key}={getattr(self, key)!r}; resume with the same data and settings"
+                )
+        pos = int(state["position"])
+        if not 0 <= pos < max(self._n_steps, 1):
+            raise ValueError(f"stream position {pos} is outside 0..{self._n_steps - 1}")
+        self._pos, self._epoch = pos, int(state["epoch"])
+        rng = np.random.default_rng(self.seed)
+        rng.bit_generator.state = state["rng"]
+        self._rng = rng

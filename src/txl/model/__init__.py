@@ -1,0 +1,16 @@
+"""The Transformer-XL model: configuration lives in txl.config, the pieces here."""
+
+from .attention import AbsoluteMultiHeadAttention, RelativeMultiHeadAttention, rel_shift
+from .memory import Memory, update_memory
+from .transformer import ModelOutput, TransformerXL, attention_mask
+
+__all__ = [
+    "TransformerXL",
+    "ModelOutput",
+    "Memory",
+    "update_memory",
+    "rel_shift",
+    "attention_mask",
+    "RelativeMultiHeadAttention",
+    "AbsoluteMultiHeadAttention",
+]

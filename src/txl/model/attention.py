@@ -1,0 +1,132 @@
+"""Multi-head attention: Transformer-XL's relative attention (the paper's Eq. in Section 3.3) and the
+absolute-position attention of the vanilla baseline. Norms and residuals belong to ``layers.py``.
+
+Dimensions: B batch, T segment length (queries), M memory length, K = M + T keys, H heads, Dh head size,
+D model size.
+
+The relative score between query i and key j (Dai et al. 2019, Section 3.3):
+
+    A_ij = q_i·k_j  (a: content)  + q_i·W_R R_{i-j}  (b: content-position)
+         + u·k_j    (c: global content bias) + v·W_R R_{i-j}  (d: global position bias)
+         = (q_i + u)·k_j + (q_i + v)·W_R R_{i-j}
+
+Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
+by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import TransformerXLConfig
+
+__all__ = ["rel_shift", "RelativeMultiHeadAttention", "AbsoluteMultiHeadAttention", "make_attention"]
+
+
+def rel_shift(x: Tensor) -> Tensor:
+    """Turn scores against distances into scores against keys.
+
+    ``x[..., i, m]`` is the score of query i against distance ``K-1-m`` (distances in descending order).
+    Returns ``y`` with ``y[..., i, j] = x[..., i, j + T - 1 - i]``: the score of query i (absolute position
+    M + i) against key j, whose distance is M + i - j. Entries for j > M + i (the future) are meaningless and
+    must be masked. Pad-reshape-slice: (..., T, K) -> (..., T, K+1) -> (..., K+1, T) -> drop a row -> (..., T, K).
+    """
+    *lead, t, k = x.shape
+    padded = F.pad(x, (1, 0))  # (..., T, K+1)
+    padded = padded.reshape(*lead, k + 1, t)  # (..., K+1, T)
+    return padded[..., 1:, :].reshape(*lead, t, k)  # (..., T, K)
+
+
+class RelativeMultiHeadAttention(nn.Module):
+    """Transformer-XL attention over [memory ; current] with relative positions and global biases u, v."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        self.n_head, self.d_head = config.n_head, config.d_head
+        inner = config.n_head * config.d_head
+        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)  # rows: q | k | v
+        self.r_net = nn.Linear(config.d_model, inner, bias=False)  # W_{k,R}
+        self.out = nn.Linear(inner, config.d_model, bias=False)
+        self.dropatt = config.dropatt
+        self.drop = nn.Dropout(config.dropout)
+        self.scale = 1.0 / math.sqrt(config.d_head)
+
+    def _project(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        cat = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, D)
+        q, k, v = self.qkv(cat).chunk(3, dim=-1)  # 3 x (B, K, H*Dh)
+        q = q[:, -t:].reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
+        v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
+        return q, k, v
+
+    def _position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
+        """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
+        r = self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
+        by_distance = (q + v_bias[:, None, :]) @ r  # (B, H, T, K), column m = distance K-1-m
+        return rel_shift(by_distance)
+
+    def scores(self, x: Tensor, *, memory: Tensor | None, pos: Tensor, mask: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """Scaled, masked attention scores (B, H, T, K) before the softmax (for inspection and tests)."""
+        q, k, _ = self._project(x, memory)
+        content = (q + u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
+        score = (content + self._position_term(q, pos, v)) * self.scale
+        return score.masked_fill(mask, float("-inf"))
+
+    def forward(self, x: Tensor, *, memory: Tensor | None, pos: Tensor, mask: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None, pos (K, D) sinusoids of distances K-1..0, mask (T, K) True
+        where attention is blocked, u and v (H, Dh). Returns (B, T, D) (after output dropout)."""
+        b, t, _ = x.shape
+        q, k, val = self._project(x, memory)
+        # Terms (b)+(d) and the mask enter as an additive bias; the fused kernel adds terms (a)+(c) as
+        # (q + u)·k scaled by 1/sqrt(Dh), so the bias is scaled the same way.
+        bias = (self._position_term(q, pos, v) * self.scale).masked_fill(mask, float("-inf"))  # (B, H, T, K)
+        attn = F.scaled_dot_product_attention(
+            q + u[:, None, :], k, val, attn_mask=bias,
+            dropout_p=self.dropatt if self.training else 0.0, scale=self.scale,
+        )  # (B, H, T, Dh)
+        attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
+        return self.drop(self.out(attn))
+
+
+class AbsoluteMultiHeadAttention(nn.Module):
+    """Standard causal scaled dot-product attention for the vanilla baseline (positions enter at the input)."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        self.n_head, self.d_head = config.n_head, config.d_head
+        inner = config.n_head * config.d_head
+        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.out = nn.Linear(inner, config.d_model, bias=False)
+        self.dropatt = config.dropatt
+        self.drop = nn.Dropout(config.dropout)
+        self.scale = 1.0 / math.sqrt(config.d_head)
+
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, pos: Tensor | None = None,
+                mask: Tensor | None = None, u: Tensor | None = None, v: Tensor | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D); causal within the segment. ``memory`` must be None."""
+        if memory is not None:
+            raise ValueError("absolute attention (the vanilla baseline) takes no memory")
+        b, t, _ = x.shape
+        q, k, val = (
+            z.reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+            for z in self.qkv(x).chunk(3, dim=-1)
+        )
+        attn = F.scaled_dot_product_attention(
+            q, k, val, is_causal=True, dropout_p=self.dropatt if self.training else 0.0, scale=self.scale
+        )  # (B, H, T, Dh)
+        attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
+        return self.drop(self.out(attn))
+
+
+def make_attention(config: TransformerXLConfig) -> nn.Module:
+    """The attention variant named by ``config.attention``, chosen once when the model is built."""
+    kinds: dict[str, type[nn.Module]] = {
+        "relative": RelativeMultiHeadAttention,
+        "absolute": AbsoluteMultiHeadAttention,
+    }
+    return kinds[config.attention](config)

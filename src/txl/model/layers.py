@@ -1,0 +1,55 @@
+"""The position-wise feed-forward network and the decoder layer (attention + feed-forward, each with a
+residual connection and LayerNorm, post-norm as the paper or pre-norm). Attention itself is in attention.py.
+
+Dimensions: B batch, T segment length, M memory length, K = M + T, D model size.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..config import TransformerXLConfig
+from .attention import make_attention
+
+__all__ = ["FeedForward", "DecoderLayer"]
+
+
+class FeedForward(nn.Module):
+    """Linear -> ReLU -> dropout -> Linear -> dropout, as the authors' ``PositionwiseFF`` core."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(config.d_model, config.d_inner),
+            nn.ReLU(inplace=True),
+            nn.Dropout(config.dropout),
+            nn.Linear(config.d_inner, config.d_model),
+            nn.Dropout(config.dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class DecoderLayer(nn.Module):
+    """One Transformer-XL layer. Post-norm: x = LN(x + Attn(x)); x = LN(x + FF(x)).
+    Pre-norm: x = x + Attn(LN(x), memory=LN(memory)); x = x + FF(LN(x)) (the memory is normalised too,
+    as in the authors' code)."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.attn = make_attention(config)
+        self.attn_norm = nn.LayerNorm(config.d_model)
+        self.ff = FeedForward(config)
+        self.ff_norm = nn.LayerNorm(config.d_model)
+
+    def forward(self, x: Tensor, *, memory: Tensor | None, pos: Tensor | None, mask: Tensor | None,
+                u: Tensor | None, v: Tensor | None) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D)."""
+        if self.pre_norm:
+            normed_memory = None if memory is None else self.attn_norm(memory)
+            x = x + self.attn(self.attn_norm(x), memory=normed_memory, pos=pos, mask=mask, u=u, v=v)
+            return x + self.ff(self.ff_norm(x))
+        x = self.attn_norm(x + self.attn(x, memory=memory, pos=pos, mask=mask, u=u, v=v))
+        return self.ff_norm(x + self.ff(x))

@@ -1,0 +1,362 @@
+"""The model computes exactly the paper's Transformer-XL: naive references, recurrence equivalence,
+causality, stop-gradient, memory contents, adaptive softmax, the vanilla baseline and config validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from txl import Memory, TransformerXL, TransformerXLConfig
+from txl.model import attention_mask, rel_shift
+from txl.model.positional import relative_distances, sinusoid
+
+
+def _model(config: TransformerXLConfig) -> TransformerXL:
+    return TransformerXL(config).double().eval()
+
+
+def _segments(model, tokens, targets, seg_len, memory=None):
+    losses = []
+    for start in range(0, tokens.shape[1], seg_len):
+        out = model(tokens[:, start:start + seg_len], memory=memory, targets=targets[:, start:start + seg_len])
+        losses.append(out.loss)
+        memory = out.memory
+    return torch.cat(losses, dim=1), memory
+
+
+def _attention_inputs(config, b=2, t=4, m=3):
+    model = _model(config)
+    attn = model.layers[0].attn
+    x = torch.randn(b, t, config.d_model, dtype=torch.float64)
+    memory = torch.randn(b, m, config.d_model, dtype=torch.float64) if m else None
+    pos = sinusoid(relative_distances(m + t, clamp_len=None), config.d_model, dtype=torch.float64)
+    mask = attention_mask(t, m, same_length=False, mem_len=config.mem_len)
+    u = torch.randn(config.n_head, config.d_head, dtype=torch.float64)
+    v = torch.randn(config.n_head, config.d_head, dtype=torch.float64)
+    return model, attn, x, memory, pos, mask, u, v
+
+
+def _naive_scores(attn, config, x, memory, u, v):
+    """The four terms of the paper's score, position by position, from the projection weights."""
+    b, t, _ = x.shape
+    m = 0 if memory is None else memory.shape[1]
+    cat = x if memory is None else torch.cat([memory, x], dim=1)
+    h, dh = config.n_head, config.d_head
+    w_q, w_k, _ = attn.qkv.weight.chunk(3, dim=0)
+    w_r = attn.r_net.weight
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, config.d_model, 2.0, dtype=torch.float64) / config.d_model))
+    scores = torch.full((b, h, t, m + t), float("-inf"), dtype=torch.float64)
+    for i in range(t):
+        for j in range(m + t):
+            distance = m + i - j
+            if distance < 0:
+                continue
+            angle = distance * inv_freq
+            r_vec = torch.cat([angle.sin(), angle.cos()])  # R_{i-j}
+            q_i = (x[:, i] @ w_q.t()).view(b, h, dh)
+            k_j = (cat[:, j] @ w_k.t()).view(b, h, dh)
+            r_ij = (r_vec @ w_r.t()).view(h, dh)  # W_{k,R} R_{i-j}
+            a = (q_i * k_j).sum(-1)  # content
+            bb = (q_i * r_ij).sum(-1)  # content-dependent position
+            c = (u * k_j).sum(-1)  # global content bias
+            d = (v * r_ij).sum(-1)  # global position bias
+            scores[:, :, i, j] = (a + bb + c + d) / math.sqrt(dh)
+    return scores
+
+
+# 1. The shifted position term equals a naive double loop -------------------------------------------------
+
+
+def test_rel_shift_matches_index_formula():
+    t, k = 4, 7
+    x = torch.arange(2 * t * k, dtype=torch.float64).view(2, t, k)
+    y = rel_shift(x)
+    for i in range(t):
+        for j in range(k):
+            if j + t - 1 - i < k:
+                assert y[:, i, j].tolist() == x[:, i, j + t - 1 - i].tolist()
+
+
+@pytest.mark.parametrize("m", [0, 3, 9], ids=["T=K, no memory", "T<K memory 3", "T<K memory 9"])
+def test_position_term_matches_naive_double_loop(tiny_config, m):
+    model, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=5, m=m)
+    q, _, _ = attn._project(x, memory)
+    fast = attn._position_term(q, pos, v)  # (B, H, T, K)
+    w_r = attn.r_net.weight
+    t, k = x.shape[1], m + x.shape[1]
+    for i in range(t):
+        for j in range(k):
+            distance = m + i - j
+            if distance < 0:
+                continue  # the future: masked, the shift leaves unrelated values there
+            r = sinusoid(torch.tensor([distance]), tiny_config.d_model, dtype=torch.float64)[0] @ w_r.t()
+            naive = ((q[:, :, i] + v) * r.view(tiny_config.n_head, tiny_config.d_head)).sum(-1)  # (B, H)
+            torch.testing.assert_close(fast[:, :, i, j], naive, rtol=0, atol=1e-12)
+
+
+# 2. Attention scores equal the paper's four terms -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [0, 4])
+def test_scores_match_four_terms(tiny_config, m):
+    _, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=4, m=m)
+    fast = attn.scores(x, memory=memory, pos=pos, mask=mask, u=u, v=v)
+    naive = _naive_scores(attn, tiny_config, x, memory, u, v)
+    torch.testing.assert_close(fast, naive, rtol=0, atol=1e-12)
+    # And the fused output is softmax(scores) @ values through the output projection.
+    out = attn(x, memory=memory, pos=pos, mask=mask, u=u, v=v)
+    cat = x if memory is None else torch.cat([memory, x], dim=1)
+    values = (cat @ attn.qkv.weight.chunk(3, dim=0)[2].t()).view(x.shape[0], -1, tiny_config.n_head, tiny_config.d_head)
+    mixed = torch.einsum("bhij,bjhd->bihd", naive.softmax(-1), values).reshape(*x.shape[:2], -1)
+    torch.testing.assert_close(out, mixed @ attn.out.weight.t(), rtol=0, atol=1e-12)
+
+
+def test_same_length_mask_sees_equal_key_counts():
+    mask = attention_mask(4, 6, same_length=True, mem_len=6)
+    visible = (~mask).sum(-1)
+    assert visible.tolist() == [6, 6, 6, 6]  # every query sees exactly mem_len keys, itself included
+    assert mask[0, 0] and not mask[0, 1] and not mask[0, 6] and mask[0, 7] and mask[3, 3] and not mask[3, 9]
+    plain = attention_mask(4, 6, same_length=False, mem_len=6)
+    assert (~plain).sum(-1).tolist() == [7, 8, 9, 10]
+
+
+# 3. Recurrence is exact -------------------------------------------------------------------------------------
+
+RECURRENCE_VARIANTS = {
+    "post-norm": {},
+    "pre-norm": {"pre_norm": True, "final_norm": True},
+    "per-layer u,v": {"share_rel_bias": False},
+    "adaptive div_val 2": {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16},
+    "adaptive div_val 1 projected": {"cutoffs": (10, 25), "d_embed": 8},
+    "untied": {"tie_weights": False, "tie_projs": False, "cutoffs": (15,), "div_val": 2},
+}
+
+
+@pytest.mark.parametrize("variant", list(RECURRENCE_VARIANTS))
+def test_segments_with_memory_equal_one_long_pass(tiny_config, variant):
+    config = dataclasses.replace(tiny_config, mem_len=24, **RECURRENCE_VARIANTS[variant])
+    model = _model(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 24))
+    targets = torch.randint(0, config.vocab_size, (2, 24))
+    full = model(tokens, targets=targets).loss
+    for seg_len in (4, 6, 24):
+        pieces, _ = _segments(model, tokens, targets, seg_len)
+        torch.testing.assert_close(pieces, full, rtol=0, atol=1e-10)
+    # Without enough memory the recurrence is truncated and the result must differ (the check can fail).
+    short = model.with_settings(mem_len=4)
+    truncated, _ = _segments(short, tokens, targets, 4)
+    assert (truncated - full).abs().max() > 1e-6
+
+
+# 4. Causality ------------------------------------------------------------------------------------------------
+
+
+def test_changing_a_token_never_changes_earlier_losses(tiny_config):
+    model = _model(tiny_config)
+    tokens = torch.randint(0, tiny_config.vocab_size, (1, 18))
+    targets = torch.randint(0, tiny_config.vocab_size, (1, 18))
+    base, _ = _segments(model, tokens, targets, 6)
+    for t in (2, 6, 7, 13):  # within the first segment, at a segment start, within later segments
+        changed = tokens.clone()
+        changed[0, t] = (changed[0, t] + 1) % tiny_config.vocab_size
+        loss, _ = _segments(model, changed, targets, 6)
+        torch.testing.assert_close(loss[:, :t], base[:, :t], rtol=0, atol=0)
+        assert (loss[:, t:] - base[:, t:]).abs().max() > 1e-9  # and it does change later ones (memory too)
+
+
+# 5. Stop-gradient -------------------------------------------------------------------------------------------
+
+
+def test_no_gradient_flows_through_memory(tiny_config):
+    model = TransformerXL(tiny_config)
+    first = model(torch.randint(0, 37, (2, 5)), targets=torch.randint(0, 37, (2, 5)), return_hidden=True)
+    assert all(not s.requires_grad for s in first.memory.states)
+    second = model(torch.randint(0, 37, (2, 5)), memory=first.memory, targets=torch.randint(0, 37, (2, 5)))
+    (grad,) = torch.autograd.grad(second.loss.sum(), first.hidden, allow_unused=True)
+    assert grad is None
+    # The first segment's graph still exists and is differentiable on its own.
+    (own,) = torch.autograd.grad(first.loss.sum(), first.hidden)
+    assert own.abs().sum() > 0
+
+
+# 6. Memory truncation and contents ---------------------------------------------------------------------------
+
+
+def test_memory_is_truncated_to_the_last_positions(tiny_config):
+    config = dataclasses.replace(tiny_config, mem_len=5)
+    model = _model(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 9))
+    memory, lengths, finals = None, [], []
+    for start in range(0, 9, 3):
+        out = model(tokens[:, start:start + 3], memory=memory, return_hidden=True)
+        memory = out.memory
+        lengths.append(memory.length)
+        finals.append(out.hidden)
+    assert lengths == [3, 5, 5]
+    assert len(memory) == config.n_layer + 1
+    torch.testing.assert_close(memory.states[0], model.embedding(tokens)[:, -5:], rtol=0, atol=0)
+    torch.testing.assert_close(memory.states[-1], torch.cat(finals, dim=1)[:, -5:], rtol=0, atol=0)
+
+
+def test_memory_disabled_and_row_selection(tiny_config):
+    model = _model(dataclasses.replace(tiny_config, mem_len=0))
+    assert model(torch.zeros(1, 4, dtype=torch.long)).memory is None
+    model = _model(tiny_config)
+    tokens = torch.randint(0, 37, (3, 6))
+    targets = torch.randint(0, 37, (3, 6))
+    out = model(tokens[:, :3], targets=targets[:, :3])
+    whole = model(tokens[:, 3:], memory=out.memory, targets=targets[:, 3:]).loss
+    row = model(tokens[1:2, 3:], memory=out.memory.select([1]), targets=targets[1:2, 3:]).loss
+    torch.testing.assert_close(row, whole[1:2], rtol=0, atol=1e-12)
+    rebuilt = Memory.cat_rows([out.memory.select(slice(0, 1)), out.memory.select(slice(1, 3))])
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt.states, out.memory.states, strict=True))
+    restored = Memory.from_state_dict(out.memory.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(restored.states, out.memory.states, strict=True))
+
+
+def test_wrong_memory_is_rejected(tiny_config):
+    model = _model(tiny_config)
+    out = model(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="memory"):
+        model(torch.zeros(3, 3, dtype=torch.long), memory=out.memory)
+
+
+def test_longer_evaluation_memory_shares_weights(tiny_config):
+    model = _model(tiny_config)
+    longer = model.with_settings(mem_len=64, clamp_len=8, same_length=True)
+    assert longer.config.mem_len == 64 and model.config.mem_len == tiny_config.mem_len
+    assert longer.layers[0].attn.qkv.weight is model.layers[0].attn.qkv.weight
+    with pytest.raises(ValueError):
+        model.with_settings(d_model=8)
+
+
+def test_clamp_len_uses_the_clamped_distance_embedding(tiny_config):
+    config = dataclasses.replace(tiny_config, mem_len=32, clamp_len=3)
+    model = _model(config)
+    distances = relative_distances(10, clamp_len=3)
+    assert distances.tolist() == [3, 3, 3, 3, 3, 3, 3, 2, 1, 0]
+    tokens = torch.randint(0, 37, (1, 10))
+    # A model with clamp 3 differs from the unclamped one only when distances exceed 3.
+    free = model.with_settings(clamp_len=None)
+    assert torch.equal(model(tokens[:, :4]).logits, free(tokens[:, :4]).logits)
+    assert not torch.allclose(model(tokens).logits, free(tokens).logits)
+
+
+# 7. Adaptive softmax ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}])
+def test_adaptive_softmax_normalises_and_lines_up_with_targets(tiny_config, extra):
+    model = _model(dataclasses.replace(tiny_config, **extra))
+    hidden = torch.randn(50, tiny_config.d_model, dtype=torch.float64)
+    logp = model.softmax.log_prob(hidden)
+    assert logp.shape == (50, tiny_config.vocab_size)
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(50, dtype=torch.float64), rtol=0, atol=1e-12)
+    target = torch.randint(0, tiny_config.vocab_size, (50,))
+    torch.testing.assert_close(model.softmax.nll(hidden, target), -logp.gather(1, target[:, None])[:, 0],
+                               rtol=0, atol=1e-12)
+    ignored = target.clone()
+    ignored[::3] = -100
+    nll = model.softmax.nll(hidden, ignored)
+    assert torch.all(nll[::3] == 0) and torch.all(nll[1::3] > 0)
+
+
+def test_no_cutoffs_is_a_full_softmax(tiny_config):
+    model = _model(tiny_config)
+    hidden = torch.randn(20, tiny_config.d_model, dtype=torch.float64)
+    weight = model.embedding.emb_layers[0].weight  # tied
+    expected = F.log_softmax(hidden @ weight.t() + model.softmax.out_layers[0].bias, dim=-1)
+    torch.testing.assert_close(model.softmax.log_prob(hidden), expected, rtol=0, atol=1e-12)
+    tokens = torch.randint(0, 37, (2, 6))
+    out = model(tokens, targets=tokens, return_logits=True)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits.transpose(1, 2), tokens, reduction="none"))
+
+
+def test_tying_shares_parameters(tiny_config):
+    model = TransformerXL(dataclasses.replace(tiny_config, cutoffs=(10, 20), div_val=2, d_embed=16))
+    for i in range(3):
+        assert model.softmax.out_layers[i].weight is model.embedding.emb_layers[i].weight
+    for i in (1, 2):
+        assert model.softmax.out_projs[str(i)] is model.embedding.emb_projs[str(i)]
+    assert model.softmax.out_projs["0"] is not model.embedding.emb_projs["0"]
+
+
+def test_initialisation_follows_the_original(tiny_config):
+    model = TransformerXL(dataclasses.replace(tiny_config, d_model=64, d_inner=128, n_head=4, d_head=16))
+    assert model.u is not None and torch.isfinite(model.u).all() and model.u.abs().sum() > 0
+    qkv = model.layers[0].attn.qkv.weight
+    assert abs(qkv.std().item() - 0.02) < 0.003
+    norm = model.layers[0].attn_norm.weight
+    assert abs(norm.mean().item() - 1.0) < 0.01 and norm.std().item() > 0.005
+    assert torch.all(model.layers[0].ff.net[0].bias == 0)
+
+
+# 9. The vanilla baseline --------------------------------------------------------------------------------------
+
+
+def test_absolute_baseline_positions_only_at_input(tiny_config):
+    config = dataclasses.replace(tiny_config, attention="absolute")
+    model = _model(config)
+    assert model.u is None and not hasattr(model.layers[0].attn, "r_net")
+    tokens = torch.randint(0, 37, (2, 7))
+    out = model(tokens, targets=tokens)
+    assert out.memory is None
+    # The same computation by hand: embedding * sqrt(D) + absolute sinusoid, then plain causal layers.
+    h = model.embedding.emb_layers[0].weight[tokens] * math.sqrt(config.d_model)
+    h = h + sinusoid(torch.arange(7), config.d_model, dtype=torch.float64)
+    for layer in model.layers:
+        attn = layer.attn
+        q, k, v = (z.view(2, 7, config.n_head, config.d_head).transpose(1, 2) for z in (h @ attn.qkv.weight.t()).chunk(3, -1))
+        score = (q @ k.transpose(-1, -2)) / math.sqrt(config.d_head)
+        score = score.masked_fill(torch.triu(torch.ones(7, 7, dtype=torch.bool), 1), float("-inf"))
+        mixed = (score.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, -1) @ attn.out.weight.t()
+        h = layer.attn_norm(h + mixed)
+        h = layer.ff_norm(h + layer.ff(h))
+    expected = model.softmax.nll(h.reshape(14, -1), tokens.reshape(-1)).view(2, 7)
+    torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-12)
+    # Shifting the input in time changes the absolute model's outputs (positions matter) ...
+    assert not torch.allclose(model(tokens[:, 1:]).logits[:, 0], model(tokens).logits[:, 1])
+
+
+def test_absolute_baseline_rejects_memory(tiny_config):
+    xl = _model(tiny_config)
+    memory = xl(torch.zeros(2, 3, dtype=torch.long)).memory
+    vanilla = _model(dataclasses.replace(tiny_config, attention="absolute"))
+    with pytest.raises(ValueError, match="no memory"):
+        vanilla(torch.zeros(2, 3, dtype=torch.long), memory=memory)
+
+
+# 10. Config validation ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"n_layer": -1}, "n_layer"),
+        ({"d_inner": 0}, "d_inner"),
+        ({"d_model": 13}, "d_model"),
+        ({"mem_len": -2}, "mem_len"),
+        ({"attention": "sliding"}, "attention"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"cutoffs": (20, 10)}, "cutoffs"),
+        ({"cutoffs": (10, 300)}, "cutoffs"),
+        ({"div_val": 2}, "div_val"),
+        ({"clamp_len": 0}, "clamp_len"),
+    ],
+)
+def test_invalid_config_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        TransformerXLConfig(**changes)
+
+
+def test_float32_default_and_train_mode_dropout(tiny_config):
+    model = TransformerXL(dataclasses.replace(tiny_config, dropout=0.3, dropatt=0.2))
+    tokens = torch.randint(0, 37, (2, 6))
+    a, b = model(tokens, targets=tokens).loss, model(tokens, targets=tokens).loss
+    assert a.dtype == torch.float32 and not torch.equal(a, b)
+    model.eval()
+    assert torch.equal(model(tokens, targets=tokens).loss, model(tokens, targets=tokens).loss)
