@@ -14,12 +14,13 @@ REPO_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data
 
 
 def shared_data_candidates() -> list[Path]:
-    """$TXL_DATA_DIR entries, then ../shared/data next to the repository."""
+    """$TXL_DATA_DIR entries, $TXL_SHARED_DATA (as tests/conftest.py), then ../shared/data."""
     env = [Path(p) for p in os.environ.get("TXL_DATA_DIR", "").split(os.pathsep) if p]
-    return [*env, REPO_SHARED_DATA]
+    shared = [Path(os.environ["TXL_SHARED_DATA"])] if os.environ.get("TXL_SHARED_DATA") else []
+    return [*env, *shared, REPO_SHARED_DATA]
 
 
-def shared_data(name: str) -> Path:
+def shared_corpus_dir(name: str) -> Path:
     """The data folder that holds corpus `name` (as `<dir>/<name>/`), or skip the test."""
     for d in shared_data_candidates():
         if (d / name).is_dir():

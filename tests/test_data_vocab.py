@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest_data import shared_data
+from conftest_data import shared_corpus_dir
 from txl.data import (
     BPEVocab,
     ByteVocab,
@@ -152,7 +152,7 @@ def test_word_vocab_on_non_utf8_names_file_and_offset(tmp_path):
 
 
 def test_wikitext2_valid_tokens_with_eos_per_line():
-    c = load_corpus("wikitext-2", data_dir=shared_data("wikitext-2"))
+    c = load_corpus("wikitext-2", data_dir=shared_corpus_dir("wikitext-2"))
     text = c.text("valid")
     v = WordVocab.build(text, tokenizer="whitespace", eos_per_line=True)
     ids = v.encode(text)
@@ -163,7 +163,7 @@ def test_wikitext2_valid_tokens_with_eos_per_line():
 
 
 def test_tinyshakespeare_char_vocab():
-    c = load_corpus("tinyshakespeare", data_dir=shared_data("tinyshakespeare"))
+    c = load_corpus("tinyshakespeare", data_dir=shared_corpus_dir("tinyshakespeare"))
     v = build_vocab("char", c)
     assert len(v) == 65 + 1  # 65 characters plus <unk>
     ids = v.encode(c.text("valid")[:5000], strict=True)

@@ -6,6 +6,7 @@
     out = model(next_tokens, memory=out.memory, targets=next_targets)
 """
 
+from . import interop
 from .config import (
     ConfigError,
     DataConfig,
@@ -33,4 +34,5 @@ __all__ = [
     "ModelOutput",
     "Memory",
     "update_memory",
+    "interop",
 ]

@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from .errors import TxlError
+
 __all__ = [
     "TransformerXLConfig",
     "DataConfig",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(TxlError):
     """An invalid configuration value, unknown field or unknown preset."""
 
 
@@ -250,6 +252,8 @@ class TrainConfig:
     """Keep this many most recent step checkpoints (the best one is kept separately)."""
     patience: int | None = None
     """Stop after this many evaluations without a better validation loss; None never stops early."""
+    time_limit: float | None = None
+    """Stop after this many minutes of training (then evaluate and save as at the last step)."""
     compile: bool = False
     """Wrap the model with torch.compile."""
 
@@ -275,6 +279,9 @@ class TrainConfig:
             _positive_int(self, "eval_tokens")
         if self.patience is not None:
             _positive_int(self, "patience")
+        if self.time_limit is not None:
+            _check(isinstance(self.time_limit, (int, float)) and self.time_limit > 0, "time_limit",
+                   f"must be a positive number of minutes, got {self.time_limit!r}")
 
 
 @dataclass(frozen=True)

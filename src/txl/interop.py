@@ -16,14 +16,11 @@ import torch
 from torch import Tensor
 
 from .config import TransformerXLConfig
+from .errors import CheckpointError
 from .model import TransformerXL
 from .model.positional import inverse_frequencies
 
 __all__ = ["CheckpointError", "load_original", "original_to_txl", "txl_to_original", "config_from_original"]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not match what is expected."""
 
 
 def _count(keys: Mapping[str, Tensor], pattern: str) -> int:

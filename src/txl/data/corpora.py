@@ -16,6 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from ..errors import TxlError
+
 CORPUS_NAMES = (
     "tinyshakespeare",
     "books",
@@ -46,7 +48,7 @@ STDLIB_EXCLUDED_DIRS = frozenset(
 _ENWIK8_TRAIN, _ENWIK8_VALID = 90_000_000, 5_000_000
 
 
-class CorpusError(ValueError):
+class CorpusError(TxlError):
     """A corpus could not be found or read; the message says what, which file, and what to do."""
 
 

@@ -32,7 +32,7 @@ class ModelOutput:
     """What :meth:`TransformerXL.forward` returns; fields not asked for are None."""
 
     logits: Tensor | None
-    """(B, T, V) scores of the next token: log-probabilities with an adaptive softmax, raw logits otherwise.
+    """(B, T, V) log-probabilities of the next token (normalised logits, for a full or an adaptive softmax).
     None when targets are given, unless ``return_logits=True``."""
     loss: Tensor | None
     """(B, T) negative log-likelihood of each target in nats (0 where the target is ``ignore_index``)."""
@@ -117,7 +117,8 @@ class TransformerXL(nn.Module):
 
     def with_settings(self, **changes) -> TransformerXL:
         """A view of this model that shares its parameters but runs with other length settings
-        (``mem_len``, ``clamp_len``, ``same_length``), e.g. to evaluate with a longer memory than in training."""
+        (``mem_len``, ``clamp_len``, ``same_length``), e.g. to evaluate with a longer memory than in training.
+        The view shares submodules too, so ``view.eval()`` also puts the original's layers in eval mode."""
         allowed = {"mem_len", "clamp_len", "same_length"}
         if not set(changes) <= allowed:
             raise ValueError(f"with_settings changes only {sorted(allowed)}, got {sorted(changes)}")
@@ -189,8 +190,5 @@ class TransformerXL(nn.Module):
         if targets is not None:
             loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
         if targets is None or return_logits:
-            if self.softmax.n_clusters == 0:
-                logits = self.softmax._head_logits(flat).view(b, t, -1)  # (B, T, V)
-            else:
-                logits = self.softmax.log_prob(flat).view(b, t, -1)  # (B, T, V)
+            logits = self.softmax.log_prob(flat).view(b, t, -1)  # (B, T, V), normalised
         return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)

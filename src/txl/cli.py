@@ -1,0 +1,197 @@
+"""``txl <command>``: parses arguments, calls the library, prints. Errors a user can fix are printed as one
+line (``txl: error: ...``) with exit status 2; an interrupted run exits with 128 + the signal number.
+
+    txl demo                                     # no corpus needed: trains XL and vanilla on Python's stdlib
+    txl train --config shakespeare-char --out runs/shakespeare
+    txl train --resume runs/shakespeare
+    txl eval runs/shakespeare --split test --mem-len 512
+    txl generate runs/shakespeare --prompt "ROMEO:"
+    txl data download wikitext-103
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import ConfigError, apply_overrides, load_config, preset_names
+from .errors import TxlError
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.trainer import resume, train
+
+    if args.resume:
+        if args.config or args.out:
+            raise ConfigError("--resume continues a run with its saved config; do not pass --config or --out")
+        summary = resume(Path(args.resume), overrides=tuple(args.set), progress=not args.quiet)
+    else:
+        if not args.config or not args.out:
+            raise ConfigError("txl train needs --config NAME|PATH and --out DIR (or --resume DIR)")
+        config = apply_overrides(load_config(args.config), args.set)
+        summary = train(config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
+def _eval_settings(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("mem_len", args.mem_len), ("clamp_len", args.clamp_len),
+                              ("same_length", True if args.same_length else None)) if v is not None}
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .data import encode_split, load_corpus
+    from .evaluate import evaluate
+    from .runs import load_run
+
+    run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    config = run.config
+    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None)
+    tokens = encode_split(corpus, args.split, run.vocab,
+                          cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
+    model = run.model
+    settings = _eval_settings(args)
+    if settings and config.model.attention == "relative":
+        model = model.with_settings(**settings)
+    elif settings:
+        raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
+                          "(this run is the vanilla baseline)")
+    tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
+    batch_size = args.batch_size or config.eval.batch_size
+    result = evaluate(model, tokens, batch_size=batch_size, tgt_len=tgt_len, max_tokens=args.max_tokens,
+                      progress=not args.quiet, desc=args.split)
+    record = {"run": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint.name, "step": run.step,
+              **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size,
+              "mem_len": model.config.mem_len if config.model.attention == "relative" else 0,
+              "clamp_len": model.config.clamp_len, "same_length": model.config.same_length}
+    print(json.dumps(record))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .generate import generate_text
+    from .runs import load_run
+
+    run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    gen = run.config.generate
+    generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
+    text = generate_text(
+        run.model, run.vocab, args.prompt, include_prompt=True,
+        max_new_tokens=args.max_new_tokens or gen.max_new_tokens,
+        temperature=gen.temperature if args.temperature is None else args.temperature,
+        top_k=args.top_k if args.top_k is not None else gen.top_k,
+        top_p=args.top_p if args.top_p is not None else gen.top_p,
+        generator=generator,
+    )
+    print(text)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(Path(args.out), minutes=args.minutes, overwrite=args.overwrite, progress=not args.quiet)
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from .data import CORPUS_NAMES, DOWNLOADS, data_search_dirs, download_corpus
+
+    if args.data_command == "download":
+        folder = download_corpus(args.name, dest=Path(args.dest) if args.dest else None, url=args.url,
+                                 progress=not args.quiet)
+        print(folder)
+    else:
+        print(json.dumps({"corpora": list(CORPUS_NAMES), "downloadable": sorted(DOWNLOADS),
+                          "search_dirs": [str(p) for p in data_search_dirs()]}, indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="txl", description="Transformer-XL language modelling.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (or --resume a run)")
+    p.add_argument("--config", help=f"a preset ({', '.join(preset_names())}) or a TOML file")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a config field, e.g. --set train.steps=500 (repeatable)")
+    p.add_argument("--out", help="run folder to create")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
+    p.add_argument("run_dir")
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
+    p.add_argument("--mem-len", type=int, help="memory length (default: the model's)")
+    p.add_argument("--clamp-len", type=int, help="clamp relative distances at this length")
+    p.add_argument("--same-length", action="store_true", help="every query attends to the same number of keys")
+    p.add_argument("--batch-size", type=int, help="parallel streams")
+    p.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
+    p.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("generate", help="sample text from a trained run, reusing the memory cache")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default="best")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("demo", help="train Transformer-XL and the vanilla baseline on Python's stdlib, compare")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--minutes", type=float, default=2.5, help="training time for each of the two models")
+    p.add_argument("--overwrite", action="store_true", default=True, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("data", help="corpora: list, download")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    d = data_sub.add_parser("download", help="download and verify a corpus archive")
+    d.add_argument("name")
+    d.add_argument("--dest", help="folder to put it in (default: $TXL_DATA_DIR or ~/.cache/txl)")
+    d.add_argument("--url", help="another address for the archive (a mirror)")
+    d.add_argument("--quiet", action="store_true")
+    data_sub.add_parser("list", help="known corpora and where they are looked for")
+    p.set_defaults(func=_cmd_data)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TxlError as exc:
+        from .train.trainer import Interrupted
+
+        print(f"txl: error: {exc}", file=sys.stderr)
+        if isinstance(exc, Interrupted):
+            return 128 + exc.signum
+        return 2
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"txl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("txl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Perplexity and bits per token over a whole split, carrying memory from segment to segment; every
+token of the split is predicted exactly once. Evaluation may use other lengths than training (a longer
+memory, another segment length, a clamp, same-length attention) through ``TransformerXL.with_settings``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .data import SegmentStream
+from .model import TransformerXL
+
+__all__ = ["EvalResult", "evaluate", "metrics_from_loss"]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Mean loss over ``tokens`` predicted targets, with perplexity and bits per token (bpc for
+    character- and byte-level vocabularies)."""
+
+    loss: float
+    ppl: float
+    bpc: float
+    tokens: int
+
+    def as_dict(self, prefix: str = "") -> dict[str, float | int]:
+        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+
+
+def metrics_from_loss(loss: float) -> dict[str, float]:
+    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2."""
+    return {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bpc": loss / math.log(2)}
+
+
+@torch.no_grad()
+def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_size: int, tgt_len: int,
+             device: torch.device | str | None = None, precision: str = "fp32", max_tokens: int | None = None,
+             progress: bool = False, desc: str = "eval") -> EvalResult:
+    """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
+    its stream, carrying memory across segments. ``max_tokens`` limits evaluation to a prefix."""
+    if max_tokens is not None:
+        tokens = tokens[: max_tokens + 1]
+    was_training = model.training
+    model.eval()
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    stream = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=desc)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    memory = None
+    try:
+        for batch in tqdm(stream, total=stream.n_batches, desc=desc, disable=not progress, leave=False):
+            batch = batch.to(device)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out = model(batch.inputs, memory=memory, targets=batch.targets)
+            loss = out.loss.double()  # (B, T)
+            if batch.mask is not None:
+                loss = loss * batch.mask
+                count += int(batch.mask.sum())
+            else:
+                count += batch.targets.numel()
+            total += loss.sum()
+            memory = out.memory
+    finally:
+        model.train(was_training)
+    mean = float(total) / max(count, 1)
+    return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))

@@ -1,0 +1,56 @@
+"""The optimizer and learning-rate schedules. ``lr_at`` is a pure function of the step, so a resumed run
+needs no scheduler state beyond the step itself."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import TrainConfig
+
+__all__ = ["lr_at", "configure_optimizer", "set_lr"]
+
+
+def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup from 0 over ``warmup_steps``, then
+    ``cosine`` (to min_lr at total_steps), ``linear`` (to min_lr), ``inverse_sqrt`` (lr * sqrt(warmup / step),
+    floored at min_lr) or ``constant``."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    if schedule == "inverse_sqrt":
+        return max(min_lr, lr * math.sqrt(max(warmup_steps, 1) / (step + 1)))
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    if schedule == "cosine":
+        return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return lr + (min_lr - lr) * progress
+    raise ValueError(f"schedule: unknown schedule {schedule!r}")
+
+
+def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices of linear layers only (not on embeddings, the biases u and v,
+    LayerNorms, biases or the adaptive projections)."""
+    decay, no_decay = [], []
+    decayed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        (decay if id(param) in decayed and id(param) not in embeddings else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if all(p.is_cuda for p in model.parameters()) else {}
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), **fused)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,372 @@
+"""The training loop: ordered segment streams with memory carried from step to step, AdamW with a pure
+schedule, accumulation, clipping, bf16 autocast, periodic evaluation with memory, early stopping, metrics,
+atomic checkpoints and exact resume. It knows the model only through ``forward(..., memory, targets)``.
+
+    summary = train(load_config("tiny"), Path("runs/tiny"))
+    summary = resume(Path("runs/tiny"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..config import RunConfig, apply_overrides, config_to_dict
+from ..data import Corpus, SegmentStream, Vocab, build_vocab, encode_split, load_corpus, load_vocab
+from ..errors import RunError
+from ..evaluate import EvalResult, evaluate, metrics_from_loss
+from ..model import Memory, TransformerXL
+from ..runs import RunPaths, load_run_config, prepare_run_dir, resolve_device
+from ..train.checkpoint import (
+    TrainingState,
+    atomic_write_text,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from .optim import configure_optimizer, lr_at, set_lr
+
+__all__ = ["train", "resume", "Trainer", "TrainingDiverged", "Interrupted", "PreparedData", "prepare_data"]
+
+
+class TrainingDiverged(RunError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class Interrupted(RunError):
+    """SIGINT or SIGTERM: a checkpoint was saved and the run can be resumed."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+@dataclass
+class PreparedData:
+    """A corpus, its vocabulary and the encoded splits (memory-mapped)."""
+
+    corpus: Corpus
+    vocab: Vocab
+    splits: dict[str, np.ndarray]
+
+
+def prepare_data(config: RunConfig, *, vocab: Vocab | None = None) -> PreparedData:
+    """Load the corpus, build (or reuse) the vocabulary and encode every split that exists."""
+    data = config.data
+    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None)
+    if vocab is None:
+        vocab = build_vocab(data.vocab or corpus.level, corpus, min_freq=data.min_freq, max_size=data.max_size,
+                            bpe_vocab_size=data.bpe_vocab_size, tokenizer=data.tokenizer)
+    cache_dir = Path(data.cache_dir) if data.cache_dir else None
+    splits = {s: encode_split(corpus, s, vocab, cache_dir=cache_dir) for s in ("train", "valid", "test") if corpus.has(s)}
+    if "train" not in splits:
+        raise RunError(f"corpus {data.corpus!r} has no train split to train on")
+    return PreparedData(corpus=corpus, vocab=vocab, splits=splits)
+
+
+@contextmanager
+def _catch_signals() -> Iterator[dict[str, int]]:
+    """Turn SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
+    received: dict[str, int] = {}
+    previous = {}
+
+    def handler(signum, _frame):
+        received["signum"] = signum
+
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not in the main thread: leave signals alone
+        previous = {}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    """One run: a model, its optimizer, the train stream and its memory, and the run folder."""
+
+    def __init__(self, config: RunConfig, paths: RunPaths, data: PreparedData, *, progress: bool = True,
+                 callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> None:
+        self.config, self.paths, self.data = config, paths, data
+        self.progress = progress
+        self.callbacks = callbacks
+        tc = config.train
+        self.device = resolve_device(tc.device)
+        torch.manual_seed(tc.seed)
+        self.model = TransformerXL(config.model).to(self.device)
+        self.optimizer = configure_optimizer(self.model, tc)
+        self.forward = torch.compile(self.model) if tc.compile else self.model
+        self.stream = SegmentStream(data.splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len,
+                                    varlen=tc.varlen, seed=tc.seed, name="train")
+        self.memory: Memory | None = None
+        self.state = TrainingState()
+        self.tb = self._tensorboard()
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # noqa: BLE001 - TensorBoard is optional
+            return None
+        return SummaryWriter(str(self.paths.tensorboard))
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "config": config_to_dict(self.config),
+            "model": config_to_dict(self.config.model),
+            "vocab_fingerprint": self.data.vocab.fingerprint,
+            "corpus_fingerprint": self.data.corpus.fingerprint,
+        }
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.paths.metrics, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step",) and math.isfinite(value):
+                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
+        for callback in self.callbacks:
+            callback(record)
+
+    def save(self) -> Path:
+        folder = self.paths.checkpoints / f"step-{self.state.step:08d}"
+        self.state.stream = self.stream.state_dict()
+        save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=self.memory, state=self.state,
+                        meta=self._meta())
+        prune_checkpoints(self.paths.root, keep_last=self.config.train.keep_last)
+        return folder
+
+    def _save_best(self) -> None:
+        self.state.stream = self.stream.state_dict()
+        save_checkpoint(self.paths.checkpoints / "best", model=self.model, optimizer=self.optimizer,
+                        memory=self.memory, state=self.state, meta=self._meta())
+
+    def restore(self, folder: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, memory, RNG, stream position, counters."""
+        state, memory, _ = load_checkpoint(folder, model=self.model, optimizer=self.optimizer,
+                                           expected=self._meta())
+        self.state = state
+        self.memory = memory.to(self.device) if memory is not None else None
+        try:
+            self.stream.load_state_dict(state.stream)
+        except ValueError as exc:
+            raise RunError(f"{folder}: cannot resume the data stream ({exc})") from None
+        _truncate_metrics(self.paths.metrics, state.step)
+
+    # -- evaluation -----------------------------------------------------------------------------------
+
+    def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
+        if split not in self.data.splits:
+            return None
+        ec, tc = self.config.eval, self.config.train
+        model = self.model
+        settings = {k: v for k, v in (("mem_len", ec.mem_len), ("clamp_len", ec.clamp_len),
+                                       ("same_length", ec.same_length)) if v is not None}
+        if settings and self.config.model.attention == "relative":
+            model = model.with_settings(**settings)
+        return evaluate(model, self.data.splits[split], batch_size=ec.batch_size, tgt_len=ec.tgt_len or tc.tgt_len,
+                        device=self.device, precision=tc.precision, max_tokens=max_tokens,
+                        progress=self.progress, desc=split)
+
+    def _periodic_eval(self) -> bool:
+        """Evaluate on the validation split; keep the best checkpoint. Returns True to stop early."""
+        result = self.evaluate("valid", max_tokens=self.config.train.eval_tokens)
+        if result is None:
+            return False
+        self._log({"step": self.state.step, "split": "valid", **result.as_dict()})
+        if self.state.best_val_loss is None or result.loss < self.state.best_val_loss:
+            self.state.best_val_loss = result.loss
+            self.state.bad_evals = 0
+            self._save_best()
+        else:
+            self.state.bad_evals += 1
+        patience = self.config.train.patience
+        return patience is not None and self.state.bad_evals >= patience
+
+    # -- training -------------------------------------------------------------------------------------
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step over a batch, carrying memory; returns the mean loss (a tensor)."""
+        tc = self.config.train
+        chunks = tc.accum_steps
+        rows = inputs.shape[0]
+        per = rows // chunks
+        total = inputs.numel()
+        loss_sum = torch.zeros((), device=self.device)
+        new_memory = []
+        for c in range(chunks):
+            part = slice(c * per, (c + 1) * per)
+            memory = None if self.memory is None else self.memory.select(part)
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"):
+                out = self.forward(inputs[part], memory=memory, targets=targets[part])
+            loss = out.loss.float().sum()
+            (loss / total).backward()
+            loss_sum += loss.detach()
+            if out.memory is not None:
+                new_memory.append(out.memory)
+        self.memory = Memory.cat_rows(new_memory) if new_memory else None
+        if tc.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip)
+        return loss_sum / total
+
+    def fit(self) -> dict[str, Any]:
+        tc = self.config.train
+        self.model.train()
+        batches = self.stream.batches()
+        start_time = time.perf_counter() - self.state.elapsed
+        window_tokens, window_start = 0, time.perf_counter()
+        train_tokens_per_s = 0.0
+        status = "completed"
+        bar = tqdm(total=tc.steps, initial=self.state.step, disable=not self.progress, desc="train",
+                   dynamic_ncols=True)
+        with _catch_signals() as received:
+            while self.state.step < tc.steps:
+                step = self.state.step
+                lr = lr_at(step, lr=tc.lr, min_lr=tc.min_lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
+                           schedule=tc.schedule)
+                set_lr(self.optimizer, lr)
+                batch = next(batches).to(self.device)
+                loss = self._step(batch.inputs, batch.targets)
+                value = float(loss)
+                if not math.isfinite(value):
+                    last = latest_checkpoint(self.paths.root)
+                    where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+                    raise TrainingDiverged(f"loss became {value} at step {step + 1}; stopped without saving ({where}); "
+                                           "lower train.lr or set train.clip")
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.state.step = step + 1
+                self.state.tokens += batch.targets.numel()
+                window_tokens += batch.targets.numel()
+                self.state.elapsed = time.perf_counter() - start_time
+                if self.state.step % tc.log_every == 0 or self.state.step == tc.steps:
+                    now = time.perf_counter()
+                    train_tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+                    window_tokens, window_start = 0, now
+                    record = {"step": self.state.step, "split": "train", "loss": value, **metrics_from_loss(value),
+                              "lr": lr, "tokens": self.state.tokens, "tokens_per_s": train_tokens_per_s,
+                              "elapsed_s": self.state.elapsed}
+                    self._log(record)
+                    bar.set_postfix(loss=f"{value:.3f}", bpc=f"{record['bpc']:.3f}", ppl=f"{record['ppl']:.1f}",
+                                    tok_s=f"{train_tokens_per_s:.0f}", lr=f"{lr:.2e}")
+                bar.update(1)
+                done = self.state.step == tc.steps
+                out_of_time = tc.time_limit is not None and self.state.elapsed >= tc.time_limit * 60
+                stop = False
+                if (tc.eval_every and self.state.step % tc.eval_every == 0) and not done:
+                    stop = self._periodic_eval()
+                    self.model.train()
+                    if stop:
+                        status = "early_stopped"
+                if done or stop or out_of_time or received or (
+                        tc.checkpoint_every and self.state.step % tc.checkpoint_every == 0):
+                    self.save()
+                if received:
+                    bar.close()
+                    name = signal.Signals(received["signum"]).name
+                    raise Interrupted(f"{name} at step {self.state.step}: checkpoint saved; continue with "
+                                      f"'txl train --resume {self.paths.root}'", signum=received["signum"])
+                if stop:
+                    break
+                if out_of_time:
+                    status = "time_limit"
+                    break
+        bar.close()
+        return self._finish(status, train_tokens_per_s)
+
+    def _finish(self, status: str, train_tokens_per_s: float) -> dict[str, Any]:
+        valid = self.evaluate("valid")
+        if valid is not None:
+            self._log({"step": self.state.step, "split": "valid", **valid.as_dict()})
+            if self.state.best_val_loss is None or valid.loss < self.state.best_val_loss:
+                self.state.best_val_loss = valid.loss
+                self._save_best()
+        test = self.evaluate("test")
+        if test is not None:
+            self._log({"step": self.state.step, "split": "test", **test.as_dict()})
+        summary: dict[str, Any] = {
+            "status": status,
+            "steps": self.state.step,
+            "tokens": self.state.tokens,
+            "train_tokens_per_s": train_tokens_per_s,
+            "elapsed_s": self.state.elapsed,
+            "params": self.model.num_parameters(),
+            "vocab_size": len(self.data.vocab),
+            "best_val_loss": self.state.best_val_loss,
+        }
+        if valid is not None:
+            summary.update(valid.as_dict("val_"))
+        if test is not None:
+            summary.update(test.as_dict("test_"))
+        atomic_write_text(self.paths.summary, json.dumps(summary, indent=1) + "\n")
+        if self.tb is not None:
+            self.tb.close()
+        return summary
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines logged after ``step`` (written by a run killed after its last checkpoint)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if record.get("step", 0) <= step and record.get("split") in ("train", "valid"):
+            kept.append(line)
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
+def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bool = True,
+          callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
+    """Train a new run in ``out`` and return its summary (also written to summary.json)."""
+    paths = prepare_run_dir(out, overwrite=overwrite)
+    data = prepare_data(config)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=len(data.vocab)))
+    data.vocab.save(paths.vocab)
+    atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
+    return trainer.fit()
+
+
+def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = True,
+           callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
+    """Continue a run from its latest checkpoint (``overrides`` may extend ``train.steps`` and the like)."""
+    paths = RunPaths(Path(run_dir))
+    config = load_run_config(paths.root)
+    if overrides:
+        changed = apply_overrides(config, overrides)
+        if changed.model != config.model or changed.data != config.data:
+            raise RunError("a resumed run keeps its model and data settings; only train, eval and generate "
+                           "fields can be overridden")
+        config = changed
+    folder = latest_checkpoint(paths.root)
+    if folder is None:
+        raise RunError(f"{paths.root} has no checkpoint to resume from; start it again with --overwrite")
+    if not paths.vocab.is_file():
+        raise RunError(f"{paths.root} has no vocab.json")
+    data = prepare_data(config, vocab=load_vocab(paths.vocab))
+    if overrides:
+        atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
+    trainer.restore(folder)
+    return trainer.fit()
