@@ -82,14 +82,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     gen = run.config.generate
     generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
-    text = generate_text(
-        run.model, run.vocab, args.prompt, include_prompt=True,
-        max_new_tokens=args.max_new_tokens or gen.max_new_tokens,
-        temperature=gen.temperature if args.temperature is None else args.temperature,
-        top_k=args.top_k if args.top_k is not None else gen.top_k,
-        top_p=args.top_p if args.top_p is not None else gen.top_p,
-        generator=generator,
-    )
+    try:
+        text = generate_text(
+            run.model, run.vocab, args.prompt, include_prompt=True,
+            max_new_tokens=args.max_new_tokens or gen.max_new_tokens,
+            temperature=gen.temperature if args.temperature is None else args.temperature,
+            top_k=args.top_k if args.top_k is not None else gen.top_k,
+            top_p=args.top_p if args.top_p is not None else gen.top_p,
+            generator=generator,
+        )
+    except ValueError as exc:  # unknown prompt tokens, bad sampling settings
+        raise TxlError(f"generate: {exc}") from None
     print(text)
     return 0
 

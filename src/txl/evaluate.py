@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import SegmentStream
+from .errors import TxlError
 from .model import TransformerXL
 
 __all__ = ["EvalResult", "evaluate", "metrics_from_loss"]
@@ -48,7 +49,10 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
     was_training = model.training
     model.eval()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    stream = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=desc)
+    try:
+        stream = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=desc)
+    except ValueError as exc:
+        raise TxlError(str(exc)) from None
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     memory = None

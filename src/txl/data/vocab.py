@@ -353,9 +353,12 @@ def load_vocab(path: str | os.PathLike[str]) -> Vocab:
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read vocabulary {path}: {err}") from None
-    return vocab_from_dict(d)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorpusError(f"cannot read vocabulary {path}: {err}") from None
+    try:
+        return vocab_from_dict(d)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorpusError(f"{path}: not a valid txl vocabulary ({type(err).__name__}: {err})") from None
 
 
 def build_vocab(

@@ -112,8 +112,14 @@ class Trainer:
         self.model = TransformerXL(config.model).to(self.device)
         self.optimizer = configure_optimizer(self.model, tc)
         self.forward = torch.compile(self.model) if tc.compile else self.model
-        self.stream = SegmentStream(data.splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len,
-                                    varlen=tc.varlen, seed=tc.seed, name="train")
+        try:
+            self.stream = SegmentStream(data.splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len,
+                                        varlen=tc.varlen, seed=tc.seed, name="train")
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        for split in ("valid", "test"):
+            if split in data.splits and len(data.splits[split]) < 2:
+                raise RunError(f"split '{split}' has {len(data.splits[split])} tokens; evaluation needs at least 2")
         self.memory: Memory | None = None
         self.state = TrainingState()
         self.tb = self._tensorboard()
