@@ -5,6 +5,7 @@ evaluation with a longer memory works from the CLI."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -177,3 +178,25 @@ def test_vanilla_baseline_trains_from_the_cli(tmp_path, text_corpus, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 10 and summary["val_loss"] > 0
     assert load_run(run_dir).model.config.attention == "absolute"
+
+
+def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path, text_corpus, monkeypatch):
+    from txl.evaluate import EvalResult
+    from txl.train.trainer import Trainer
+
+    losses = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])
+    calls = []
+
+    def fake_evaluate(self, split, *, max_tokens=None):
+        calls.append(split)
+        loss = next(losses) if split == "valid" else 2.0
+        return EvalResult(loss=loss, ppl=math.exp(loss), bpc=loss / math.log(2), tokens=100)
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_evaluate)
+    config = _config(text_corpus, "train.steps=50", "train.eval_every=2", "train.patience=2")
+    summary = train(config, tmp_path / "run", progress=False)
+    # evaluations at steps 2 (3.0), 4 (2.5, best), 6 (2.6), 8 (2.7: second without improvement -> stop)
+    assert summary["status"] == "early_stopped" and summary["steps"] == 8
+    assert summary["best_val_loss"] == 2.4  # the final full evaluation (2.4) still counts
+    best = json.loads((tmp_path / "run" / "checkpoints" / "best" / "state.json").read_text())
+    assert best["state"]["step"] == 8
