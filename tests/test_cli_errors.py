@@ -103,7 +103,7 @@ def test_damaged_checkpoint(trained_run, capsys, damage):
         weights.write_bytes(b"\x00garbage" * 10 if damage == "corrupt" else data[: len(data) // 2])
     before = _snapshot(trained_run)
     _fails(capsys, ["eval", str(trained_run), "--quiet"], "model.safetensors")
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet"], "model.safetensors")
+    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=20"], "model.safetensors")
     assert _snapshot(trained_run) == before
 
 
@@ -124,7 +124,7 @@ def test_checkpoint_from_another_model_size(trained_run, capsys):
     config["model"]["d_model"] = 64
     (trained_run / "config.json").write_text(json.dumps(config))
     _fails(capsys, ["eval", str(trained_run), "--quiet"], "another model size", "d_model")
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet"], "another model size")
+    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=20"], "another model size")
 
 
 def test_generate_with_unknown_prompt_tokens(tmp_path, capsys, text_corpus):
@@ -139,3 +139,14 @@ def test_runs_that_do_not_exist(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     _fails(capsys, ["train", "--resume", str(tmp_path / "empty")], "no run")
     _fails(capsys, ["train", "--config", "tiny"], "--out")
+
+
+def test_resuming_a_finished_run_asks_for_more_steps(trained_run, capsys):
+    before = _snapshot(trained_run)
+    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet"], "already finished 10 steps", "train.steps")
+    assert _snapshot(trained_run) == before
+    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "model.d_model=64"], "model")
+    assert main(["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=12"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 12
+    finals = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]

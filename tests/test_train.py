@@ -200,3 +200,24 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     assert summary["best_val_loss"] == 2.4  # the final full evaluation (2.4) still counts
     best = json.loads((tmp_path / "run" / "checkpoints" / "best" / "state.json").read_text())
     assert best["state"]["step"] == 8
+
+
+def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_data, capsys):
+    """The real corpus by name, character level: train briefly, evaluate the whole validation split."""
+    run_dir = tmp_path / "shakespeare"
+    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
+                 "--set", "data.corpus=tinyshakespeare", "--set", f"data.data_dir={json.dumps(str(shared_data))}",
+                 "--set", "data.vocab=char", "--set", "train.steps=60", "--set", "train.lr=1e-2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["vocab_size"] == 66 and summary["val_tokens"] == 111_539 and "test_loss" not in summary
+    assert summary["val_loss"] < math.log(66) - 1.0  # well below a uniform guess over the 66 symbols
+    assert main(["eval", str(run_dir), "--split", "valid", "--mem-len", "64", "--quiet"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["tokens"] == 111_539 and record["loss"] < math.log(66) - 1.0
+
+
+@pytest.mark.parametrize("extra", [[], ["model.cutoffs=[64, 128]", "model.div_val=2"]], ids=["softmax", "adaptive"])
+def test_bf16_autocast_trains(tmp_path, text_corpus, extra):
+    summary = train(_config(text_corpus, "train.precision=\"bf16\"", "train.steps=4", *extra), tmp_path / "run",
+                    progress=False)
+    assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])

@@ -81,10 +81,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     gen = run.config.generate
+    model = run.model
+    if args.mem_len is not None:
+        if run.config.model.attention != "relative":
+            raise ConfigError("--mem-len applies to the Transformer-XL only (this run is the vanilla baseline)")
+        model = model.with_settings(mem_len=args.mem_len)
     generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
     try:
         text = generate_text(
-            run.model, run.vocab, args.prompt, include_prompt=True,
+            model, run.vocab, args.prompt, include_prompt=True,
             max_new_tokens=args.max_new_tokens or gen.max_new_tokens,
             temperature=gen.temperature if args.temperature is None else args.temperature,
             top_k=args.top_k if args.top_k is not None else gen.top_k,
@@ -152,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
+    p.add_argument("--mem-len", type=int, help="memory length while generating (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="best")
     p.add_argument("--device", default="cpu")

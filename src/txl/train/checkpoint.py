@@ -31,6 +31,7 @@ __all__ = [
     "prune_checkpoints",
     "load_weights",
     "atomic_write_text",
+    "read_checkpoint_meta",
 ]
 
 FORMAT_VERSION = 1
@@ -137,7 +138,8 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
     return folder
 
 
-def _read_meta(folder: Path) -> dict[str, Any]:
+def read_checkpoint_meta(folder: Path) -> dict[str, Any]:
+    """The JSON document of a checkpoint folder (CheckpointError when missing or corrupt)."""
     path = folder / "state.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: not a checkpoint (no state.json)")
@@ -170,7 +172,7 @@ def load_weights(folder: Path, model: nn.Module, *, expected: dict[str, Any] | N
     """Load the weights of a checkpoint folder into ``model`` (checking ``expected`` facts first);
     returns the checkpoint's JSON document."""
     folder = Path(folder)
-    document = _read_meta(folder)
+    document = read_checkpoint_meta(folder)
     _check_meta(folder, document, expected or {})
     path = folder / "model.safetensors"
     if not path.is_file():

@@ -35,6 +35,7 @@ from ..train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
+    read_checkpoint_meta,
     save_checkpoint,
 )
 from .optim import configure_optimizer, lr_at, set_lr
@@ -122,7 +123,7 @@ class Trainer:
                 raise RunError(f"split '{split}' has {len(data.splits[split])} tokens; evaluation needs at least 2")
         self.memory: Memory | None = None
         self.state = TrainingState()
-        self.tb = self._tensorboard()
+        self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
@@ -234,6 +235,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         tc = self.config.train
+        self.tb = self._tensorboard()
         self.model.train()
         batches = self.stream.batches()
         start_time = time.perf_counter() - self.state.elapsed
@@ -300,13 +302,13 @@ class Trainer:
     def _finish(self, status: str, train_tokens_per_s: float) -> dict[str, Any]:
         valid = self.evaluate("valid")
         if valid is not None:
-            self._log({"step": self.state.step, "split": "valid", **valid.as_dict()})
+            self._log({"step": self.state.step, "split": "valid", **valid.as_dict(), "final": True})
             if self.state.best_val_loss is None or valid.loss < self.state.best_val_loss:
                 self.state.best_val_loss = valid.loss
                 self._save_best()
         test = self.evaluate("test")
         if test is not None:
-            self._log({"step": self.state.step, "split": "test", **test.as_dict()})
+            self._log({"step": self.state.step, "split": "test", **test.as_dict(), "final": True})
         summary: dict[str, Any] = {
             "status": status,
             "steps": self.state.step,
@@ -328,7 +330,8 @@ class Trainer:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines logged after ``step`` (written by a run killed after its last checkpoint)."""
+    """Drop metric lines logged after ``step`` (written by a run killed after its last checkpoint) and the
+    final evaluations (they are made again when the resumed run ends)."""
     if not path.exists():
         return
     kept = []
@@ -337,7 +340,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
-        if record.get("step", 0) <= step and record.get("split") in ("train", "valid"):
+        if record.get("step", 0) <= step and not record.get("final"):
             kept.append(line)
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
@@ -368,11 +371,15 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
     folder = latest_checkpoint(paths.root)
     if folder is None:
         raise RunError(f"{paths.root} has no checkpoint to resume from; start it again with --overwrite")
+    done = read_checkpoint_meta(folder).get("state", {}).get("step", 0)
+    if paths.summary.exists() and done >= config.train.steps:
+        raise RunError(f"{paths.root} already finished {done} steps; to train longer resume with "
+                       f"--set train.steps=N (N > {done})")
     if not paths.vocab.is_file():
         raise RunError(f"{paths.root} has no vocab.json")
     data = prepare_data(config, vocab=load_vocab(paths.vocab))
+    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
+    trainer.restore(folder)  # checks everything before anything in the run folder changes
     if overrides:
         atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
-    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
-    trainer.restore(folder)
     return trainer.fit()
