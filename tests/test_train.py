@@ -221,3 +221,18 @@ def test_bf16_autocast_trains(tmp_path, text_corpus, extra):
     summary = train(_config(text_corpus, "train.precision=\"bf16\"", "train.steps=4", *extra), tmp_path / "run",
                     progress=False)
     assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
+
+
+def test_cli_eval_defaults_to_the_runs_eval_settings(tmp_path, text_corpus, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
+                 "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=5",
+                 "--set", "eval.mem_len=40", "--set", "eval.same_length=true"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(run_dir), "--quiet"]) == 0
+    saved = json.loads(capsys.readouterr().out)
+    assert (saved["mem_len"], saved["same_length"]) == (40, True)
+    assert saved["loss"] == pytest.approx(summary["val_loss"], abs=1e-12)  # what training reported
+    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "8", "--no-same-length"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert (chosen["mem_len"], chosen["same_length"]) == (8, False)

@@ -39,9 +39,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_settings(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in (("mem_len", args.mem_len), ("clamp_len", args.clamp_len),
-                              ("same_length", True if args.same_length else None)) if v is not None}
+def _eval_settings(args: argparse.Namespace, config) -> dict:
+    """Length settings for evaluation: the command line first, then the run's [eval] section."""
+    chosen = (("mem_len", args.mem_len, config.eval.mem_len), ("clamp_len", args.clamp_len, config.eval.clamp_len),
+              ("same_length", args.same_length, config.eval.same_length))
+    return {k: (flag if flag is not None else saved) for k, flag, saved in chosen
+            if flag is not None or saved is not None}
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -55,10 +58,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     tokens = encode_split(corpus, args.split, run.vocab,
                           cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
     model = run.model
-    settings = _eval_settings(args)
+    settings = _eval_settings(args, config)
     if settings and config.model.attention == "relative":
         model = model.with_settings(**settings)
-    elif settings:
+    elif any(v is not None for v in (args.mem_len, args.clamp_len, args.same_length)):
         raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
                           "(this run is the vanilla baseline)")
     tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
@@ -140,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
-    p.add_argument("--mem-len", type=int, help="memory length (default: the model's)")
-    p.add_argument("--clamp-len", type=int, help="clamp relative distances at this length")
-    p.add_argument("--same-length", action="store_true", help="every query attends to the same number of keys")
+    p.add_argument("--mem-len", type=int, help="memory length (default: the run's eval.mem_len, else the model's)")
+    p.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)")
+    p.add_argument("--same-length", action=argparse.BooleanOptionalAction, default=None,
+                   help="every query attends to the same number of keys (default: the run's eval setting)")
     p.add_argument("--batch-size", type=int, help="parallel streams")
     p.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
     p.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")

@@ -89,7 +89,7 @@ class Corpus:
         """The bytes of `split`, or a CorpusError saying that the split is absent and where it looked."""
         if split not in self.splits:
             present = ", ".join(sorted(self.splits)) or "none"
-            read = ", ".join(f for files in self.sources.values() for f in files) or "none"
+            read = ", ".join(dict.fromkeys(f for files in self.sources.values() for f in files)) or "none"
             fix = (
                 f"add the file or run `txl data download {self.name}`"
                 if self.name in DOWNLOADABLE
