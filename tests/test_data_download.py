@@ -157,3 +157,23 @@ def test_http_errors_and_unknown_names(tmp_path, server):
         download_corpus("books", dest=tmp_path)
     with pytest.raises(CorpusError, match="single url"):
         download_corpus("ptb", dest=tmp_path, url=server.url + "/x")
+
+
+def test_cli_data_download(server, tmp_path, capsys):
+    from txl.cli import main
+
+    archive = _wikitext_zip()
+    server.files["/mirror/wikitext-2-v1.zip"] = archive
+    url = server.url + "/mirror/wikitext-2-v1.zip"
+    # The pinned checksum of the real archive does not match this one: refused, nothing left behind.
+    assert main(["data", "download", "wikitext-2", "--dest", str(tmp_path), "--url", url, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("txl: error:") and "sha" in err[0].lower()
+    assert not (tmp_path / "wikitext-2" / "wiki.train.tokens").exists()
+    digest = hashlib.sha256(archive).hexdigest()
+    assert main(["data", "download", "wikitext-2", "--dest", str(tmp_path), "--url", url, "--sha256", digest,
+                 "--quiet"]) == 0
+    folder = capsys.readouterr().out.strip()
+    assert folder == str(tmp_path / "wikitext-2")
+    corpus = load_corpus("wikitext-2", data_dir=tmp_path)
+    assert corpus.text("valid").startswith(" = valid = ")

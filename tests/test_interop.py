@@ -135,3 +135,12 @@ def test_inferred_config_is_a_valid_config(tiny_config):
     state = _original_state(TransformerXL(tiny_config))
     config = config_from_original(state, mem_len=10)
     assert isinstance(config, TransformerXLConfig) and config.mem_len == 10 and config.share_rel_bias
+
+
+def test_half_precision_checkpoints_load_as_float32(tmp_path, tiny_config):
+    state = {k: v.half() for k, v in _original_state(TransformerXL(tiny_config)).items()}
+    path = tmp_path / "half.pt"
+    torch.save(state, path)
+    model = load_original(path, mem_len=4)
+    assert model.layers[0].attn.qkv.weight.dtype == torch.float32
+    assert torch.equal(model.layers[0].attn.qkv.weight, state["layers.0.dec_attn.qkv_net.weight"].float())

@@ -117,7 +117,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
     if args.data_command == "download":
         folder = download_corpus(args.name, dest=Path(args.dest) if args.dest else None, url=args.url,
-                                 progress=not args.quiet)
+                                 sha256=args.sha256, progress=not args.quiet)
         print(folder)
     else:
         print(json.dumps({"corpora": list(CORPUS_NAMES), "downloadable": sorted(DOWNLOADS),
@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("name")
     d.add_argument("--dest", help="folder to put it in (default: $TXL_DATA_DIR or ~/.cache/txl)")
     d.add_argument("--url", help="another address for the archive (a mirror)")
+    d.add_argument("--sha256", help="the expected SHA-256 of that archive (default: the pinned one)")
     d.add_argument("--quiet", action="store_true")
     data_sub.add_parser("list", help="known corpora and where they are looked for")
     p.set_defaults(func=_cmd_data)

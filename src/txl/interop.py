@@ -137,7 +137,9 @@ def original_to_txl(state: Mapping[str, Tensor], config: TransformerXLConfig) ->
     """Build a TransformerXL from ``config`` and copy the original's tensors into it (shapes checked)."""
     if config.attention != "relative" or not config.share_rel_bias:
         raise CheckpointError("the original attn_type 0 model has relative attention with shared u, v biases")
-    model = TransformerXL(config).to(state["r_w_bias"].dtype)  # keep the checkpoint's precision
+    # float64 checkpoints stay float64 (exact comparisons); half precision is widened to float32.
+    dtype = torch.float64 if state["r_w_bias"].dtype == torch.float64 else torch.float32
+    model = TransformerXL(config).to(dtype)
     names = _name_map(config)
     ours = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
