@@ -306,9 +306,7 @@ class Trainer:
             if self.state.best_val_loss is None or valid.loss < self.state.best_val_loss:
                 self.state.best_val_loss = valid.loss
                 self._save_best()
-        test = self.evaluate("test")
-        if test is not None:
-            self._log({"step": self.state.step, "split": "test", **test.as_dict(), "final": True})
+        test = self.evaluate("test")  # reported in summary.json; metrics.jsonl holds train and valid only
         summary: dict[str, Any] = {
             "status": status,
             "steps": self.state.step,
