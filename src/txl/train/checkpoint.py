@@ -46,6 +46,7 @@ class TrainingState:
     best_val_loss: float | None = None
     bad_evals: int = 0
     elapsed: float = 0.0
+    train_seconds: float = 0.0
     stream: dict[str, Any] = field(default_factory=dict)
 
 

@@ -239,14 +239,14 @@ class Trainer:
         self.model.train()
         batches = self.stream.batches()
         start_time = time.perf_counter() - self.state.elapsed
-        window_tokens, window_start = 0, time.perf_counter()
-        train_tokens_per_s = 0.0
+        window_tokens, window_seconds = 0, 0.0  # optimizer steps only: evaluations and saves excluded
         status = "completed"
         bar = tqdm(total=tc.steps, initial=self.state.step, disable=not self.progress, desc="train",
                    dynamic_ncols=True)
         with _catch_signals() as received:
             while self.state.step < tc.steps:
                 step = self.state.step
+                step_start = time.perf_counter()
                 lr = lr_at(step, lr=tc.lr, min_lr=tc.min_lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
                            schedule=tc.schedule)
                 set_lr(self.optimizer, lr)
@@ -263,11 +263,13 @@ class Trainer:
                 self.state.step = step + 1
                 self.state.tokens += batch.targets.numel()
                 window_tokens += batch.targets.numel()
-                self.state.elapsed = time.perf_counter() - start_time
+                now = time.perf_counter()
+                window_seconds += now - step_start
+                self.state.train_seconds += now - step_start
+                self.state.elapsed = now - start_time
                 if self.state.step % tc.log_every == 0 or self.state.step == tc.steps:
-                    now = time.perf_counter()
-                    train_tokens_per_s = window_tokens / max(now - window_start, 1e-9)
-                    window_tokens, window_start = 0, now
+                    train_tokens_per_s = window_tokens / max(window_seconds, 1e-9)
+                    window_tokens, window_seconds = 0, 0.0
                     record = {"step": self.state.step, "split": "train", "loss": value, **metrics_from_loss(value),
                               "lr": lr, "tokens": self.state.tokens, "tokens_per_s": train_tokens_per_s,
                               "elapsed_s": self.state.elapsed}
@@ -297,9 +299,9 @@ class Trainer:
                     status = "time_limit"
                     break
         bar.close()
-        return self._finish(status, train_tokens_per_s)
+        return self._finish(status)
 
-    def _finish(self, status: str, train_tokens_per_s: float) -> dict[str, Any]:
+    def _finish(self, status: str) -> dict[str, Any]:
         valid = self.evaluate("valid")
         if valid is not None:
             self._log({"step": self.state.step, "split": "valid", **valid.as_dict(), "final": True})
@@ -311,7 +313,7 @@ class Trainer:
             "status": status,
             "steps": self.state.step,
             "tokens": self.state.tokens,
-            "train_tokens_per_s": train_tokens_per_s,
+            "train_tokens_per_s": self.state.tokens / max(self.state.train_seconds, 1e-9),
             "elapsed_s": self.state.elapsed,
             "params": self.model.num_parameters(),
             "vocab_size": len(self.data.vocab),
