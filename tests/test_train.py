@@ -109,7 +109,8 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
     assert _train_losses(killed) == _train_losses(tmp_path / "reference")  # identical floats, every step
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, signum):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(out), "--quiet",
            "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=100000",
@@ -119,9 +120,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus):
     while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 5:
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == 128 + signum
     assert "checkpoint saved" in err.decode() and "Traceback" not in err.decode()
     folder = latest_checkpoint(out)
     assert folder is not None
