@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from txl import Memory, TransformerXL, TransformerXLConfig
+from txl import Memory, Span, TransformerXL, TransformerXLConfig
 from txl.generate import Generation, filter_logits, generate, generate_text, sample_next
 
 V = 37
@@ -111,7 +111,7 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
     # a view with a longer memory (shared weights) remembers everything again
-    longer = generate(model.with_settings(mem_len=16), prompt, max_new_tokens=10, temperature=0)
+    longer = generate(model, prompt, max_new_tokens=10, temperature=0, span=Span(mem_len=16))
     assert torch.equal(longer.tokens, _greedy_recompute(model, prompt, 10)[0])
 
     # with a memory this short, the cache forgets: the result is not a full recomputation (the test can fail)

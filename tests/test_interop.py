@@ -85,7 +85,9 @@ def test_load_original_round_trip_matches_reference(tmp_path, tiny_config, varia
                                                 cutoffs=list(config.cutoffs), pre_lnorm=config.pre_norm)
         torch.testing.assert_close(out.loss, ref_loss.t(), rtol=0, atol=1e-10)
         torch.testing.assert_close(out.loss, source.eval()(seg, memory=ours_mem, targets=tgt).loss, rtol=0, atol=1e-12)
-        for ours, theirs in zip(out.memory.states, theirs_mem, strict=True):
+        # the original keeps n_layer + 1 states; its last (the final layer's output) is never read
+        assert len(theirs_mem) == len(out.memory) + 1
+        for ours, theirs in zip(out.memory.states, theirs_mem[:-1], strict=True):
             torch.testing.assert_close(ours, theirs.transpose(0, 1), rtol=0, atol=1e-10)
         ours_mem = out.memory
 

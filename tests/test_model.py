@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from txl import Memory, TransformerXL, TransformerXLConfig
+from txl import Memory, Span, TransformerXL, TransformerXLConfig
 from txl.model import attention_mask, rel_shift
+from txl.model.attention import RelativeContext
 from txl.model.positional import relative_distances, sinusoid
 
 
@@ -19,10 +20,11 @@ def _model(config: TransformerXLConfig) -> TransformerXL:
     return TransformerXL(config).double().eval()
 
 
-def _segments(model, tokens, targets, seg_len, memory=None):
+def _segments(model, tokens, targets, seg_len, memory=None, span=None):
     losses = []
     for start in range(0, tokens.shape[1], seg_len):
-        out = model(tokens[:, start:start + seg_len], memory=memory, targets=targets[:, start:start + seg_len])
+        out = model(tokens[:, start:start + seg_len], memory=memory, targets=targets[:, start:start + seg_len],
+                    span=span)
         losses.append(out.loss)
         memory = out.memory
     return torch.cat(losses, dim=1), memory
@@ -104,11 +106,12 @@ def test_position_term_matches_naive_double_loop(tiny_config, m):
 @pytest.mark.parametrize("m", [0, 4])
 def test_scores_match_four_terms(tiny_config, m):
     _, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=4, m=m)
-    fast = attn.scores(x, memory=memory, pos=pos, mask=mask, u=u, v=v)
+    context = RelativeContext(pos=pos, mask=mask, u=u, v=v)
+    fast = attn.scores(x, memory=memory, context=context)
     naive = _naive_scores(attn, tiny_config, x, memory, u, v)
     torch.testing.assert_close(fast, naive, rtol=0, atol=1e-12)
     # And the fused output is softmax(scores) @ values through the output projection.
-    out = attn(x, memory=memory, pos=pos, mask=mask, u=u, v=v)
+    out = attn(x, memory=memory, context=context)
     cat = x if memory is None else torch.cat([memory, x], dim=1)
     values = (cat @ attn.qkv.weight.chunk(3, dim=0)[2].t()).view(x.shape[0], -1, tiny_config.n_head, tiny_config.d_head)
     mixed = torch.einsum("bhij,bjhd->bihd", naive.softmax(-1), values).reshape(*x.shape[:2], -1)
@@ -147,8 +150,7 @@ def test_segments_with_memory_equal_one_long_pass(tiny_config, variant):
         pieces, _ = _segments(model, tokens, targets, seg_len)
         torch.testing.assert_close(pieces, full, rtol=0, atol=1e-10)
     # Without enough memory the recurrence is truncated and the result must differ (the check can fail).
-    short = model.with_settings(mem_len=4)
-    truncated, _ = _segments(short, tokens, targets, 4)
+    truncated, _ = _segments(model, tokens, targets, 4, span=Span(mem_len=4))
     assert (truncated - full).abs().max() > 1e-6
 
 
@@ -197,9 +199,9 @@ def test_memory_is_truncated_to_the_last_positions(tiny_config):
         lengths.append(memory.length)
         finals.append(out.hidden)
     assert lengths == [3, 5, 5]
-    assert len(memory) == config.n_layer + 1
+    assert len(memory) == config.n_layer  # the input of each layer; the last layer's output is never read
     torch.testing.assert_close(memory.states[0], model.embedding(tokens)[:, -5:], rtol=0, atol=0)
-    torch.testing.assert_close(memory.states[-1], torch.cat(finals, dim=1)[:, -5:], rtol=0, atol=0)
+    assert not any(torch.equal(s, torch.cat(finals, dim=1)[:, -5:]) for s in memory.states)
 
 
 def test_memory_disabled_and_row_selection(tiny_config):
@@ -225,13 +227,23 @@ def test_wrong_memory_is_rejected(tiny_config):
         model(torch.zeros(3, 3, dtype=torch.long), memory=out.memory)
 
 
-def test_longer_evaluation_memory_shares_weights(tiny_config):
+def test_span_changes_lengths_without_touching_the_model(tiny_config):
     model = _model(tiny_config)
-    longer = model.with_settings(mem_len=64, clamp_len=8, same_length=True)
-    assert longer.config.mem_len == 64 and model.config.mem_len == tiny_config.mem_len
-    assert longer.layers[0].attn.qkv.weight is model.layers[0].attn.qkv.weight
-    with pytest.raises(ValueError):
-        model.with_settings(d_model=8)
+    tokens = torch.randint(0, 37, (2, 6))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = model(tokens, span=Span(mem_len=3, clamp_len=8, same_length=True))
+    assert out.memory.length == 3 and model.config.mem_len == tiny_config.mem_len
+    assert model(tokens).memory.length == 6
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.config.span == Span(mem_len=tiny_config.mem_len)
+    with pytest.raises(ValueError, match="same_length"):
+        Span(mem_len=0, same_length=True)
+    with pytest.raises(ValueError, match="mem_len"):
+        Span(mem_len=-1)
+    vanilla = _model(dataclasses.replace(tiny_config, attention="absolute"))
+    assert vanilla.config.span == Span(mem_len=0)
+    with pytest.raises(ValueError, match="no memory"):
+        vanilla(tokens, span=Span(mem_len=4))
 
 
 def test_clamp_len_uses_the_clamped_distance_embedding(tiny_config):
@@ -241,9 +253,9 @@ def test_clamp_len_uses_the_clamped_distance_embedding(tiny_config):
     assert distances.tolist() == [3, 3, 3, 3, 3, 3, 3, 2, 1, 0]
     tokens = torch.randint(0, 37, (1, 10))
     # A model with clamp 3 differs from the unclamped one only when distances exceed 3.
-    free = model.with_settings(clamp_len=None)
-    assert torch.equal(model(tokens[:, :4]).logits, free(tokens[:, :4]).logits)
-    assert (model(tokens).logits - free(tokens).logits).abs().max() > 1e-9
+    free = Span(mem_len=32, clamp_len=None)
+    assert torch.equal(model(tokens[:, :4]).logits, model(tokens[:, :4], span=free).logits)
+    assert (model(tokens).logits - model(tokens, span=free).logits).abs().max() > 1e-9
 
 
 # 7. Adaptive softmax ---------------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ line (``txl: error: ...``) with exit status 2; an interrupted run exits with 128
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import ConfigError, apply_overrides, load_config, preset_names
+from .config import ConfigError, apply_overrides, eval_span, load_config, preset_names
 from .errors import TxlError
 
 __all__ = ["main", "build_parser"]
@@ -39,12 +40,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_settings(args: argparse.Namespace, config) -> dict:
-    """Length settings for evaluation: the command line first, then the run's [eval] section."""
-    chosen = (("mem_len", args.mem_len, config.eval.mem_len), ("clamp_len", args.clamp_len, config.eval.clamp_len),
-              ("same_length", args.same_length, config.eval.same_length))
-    return {k: (flag if flag is not None else saved) for k, flag, saved in chosen
-            if flag is not None or saved is not None}
+def _eval_lengths(args: argparse.Namespace) -> dict:
+    """The length flags given on the command line, as ``eval`` fields."""
+    chosen = (("mem_len", args.mem_len), ("clamp_len", args.clamp_len), ("same_length", args.same_length))
+    return {k: flag for k, flag in chosen if flag is not None}
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -57,21 +56,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None)
     tokens = encode_split(corpus, args.split, run.vocab,
                           cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
-    model = run.model
-    settings = _eval_settings(args, config)
-    if settings and config.model.attention == "relative":
-        model = model.with_settings(**settings)
-    elif any(v is not None for v in (args.mem_len, args.clamp_len, args.same_length)):
+    lengths = _eval_lengths(args)
+    if lengths and config.model.attention != "relative":
         raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
                           "(this run is the vanilla baseline)")
+    span = eval_span(dataclasses.replace(config, eval=dataclasses.replace(config.eval, **lengths)))
     tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
     batch_size = args.batch_size or config.eval.batch_size
-    result = evaluate(model, tokens, batch_size=batch_size, tgt_len=tgt_len, max_tokens=args.max_tokens,
-                      progress=not args.quiet, desc=args.split)
+    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span,
+                      max_tokens=args.max_tokens, progress=not args.quiet, desc=args.split)
     record = {"run": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint.name, "step": run.step,
               **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size,
-              "mem_len": model.config.mem_len if config.model.attention == "relative" else 0,
-              "clamp_len": model.config.clamp_len, "same_length": model.config.same_length}
+              "mem_len": span.mem_len, "clamp_len": span.clamp_len, "same_length": span.same_length}
     print(json.dumps(record))
     return 0
 
@@ -85,10 +81,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     gen = run.config.generate
     model = run.model
+    span = None
     if args.mem_len is not None:
         if run.config.model.attention != "relative":
             raise ConfigError("--mem-len applies to the Transformer-XL only (this run is the vanilla baseline)")
-        model = model.with_settings(mem_len=args.mem_len)
+        span = run.config.model.span.replace(mem_len=args.mem_len)
     generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
     try:
         text = generate_text(
@@ -97,7 +94,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             temperature=gen.temperature if args.temperature is None else args.temperature,
             top_k=args.top_k if args.top_k is not None else gen.top_k,
             top_p=args.top_p if args.top_p is not None else gen.top_p,
-            generator=generator,
+            generator=generator, span=span,
         )
     except ValueError as exc:  # unknown prompt tokens, bad sampling settings
         raise TxlError(f"generate: {exc}") from None

@@ -21,6 +21,9 @@ from .errors import TxlError
 
 __all__ = [
     "TransformerXLConfig",
+    "Span",
+    "architecture_fields",
+    "eval_span",
     "DataConfig",
     "TrainConfig",
     "EvalConfig",
@@ -66,6 +69,51 @@ def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
     _check(value in choices, name, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
+# The allowed values of each choice, written once (``typing.get_args`` gives them to validation and the CLI).
+Attention = Literal["relative", "absolute"]
+VocabKind = Literal["word", "char", "byte", "bpe"]
+Tokenizer = Literal["whitespace", "regex"]
+Schedule = Literal["cosine", "linear", "inverse_sqrt", "constant"]
+Precision = Literal["fp32", "bf16"]
+
+_ARCHITECTURE = types.MappingProxyType({"architecture": True})
+"""Field metadata of the model fields that define the weights' shapes and meaning (checked when loading)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluation-time lengths
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Span:
+    """How far a Transformer-XL looks back: the evaluation-time lengths, which are not architecture.
+
+    The same weights run with any span; training uses the model config's (:attr:`TransformerXLConfig.span`),
+    evaluation and generation may use a longer memory, a clamp or same-length attention. Pass it to
+    ``TransformerXL.forward(..., span=...)``, :func:`txl.evaluate.evaluate` and :func:`txl.generate.generate`.
+    """
+
+    mem_len: int
+    """Positions of hidden states kept per layer as memory for the next segment (M); 0 disables memory."""
+    clamp_len: int | None = None
+    """Relative distances larger than this use the embedding of clamp_len; None means no clamp."""
+    same_length: bool = False
+    """Every query attends to the same number of keys (the paper's evaluation setting); needs mem_len > 0."""
+
+    def __post_init__(self) -> None:
+        _non_negative_int(self, "mem_len")
+        if self.clamp_len is not None:
+            _positive_int(self, "clamp_len")
+        _check(isinstance(self.same_length, bool), "same_length", f"must be true or false, got {self.same_length!r}")
+        _check(not (self.same_length and self.mem_len == 0), "same_length",
+               "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)")
+
+    def replace(self, **changes: Any) -> Span:
+        """A new span with some lengths changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------------------
@@ -78,25 +126,25 @@ class TransformerXLConfig:
     The defaults make a tiny CPU model. Names follow the paper and the authors' code.
     """
 
-    vocab_size: int = 256
+    vocab_size: int = field(default=256, metadata=_ARCHITECTURE)
     """Number of tokens in the vocabulary (V)."""
-    n_layer: int = 2
+    n_layer: int = field(default=2, metadata=_ARCHITECTURE)
     """Number of decoder layers (N)."""
-    n_head: int = 2
+    n_head: int = field(default=2, metadata=_ARCHITECTURE)
     """Attention heads per layer (H)."""
-    d_head: int = 16
+    d_head: int = field(default=16, metadata=_ARCHITECTURE)
     """Size of each attention head (Dh)."""
-    d_model: int = 32
+    d_model: int = field(default=32, metadata=_ARCHITECTURE)
     """Hidden size of the residual stream (D); even, since the sinusoid interleaves sin and cos halves."""
-    d_inner: int = 64
+    d_inner: int = field(default=64, metadata=_ARCHITECTURE)
     """Hidden size of the position-wise feed-forward network."""
-    d_embed: int | None = None
+    d_embed: int | None = field(default=None, metadata=_ARCHITECTURE)
     """Embedding size before projection to d_model; None means d_model (no projection)."""
     dropout: float = 0.0
     """Dropout on embeddings, positions, residual branches and the final hidden state."""
     dropatt: float = 0.0
     """Dropout on attention probabilities."""
-    attention: Literal["relative", "absolute"] = "relative"
+    attention: Attention = field(default="relative", metadata=_ARCHITECTURE)
     """"relative": Transformer-XL attention with memory. "absolute": the vanilla baseline of the paper
     (absolute sinusoidal positions added to the input, standard attention, no memory; mem_len is unused)."""
     mem_len: int = 32
@@ -105,19 +153,19 @@ class TransformerXLConfig:
     """Every query attends to the same number of keys (the paper's evaluation setting)."""
     clamp_len: int | None = None
     """Relative distances larger than this use the embedding of clamp_len; None means no clamp."""
-    pre_norm: bool = False
+    pre_norm: bool = field(default=False, metadata=_ARCHITECTURE)
     """LayerNorm before each sub-layer (pre-norm) instead of after the residual sum (post-norm, the paper)."""
-    final_norm: bool = False
+    final_norm: bool = field(default=False, metadata=_ARCHITECTURE)
     """A LayerNorm after the last layer (useful with pre_norm; the authors' code has none)."""
-    tie_weights: bool = True
+    tie_weights: bool = field(default=True, metadata=_ARCHITECTURE)
     """Share the input embedding and output softmax weights."""
-    share_rel_bias: bool = True
+    share_rel_bias: bool = field(default=True, metadata=_ARCHITECTURE)
     """One pair of global biases u, v for all layers (the authors' PyTorch code), or one pair per layer."""
-    cutoffs: tuple[int, ...] = ()
+    cutoffs: tuple[int, ...] = field(default=(), metadata=_ARCHITECTURE)
     """Adaptive input/softmax cluster boundaries (token ids); empty means one ordinary softmax."""
-    div_val: int = 1
+    div_val: int = field(default=1, metadata=_ARCHITECTURE)
     """Each adaptive cluster's embedding size is d_embed // div_val**i."""
-    tie_projs: bool = True
+    tie_projs: bool = field(default=True, metadata=_ARCHITECTURE)
     """Share the tail clusters' output projections with the input embedding projections (adaptive only)."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of weights, embeddings and the biases u, v."""
@@ -134,7 +182,7 @@ class TransformerXLConfig:
             _positive_int(self, "d_embed")
         _probability(self, "dropout")
         _probability(self, "dropatt")
-        _one_of(self, "attention", ("relative", "absolute"))
+        _one_of(self, "attention", typing.get_args(Attention))
         _non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
             _positive_int(self, "clamp_len")
@@ -163,6 +211,19 @@ class TransformerXLConfig:
         """Whether forward returns memory for the next segment."""
         return self.attention == "relative" and self.mem_len > 0
 
+    @property
+    def span(self) -> Span:
+        """The lengths the model trains with (its default span). The vanilla baseline has no memory: span 0."""
+        if self.attention != "relative":
+            return Span(mem_len=0)
+        return Span(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
+
+
+def architecture_fields() -> tuple[str, ...]:
+    """The model fields that define the weights (marked in :class:`TransformerXLConfig`); two configs that
+    agree on these can load each other's weights."""
+    return tuple(f.name for f in dataclasses.fields(TransformerXLConfig) if f.metadata.get("architecture"))
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Data, training, evaluation, generation
@@ -176,7 +237,7 @@ class DataConfig:
     corpus: str = "python-stdlib"
     """A corpus name (tinyshakespeare, books, wikitext-2, wikitext-103, enwik8, text8, ptb, python-stdlib)
     or a path to a text file or folder."""
-    vocab: Literal["word", "char", "byte", "bpe"] | None = None
+    vocab: VocabKind | None = None
     """Vocabulary kind; None picks the corpus's natural level (word, char or byte)."""
     min_freq: int = 1
     """Word vocabulary: drop tokens seen fewer times than this (they become <unk>)."""
@@ -184,7 +245,7 @@ class DataConfig:
     """Word vocabulary: keep at most this many tokens (plus specials)."""
     bpe_vocab_size: int = 8000
     """BPE vocabulary size."""
-    tokenizer: Literal["whitespace", "regex"] | None = None
+    tokenizer: Tokenizer | None = None
     """Word vocabulary tokenizer; None: whitespace for pre-tokenized corpora, regex for raw text."""
     data_dir: str | None = None
     """Folder to look for corpora in before $TXL_DATA_DIR and ~/.cache/txl."""
@@ -194,14 +255,14 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
         if self.vocab is not None:
-            _one_of(self, "vocab", ("word", "char", "byte", "bpe"))
+            _one_of(self, "vocab", typing.get_args(VocabKind))
         _positive_int(self, "min_freq")
         if self.max_size is not None:
             _positive_int(self, "max_size")
         _check(isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260, "bpe_vocab_size",
                f"must be an integer >= 260, got {self.bpe_vocab_size!r}")
         if self.tokenizer is not None:
-            _one_of(self, "tokenizer", ("whitespace", "regex"))
+            _one_of(self, "tokenizer", typing.get_args(Tokenizer))
 
 
 @dataclass(frozen=True)
@@ -220,7 +281,7 @@ class TrainConfig:
     """Peak learning rate."""
     min_lr: float = 0.0
     """Learning rate at the end of the cosine or linear schedule."""
-    schedule: Literal["cosine", "linear", "inverse_sqrt", "constant"] = "cosine"
+    schedule: Schedule = "cosine"
     """Learning-rate schedule after warmup."""
     warmup_steps: int = 0
     """Linear warmup from 0 to lr over this many steps."""
@@ -234,7 +295,7 @@ class TrainConfig:
     """Gradient norm clipping threshold; None disables clipping."""
     accum_steps: int = 1
     """Gradient accumulation: the batch rows are split into this many chunks per step."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Precision = "fp32"
     """bf16 autocast for the forward pass (weights and optimizer stay fp32)."""
     device: str = "auto"
     """"auto" (CUDA if available), "cpu", "cuda", "cuda:N"."""
@@ -265,14 +326,14 @@ class TrainConfig:
         _check(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", f"must be positive, got {self.lr!r}")
         _check(isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr, "min_lr",
                f"must be in [0, lr], got {self.min_lr!r}")
-        _one_of(self, "schedule", ("cosine", "linear", "inverse_sqrt", "constant"))
+        _one_of(self, "schedule", typing.get_args(Schedule))
         _check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay",
                "must be >= 0")
         for name in ("beta1", "beta2"):
             _probability(self, name)
         if self.clip is not None:
             _check(isinstance(self.clip, (int, float)) and self.clip > 0, "clip", "must be positive or null")
-        _one_of(self, "precision", ("fp32", "bf16"))
+        _one_of(self, "precision", typing.get_args(Precision))
         _check(self.batch_size % self.accum_steps == 0, "accum_steps",
                f"must divide batch_size={self.batch_size}, got {self.accum_steps}")
         if self.eval_tokens is not None:
@@ -341,6 +402,23 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+
+
+def eval_span(config: RunConfig) -> Span:
+    """The span to evaluate a run with: its ``[eval]`` lengths where set, else the model's (one place resolves
+    them for the trainer, ``txl eval`` and the analyses)."""
+    base = config.model.span
+    if config.model.attention != "relative":
+        return base
+    ev = config.eval
+    try:
+        return Span(
+            mem_len=base.mem_len if ev.mem_len is None else ev.mem_len,
+            clamp_len=base.clamp_len if ev.clamp_len is None else ev.clamp_len,
+            same_length=base.same_length if ev.same_length is None else ev.same_length,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"eval.{exc}") from None
 
 
 _SECTIONS: dict[str, type] = {

@@ -1,6 +1,6 @@
 """Perplexity and bits per token over a whole split, carrying memory from segment to segment; every
 token of the split is predicted exactly once. Evaluation may use other lengths than training (a longer
-memory, another segment length, a clamp, same-length attention) through ``TransformerXL.with_settings``.
+memory, another segment length, a clamp, same-length attention), given as a :class:`~txl.config.Span`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .config import Span
 from .data import SegmentStream
 from .errors import TxlError
 from .model import TransformerXL
@@ -40,10 +41,11 @@ def metrics_from_loss(loss: float) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_size: int, tgt_len: int,
-             device: torch.device | str | None = None, precision: str = "fp32", max_tokens: int | None = None,
-             progress: bool = False, desc: str = "eval") -> EvalResult:
+             span: Span | None = None, device: torch.device | str | None = None, precision: str = "fp32",
+             max_tokens: int | None = None, progress: bool = False, desc: str = "eval") -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
-    its stream, carrying memory across segments. ``max_tokens`` limits evaluation to a prefix."""
+    its stream, carrying memory across segments. ``span`` sets the memory length, clamp and same-length
+    attention (default: the model's). ``max_tokens`` limits evaluation to a prefix."""
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
     was_training = model.training
@@ -60,7 +62,7 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
         for batch in tqdm(stream, total=stream.n_batches, desc=desc, disable=not progress, leave=False):
             batch = batch.to(device)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                out = model(batch.inputs, memory=memory, targets=batch.targets)
+                out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
             loss = out.loss.double()  # (B, T)
             if batch.mask is not None:
                 loss = loss * batch.mask

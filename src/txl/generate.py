@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from .config import Span
 from .model import Memory
 
 __all__ = ["Generation", "filter_logits", "sample_next", "generate", "generate_text", "DEFAULT_CONTEXT"]
@@ -144,27 +145,27 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _feed_prompt(model: nn.Module, prompt: Tensor, *, memory: Memory | None,
-                 chunk: int | None) -> tuple[Tensor, Memory | None]:
+def _feed_prompt(model: nn.Module, prompt: Tensor, *, memory: Memory | None, chunk: int | None,
+                 span: Span) -> tuple[Tensor, Memory | None]:
     """Run the prompt (B, P) through the model in chunks, carrying memory; returns the last position's
     scores (B, V) and the memory after the prompt."""
     step = prompt.shape[1] if chunk is None else chunk
     for start in range(0, prompt.shape[1], step):
-        out = model(prompt[:, start:start + step], memory=memory)
+        out = model(prompt[:, start:start + step], memory=memory, span=span)
         memory = out.memory
     return out.logits[:, -1], memory  # (B, V)
 
 
 def _generate_cached(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, memory: Memory | None,
-                     prompt_chunk: int | None, sample: Any) -> tuple[Tensor, Memory | None]:
+                     prompt_chunk: int | None, span: Span, sample: Any) -> tuple[Tensor, Memory | None]:
     """Transformer-XL: feed the prompt once, then one token per step against the memory of the last step."""
-    logits, memory = _feed_prompt(model, prompt, memory=memory, chunk=prompt_chunk)
+    logits, memory = _feed_prompt(model, prompt, memory=memory, chunk=prompt_chunk, span=span)
     new = []
     for i in range(max_new_tokens):
         token = sample(logits)  # (B,)
         new.append(token)
         if i + 1 < max_new_tokens:  # the last token is returned, not fed
-            out = model(token[:, None], memory=memory)  # (B, 1) in, memory of M <= mem_len positions
+            out = model(token[:, None], memory=memory, span=span)  # (B, 1) in, memory of M <= mem_len positions
             logits, memory = out.logits[:, -1], out.memory  # (B, V)
     return torch.stack(new, dim=1), memory  # (B, N)
 
@@ -183,7 +184,7 @@ def _generate_recomputed(model: nn.Module, prompt: Tensor, *, max_new_tokens: in
 def generate(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              memory: Memory | None = None, prompt_chunk: int | None = None,
-             context: int | None = None) -> Generation:
+             context: int | None = None, span: Span | None = None) -> Generation:
     """Continue ``prompt`` (B, P) or (P,) int64 by ``max_new_tokens`` tokens sampled by :func:`sample_next`.
 
     Transformer-XL (relative attention, mem_len > 0): the prompt is fed at once, or ``prompt_chunk`` tokens
@@ -194,6 +195,7 @@ def generate(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, temperatu
     The vanilla baseline (``attention="absolute"``) and mem_len = 0 have no memory: every step recomputes the
     last ``context`` tokens (default :data:`DEFAULT_CONTEXT`, or the whole sequence when shorter); passing
     ``memory`` is an error. ``context`` is ignored by the memory path, ``prompt_chunk`` by the window path.
+    ``span`` sets the memory length, clamp and same-length attention (default: the model's).
 
     Runs under ``torch.no_grad()`` in eval mode and restores every module's training flag afterwards.
     A 1-D prompt is treated as one row: the result is still batch-first (1, ...)."""
@@ -207,7 +209,8 @@ def generate(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, temperatu
     for name, value in (("prompt_chunk", prompt_chunk), ("context", context)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-    cached = config.attention == "relative" and config.mem_len > 0
+    span = config.span if span is None else span
+    cached = config.attention == "relative" and span.mem_len > 0
     if memory is not None:
         if not cached:
             why = "the vanilla baseline (attention='absolute')" if config.attention == "absolute" else "mem_len=0"
@@ -226,7 +229,7 @@ def generate(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, temperatu
         with torch.no_grad():
             if cached:
                 new, memory = _generate_cached(model, prompt, max_new_tokens=max_new_tokens, memory=memory,
-                                               prompt_chunk=prompt_chunk, sample=sample)
+                                               prompt_chunk=prompt_chunk, span=span, sample=sample)
             else:
                 new = _generate_recomputed(model, prompt, max_new_tokens=max_new_tokens,
                                            context=DEFAULT_CONTEXT if context is None else context,

@@ -66,6 +66,12 @@ class AdaptiveEmbedding(nn.Module):
             self.emb_layers = nn.ModuleList([nn.Embedding(end - start, d) for (start, end), d in zip(self.bounds, dims, strict=True)])
             self.emb_projs = nn.ParameterDict({str(i): nn.Parameter(torch.empty(config.d_model, d)) for i, d in enumerate(dims)})
 
+    @torch.no_grad()
+    def reset_projections(self, std: float) -> None:
+        """Projections N(0, std) (the tables are initialised with the model's other weights)."""
+        for proj in self.emb_projs.values():
+            nn.init.normal_(proj, 0.0, std)
+
     def projection(self, i: int) -> Tensor | None:
         """The (D, E_i) projection of cluster i, or None when the cluster is not projected."""
         return self.emb_projs[str(i)] if str(i) in self.emb_projs else None
@@ -119,6 +125,29 @@ class AdaptiveLogSoftmax(nn.Module):
         else:
             self.register_parameter("cluster_weight", None)
             self.register_parameter("cluster_bias", None)
+
+    @torch.no_grad()
+    def reset_adaptive(self, *, std: float, proj_std: float) -> None:
+        """Projections N(0, proj_std), cluster weights N(0, std), cluster biases 0 (the output layers are
+        initialised with the model's other linear layers)."""
+        for proj in self.out_projs.values():
+            nn.init.normal_(proj, 0.0, proj_std)
+        if self.cluster_weight is not None:
+            nn.init.normal_(self.cluster_weight, 0.0, std)
+            nn.init.zeros_(self.cluster_bias)
+
+    def tie_to(self, embedding: AdaptiveEmbedding, *, weights: bool, projections: bool) -> None:
+        """Share parameters with the input embedding: each cluster's output weight with its embedding table
+        (``weights``), and the tail clusters' projections with the embedding projections (``projections``)."""
+        if weights:
+            for i, layer in enumerate(self.out_layers):
+                layer.weight = embedding.emb_layers[i].weight
+        if projections and self.n_clusters > 0:
+            for i in range(1, self.n_clusters + 1):
+                if self.div_val == 1 and "0" in embedding.emb_projs:
+                    self.out_projs[str(i)] = embedding.emb_projs["0"]
+                elif self.div_val > 1:
+                    self.out_projs[str(i)] = embedding.emb_projs[str(i)]
 
     def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Weight (V_i, E_i), bias (V_i,) and projection (D, E_i) or None of cluster i."""

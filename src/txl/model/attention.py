@@ -17,6 +17,7 @@ by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,14 @@ from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
 
-__all__ = ["rel_shift", "RelativeMultiHeadAttention", "AbsoluteMultiHeadAttention", "make_attention"]
+__all__ = [
+    "rel_shift",
+    "RelativeContext",
+    "MultiHeadAttention",
+    "RelativeMultiHeadAttention",
+    "AbsoluteMultiHeadAttention",
+    "make_attention",
+]
 
 
 def rel_shift(x: Tensor) -> Tensor:
@@ -41,21 +49,35 @@ def rel_shift(x: Tensor) -> Tensor:
     return padded[..., 1:, :].reshape(*lead, t, k)  # (..., T, K)
 
 
-class RelativeMultiHeadAttention(nn.Module):
-    """Transformer-XL attention over [memory ; current] with relative positions and global biases u, v."""
+@dataclass(frozen=True)
+class RelativeContext:
+    """What relative attention needs besides the hidden states, built once per forward by the model.
+
+    pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: (T, K) True where attention is blocked;
+    u, v: (H, Dh) the global content and position biases of this layer."""
+
+    pos: Tensor
+    mask: Tensor
+    u: Tensor
+    v: Tensor
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal multi-head attention over [memory ; current]: the projections shared by both variants.
+    A variant overrides :meth:`attend`, which turns heads into the attention output."""
 
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
         self.n_head, self.d_head = config.n_head, config.d_head
         inner = config.n_head * config.d_head
         self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)  # rows: q | k | v
-        self.r_net = nn.Linear(config.d_model, inner, bias=False)  # W_{k,R}
         self.out = nn.Linear(inner, config.d_model, bias=False)
         self.dropatt = config.dropatt
         self.drop = nn.Dropout(config.dropout)
         self.scale = 1.0 / math.sqrt(config.d_head)
 
     def _project(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of the current positions and keys, values of [memory ; current]."""
         b, t, _ = x.shape
         cat = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, D)
         q, k, v = self.qkv(cat).chunk(3, dim=-1)  # 3 x (B, K, H*Dh)
@@ -64,68 +86,69 @@ class RelativeMultiHeadAttention(nn.Module):
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         return q, k, v
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+        """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout)."""
+        b, t, _ = x.shape
+        q, k, v = self._project(x, memory)
+        attn = self.attend(q, k, v, context)  # (B, H, T, Dh)
+        attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
+        return self.drop(self.out(attn))
+
+
+class RelativeMultiHeadAttention(MultiHeadAttention):
+    """Transformer-XL attention over [memory ; current] with relative positions and global biases u, v."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__(config)
+        self.r_net = nn.Linear(config.d_model, config.n_head * config.d_head, bias=False)  # W_{k,R}
+
     def _position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
         """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
         r = self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
         by_distance = (q + v_bias[:, None, :]) @ r  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
-    def scores(self, x: Tensor, *, memory: Tensor | None, pos: Tensor, mask: Tensor, u: Tensor, v: Tensor) -> Tensor:
+    def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
         """Scaled, masked attention scores (B, H, T, K) before the softmax (for inspection and tests)."""
         q, k, _ = self._project(x, memory)
-        content = (q + u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
-        score = (content + self._position_term(q, pos, v)) * self.scale
-        return score.masked_fill(mask, float("-inf"))
+        content = (q + context.u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
+        score = (content + self._position_term(q, context.pos, context.v)) * self.scale
+        return score.masked_fill(context.mask, float("-inf"))
 
-    def forward(self, x: Tensor, *, memory: Tensor | None, pos: Tensor, mask: Tensor, u: Tensor, v: Tensor) -> Tensor:
-        """x (B, T, D), memory (B, M, D) or None, pos (K, D) sinusoids of distances K-1..0, mask (T, K) True
-        where attention is blocked, u and v (H, Dh). Returns (B, T, D) (after output dropout)."""
-        b, t, _ = x.shape
-        q, k, val = self._project(x, memory)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+        if context is None:
+            raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
         # Terms (b)+(d) and the mask enter as an additive bias; the fused kernel adds terms (a)+(c) as
         # (q + u)·k scaled by 1/sqrt(Dh), so the bias is scaled the same way.
-        bias = (self._position_term(q, pos, v) * self.scale).masked_fill(mask, float("-inf"))  # (B, H, T, K)
-        attn = F.scaled_dot_product_attention(
-            q + u[:, None, :], k, val, attn_mask=bias,
+        bias = self._position_term(q, context.pos, context.v) * self.scale  # (B, H, T, K)
+        bias = bias.masked_fill(context.mask, float("-inf"))
+        return F.scaled_dot_product_attention(
+            q + context.u[:, None, :], k, v, attn_mask=bias,
             dropout_p=self.dropatt if self.training else 0.0, scale=self.scale,
         )  # (B, H, T, Dh)
-        attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
-        return self.drop(self.out(attn))
 
 
-class AbsoluteMultiHeadAttention(nn.Module):
-    """Standard causal scaled dot-product attention for the vanilla baseline (positions enter at the input)."""
+class AbsoluteMultiHeadAttention(MultiHeadAttention):
+    """Standard causal attention for the vanilla baseline: positions enter at the input, no memory."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
-        super().__init__()
-        self.n_head, self.d_head = config.n_head, config.d_head
-        inner = config.n_head * config.d_head
-        self.qkv = nn.Linear(config.d_model, 3 * inner, bias=False)
-        self.out = nn.Linear(inner, config.d_model, bias=False)
-        self.dropatt = config.dropatt
-        self.drop = nn.Dropout(config.dropout)
-        self.scale = 1.0 / math.sqrt(config.d_head)
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
+        if memory is not None or context is not None:
+            raise ValueError("absolute attention (the vanilla baseline) takes no memory and no relative positions")
+        return super().forward(x)
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, pos: Tensor | None = None,
-                mask: Tensor | None = None, u: Tensor | None = None, v: Tensor | None = None) -> Tensor:
-        """x (B, T, D) -> (B, T, D); causal within the segment. ``memory`` must be None."""
-        if memory is not None:
-            raise ValueError("absolute attention (the vanilla baseline) takes no memory")
-        b, t, _ = x.shape
-        q, k, val = (
-            z.reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-            for z in self.qkv(x).chunk(3, dim=-1)
-        )
-        attn = F.scaled_dot_product_attention(
-            q, k, val, is_causal=True, dropout_p=self.dropatt if self.training else 0.0, scale=self.scale
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropatt if self.training else 0.0, scale=self.scale
         )  # (B, H, T, Dh)
-        attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
-        return self.drop(self.out(attn))
 
 
-def make_attention(config: TransformerXLConfig) -> nn.Module:
+def make_attention(config: TransformerXLConfig) -> MultiHeadAttention:
     """The attention variant named by ``config.attention``, chosen once when the model is built."""
-    kinds: dict[str, type[nn.Module]] = {
+    kinds: dict[str, type[MultiHeadAttention]] = {
         "relative": RelativeMultiHeadAttention,
         "absolute": AbsoluteMultiHeadAttention,
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
-from .attention import make_attention
+from .attention import RelativeContext, make_attention
 
 __all__ = ["FeedForward", "DecoderLayer"]
 
@@ -44,12 +44,12 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(config)
         self.ff_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: Tensor, *, memory: Tensor | None, pos: Tensor | None, mask: Tensor | None,
-                u: Tensor | None, v: Tensor | None) -> Tensor:
-        """x (B, T, D), memory (B, M, D) or None -> (B, T, D)."""
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D). ``context``: relative positions (None for the
+        vanilla baseline)."""
         if self.pre_norm:
             normed_memory = None if memory is None else self.attn_norm(memory)
-            x = x + self.attn(self.attn_norm(x), memory=normed_memory, pos=pos, mask=mask, u=u, v=v)
+            x = x + self.attn(self.attn_norm(x), memory=normed_memory, context=context)
             return x + self.ff(self.ff_norm(x))
-        x = self.attn_norm(x + self.attn(x, memory=memory, pos=pos, mask=mask, u=u, v=v))
+        x = self.attn_norm(x + self.attn(x, memory=memory, context=context))
         return self.ff_norm(x + self.ff(x))

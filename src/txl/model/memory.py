@@ -1,7 +1,7 @@
 """The recurrent memory of Transformer-XL as plain data, and the one function that updates it.
 
 Memory holds, for every layer, the hidden states that entered it on the last M positions (the embedding
-output and every layer's output: n_layer + 1 tensors), batch-first (B, M, D). It never requires grad
+output and the output of every layer but the last: n_layer tensors), batch-first (B, M, D). It never requires grad
 (stop-gradient, Section 3.2), can be sliced by batch row, moved between devices, saved and restored.
 """
 
@@ -20,8 +20,8 @@ __all__ = ["Memory", "update_memory"]
 class Memory:
     """Per-layer cached hidden states: ``states[l]`` is the input of layer l, shape (B, M, D).
 
-    ``states[n_layer]`` is the last layer's output; it is kept so that memory has one tensor per hidden
-    state as in the authors' code (and so that a deeper model could be grown from it), but no layer reads it.
+    The authors' code also keeps the last layer's output (n_layer + 1 tensors); no layer reads it, so txl
+    does not: ``interop`` and checkpoint loading drop it where it appears.
     """
 
     states: tuple[Tensor, ...]
@@ -76,7 +76,7 @@ class Memory:
 
 def update_memory(memory: Memory | None, hiddens: Sequence[Tensor], *, mem_len: int) -> Memory | None:
     """Concatenate the old memory with this segment's hidden states, keep the last ``mem_len`` positions,
-    and detach (stop-gradient). ``hiddens``: n_layer + 1 tensors (B, T, D). Returns None when mem_len is 0."""
+    and detach (stop-gradient). ``hiddens``: the input of each layer (B, T, D). Returns None when mem_len is 0."""
     if mem_len == 0:
         return None
     with torch.no_grad():

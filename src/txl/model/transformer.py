@@ -7,19 +7,19 @@ D model size, V vocabulary, N = n_layer.
     out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
     out.loss      # (B, T) per-token negative log-likelihood in nats
     out.memory    # pass to the next segment
+    out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from ..config import TransformerXLConfig
+from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from .attention import RelativeContext
 from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
@@ -32,12 +32,14 @@ class ModelOutput:
     """What :meth:`TransformerXL.forward` returns; fields not asked for are None."""
 
     logits: Tensor | None
-    """(B, T, V) log-probabilities of the next token (normalised logits, for a full or an adaptive softmax).
-    None when targets are given, unless ``return_logits=True``."""
+    """(B, T, V) **log-probabilities** of the next token (already normalised by the full or adaptive
+    softmax: ``logits.exp().sum(-1) == 1``; the name follows the usual ``ModelOutput``). None when targets are
+    given, unless ``return_logits=True``."""
     loss: Tensor | None
     """(B, T) negative log-likelihood of each target in nats (0 where the target is ``ignore_index``)."""
     memory: Memory | None
-    """Memory for the next segment (None for the vanilla baseline or mem_len = 0)."""
+    """Memory for the next segment: the input of each layer on the last ``span.mem_len`` positions (None for
+    the vanilla baseline or mem_len = 0)."""
     hidden: Tensor | None = None
     """(B, T, D) final hidden states, when ``return_hidden=True``."""
 
@@ -75,21 +77,9 @@ class TransformerXL(nn.Module):
             self.register_parameter("u", None)
             self.register_parameter("v", None)
         self.reset_parameters()
-        self._tie()
+        self.softmax.tie_to(self.embedding, weights=config.tie_weights, projections=config.tie_projs)
 
     # -- construction ---------------------------------------------------------------------------------
-
-    def _tie(self) -> None:
-        cfg = self.config
-        if cfg.tie_weights:
-            for i, layer in enumerate(self.softmax.out_layers):
-                layer.weight = self.embedding.emb_layers[i].weight
-        if cfg.tie_projs and cfg.cutoffs:
-            for i in range(1, len(cfg.cutoffs) + 1):
-                if cfg.div_val == 1 and "0" in self.embedding.emb_projs:
-                    self.softmax.out_projs[str(i)] = self.embedding.emb_projs["0"]
-                elif cfg.div_val > 1:
-                    self.softmax.out_projs[str(i)] = self.embedding.emb_projs[str(i)]
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -106,33 +96,15 @@ class TransformerXL(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.normal_(module.weight, 1.0, std)
                 nn.init.zeros_(module.bias)
-        for proj in (*self.embedding.emb_projs.values(), *self.softmax.out_projs.values()):
-            nn.init.normal_(proj, 0.0, proj_std)
-        if self.softmax.cluster_weight is not None:
-            nn.init.normal_(self.softmax.cluster_weight, 0.0, std)
-            nn.init.zeros_(self.softmax.cluster_bias)
+        self.embedding.reset_projections(proj_std)
+        self.softmax.reset_adaptive(std=std, proj_std=proj_std)
         if self.u is not None:
             nn.init.normal_(self.u, 0.0, std)
             nn.init.normal_(self.v, 0.0, std)
 
-    def with_settings(self, **changes) -> TransformerXL:
-        """A view of this model that shares its parameters but runs with other length settings
-        (``mem_len``, ``clamp_len``, ``same_length``), e.g. to evaluate with a longer memory than in training.
-        The view shares submodules too, so ``view.eval()`` also puts the original's layers in eval mode."""
-        allowed = {"mem_len", "clamp_len", "same_length"}
-        if not set(changes) <= allowed:
-            raise ValueError(f"with_settings changes only {sorted(allowed)}, got {sorted(changes)}")
-        view = copy.copy(self)  # shallow: the same submodules and parameters
-        view.__dict__["config"] = dataclasses.replace(self.config, **changes)
-        return view
-
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-    def init_memory(self) -> Memory | None:
-        """The empty memory (zero length); the same as passing ``memory=None``."""
-        return None
 
     # -- forward --------------------------------------------------------------------------------------
 
@@ -145,42 +117,47 @@ class TransformerXL(nn.Module):
             return
         if self.config.attention == "absolute":
             raise ValueError("the vanilla baseline (attention='absolute') has no memory: pass memory=None")
-        if len(memory) != self.config.n_layer + 1:
-            raise ValueError(f"memory has {len(memory)} states, the model needs n_layer + 1 = {self.config.n_layer + 1}")
+        if len(memory) != self.config.n_layer:
+            raise ValueError(f"memory has {len(memory)} states, the model needs one per layer ({self.config.n_layer})")
         if memory.batch_size != tokens.shape[0] or memory.states[0].shape[-1] != self.config.d_model:
             raise ValueError(f"memory states are {tuple(memory.states[0].shape)}, expected "
                              f"({tokens.shape[0]}, M, {self.config.d_model})")
 
     def forward(self, tokens: Tensor, *, memory: Memory | None = None, targets: Tensor | None = None,
-                return_logits: bool | None = None, return_hidden: bool = False, ignore_index: int = -100) -> ModelOutput:
-        """tokens (B, T) int64; memory from the previous segment or None (empty); targets (B, T) int64.
+                span: Span | None = None, return_logits: bool | None = None, return_hidden: bool = False,
+                ignore_index: int = -100) -> ModelOutput:
+        """tokens (B, T) int64; memory from the previous segment or None (empty); targets (B, T) int64;
+        ``span``: the memory length, clamp and same-length setting to run with (default: the config's).
 
-        Returns per-token losses (B, T) when targets are given, logits (B, T, V) when they are not (or
-        when ``return_logits``), and the memory for the next segment."""
+        Returns per-token losses (B, T) when targets are given, log-probabilities (B, T, V) when they are not
+        (or when ``return_logits``), and the memory for the next segment."""
         self._check_inputs(tokens, memory, targets)
         cfg = self.config
+        span = cfg.span if span is None else span
+        if cfg.attention != "relative" and span.mem_len > 0:
+            raise ValueError("the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0")
         b, t = tokens.shape
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
+        contexts: list[RelativeContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
             m = 0 if memory is None else memory.length
-            distances = relative_distances(m + t, clamp_len=cfg.clamp_len, device=tokens.device)  # (K,)
+            distances = relative_distances(m + t, clamp_len=span.clamp_len, device=tokens.device)  # (K,)
             pos = self.drop(sinusoid(distances, cfg.d_model, dtype=h.dtype))  # (K, D)
-            mask = attention_mask(t, m, same_length=cfg.same_length, mem_len=cfg.mem_len, device=tokens.device)
+            mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=tokens.device)
+            for index in range(cfg.n_layer):
+                u, v = (self.u, self.v) if cfg.share_rel_bias else (self.u[index], self.v[index])
+                contexts[index] = RelativeContext(pos=pos, mask=mask, u=u, v=v)
         else:
             positions = torch.arange(t, device=tokens.device)
             h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only
-            pos, mask = None, None
         h = self.drop(h)
 
-        hiddens = [h]
+        inputs = []  # the input of every layer: what the next segment remembers
         for index, layer in enumerate(self.layers):
-            u = v = None
-            if self.u is not None:
-                u, v = (self.u, self.v) if cfg.share_rel_bias else (self.u[index], self.v[index])
+            inputs.append(h)
             layer_memory = None if memory is None else memory.states[index]
-            h = layer(h, memory=layer_memory, pos=pos, mask=mask, u=u, v=v)
-            hiddens.append(h)
-        new_memory = update_memory(memory, hiddens, mem_len=cfg.mem_len) if cfg.has_memory else None
+            h = layer(h, memory=layer_memory, context=contexts[index])
+        new_memory = update_memory(memory, inputs, mem_len=span.mem_len) if span.mem_len > 0 else None
 
         if self.norm is not None:
             h = self.norm(h)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, apply_overrides, config_to_dict
+from ..config import RunConfig, apply_overrides, config_to_dict, eval_span
 from ..data import Corpus, SegmentStream, Vocab, build_vocab, encode_split, load_corpus, load_vocab
 from ..errors import RunError
 from ..evaluate import EvalResult, evaluate, metrics_from_loss
@@ -170,6 +170,8 @@ class Trainer:
         state, memory, _ = load_checkpoint(folder, model=self.model, optimizer=self.optimizer,
                                            expected=self._meta())
         self.state = state
+        if memory is not None and len(memory) > self.config.model.n_layer:  # saved before txl 0.2: drop the unread
+            memory = Memory(memory.states[: self.config.model.n_layer])  # last layer's output
         self.memory = memory.to(self.device) if memory is not None else None
         try:
             self.stream.load_state_dict(state.stream)
@@ -183,14 +185,9 @@ class Trainer:
         if split not in self.data.splits:
             return None
         ec, tc = self.config.eval, self.config.train
-        model = self.model
-        settings = {k: v for k, v in (("mem_len", ec.mem_len), ("clamp_len", ec.clamp_len),
-                                       ("same_length", ec.same_length)) if v is not None}
-        if settings and self.config.model.attention == "relative":
-            model = model.with_settings(**settings)
-        return evaluate(model, self.data.splits[split], batch_size=ec.batch_size, tgt_len=ec.tgt_len or tc.tgt_len,
-                        device=self.device, precision=tc.precision, max_tokens=max_tokens,
-                        progress=self.progress, desc=split)
+        return evaluate(self.model, self.data.splits[split], batch_size=ec.batch_size,
+                        tgt_len=ec.tgt_len or tc.tgt_len, span=eval_span(self.config), device=self.device,
+                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split)
 
     def _periodic_eval(self) -> bool:
         """Evaluate on the validation split; keep the best checkpoint. Returns True to stop early."""
