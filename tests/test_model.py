@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from txl import Memory, TransformerXL, TransformerXLConfig
+from txl import EvalConfig, Memory, TransformerXL, TransformerXLConfig
 from txl.model import attention_mask, rel_shift
 from txl.model.positional import relative_distances, sinusoid
 
@@ -351,6 +351,22 @@ def test_absolute_baseline_rejects_memory(tiny_config):
 def test_invalid_config_names_the_field(changes, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):
         TransformerXLConfig(**changes)
+
+
+def test_same_length_without_memory_is_rejected():
+    """same_length with mem_len=0 would give every query zero keys (an all-blocked mask, output exactly 0)."""
+    mask = attention_mask(3, 0, same_length=True, mem_len=0)
+    assert mask.all()  # what the rejected combination would compute
+    with pytest.raises(ValueError, match=r"^same_length:.*mem_len"):
+        TransformerXLConfig(same_length=True, mem_len=0)
+    TransformerXLConfig(same_length=True, mem_len=1)  # any memory is fine
+    TransformerXLConfig(same_length=False, mem_len=0)  # no memory without same_length is fine
+    TransformerXLConfig(attention="absolute", same_length=True, mem_len=0)  # the baseline ignores both
+    with pytest.raises(ValueError, match=r"^same_length:.*mem_len"):
+        EvalConfig(same_length=True, mem_len=0)
+    for ok in ({"same_length": True}, {"mem_len": 0}, {"same_length": True, "mem_len": 4},
+               {"same_length": False, "mem_len": 0}):
+        EvalConfig(**ok)  # one of them left to the model, or a harmless pair
 
 
 def test_float32_default_and_train_mode_dropout(tiny_config):
