@@ -318,8 +318,41 @@ def test_absolute_baseline_positions_only_at_input(tiny_config):
         h = layer.ff_norm(h + layer.ff(h))
     expected = model.softmax.nll(h.reshape(14, -1), tokens.reshape(-1)).view(2, 7)
     torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-12)
-    # Shifting the input in time changes the absolute model's outputs (positions matter) ...
-    assert (model(tokens[:, 1:]).logits[:, 0] - model(tokens).logits[:, 1]).abs().max() > 1e-9
+    # The same token at every position: without positions every output would be the same (each query and
+    # its keys are identical copies); with absolute positions each position's output differs.
+    same = model(torch.full((1, 7), 5)).logits[0]  # (T, V)
+    assert (same[1:] - same[:-1]).abs().amax(-1).min() > 1e-6
+
+
+@pytest.mark.parametrize("attention", ["relative", "absolute"])
+def test_positions_tell_the_order_of_earlier_tokens(tiny_config, attention):
+    """In one layer, the output at position i sees the query x_i and the *set* of keys x_0..x_i: swapping
+    two earlier tokens leaves that set unchanged, so only the position encoding can change the output."""
+    # init_std 0.5 instead of 0.02 makes the attention sharp, so that the differences are large
+    model = _model(dataclasses.replace(tiny_config, n_layer=1, attention=attention, init_std=0.5))
+    tokens = torch.tensor([[3, 17, 8, 30, 11, 25]])
+    swapped = tokens[:, [1, 0, 2, 3, 4, 5]]
+    later = (model(tokens).logits[:, 2:] - model(swapped).logits[:, 2:]).abs().amax(-1)  # (1, T-2)
+    assert later.min() > 1e-5
+    if attention == "relative":  # control: with W_R = 0 the position term vanishes and the orders agree
+        with torch.no_grad():
+            model.layers[0].attn.r_net.weight.zero_()
+        torch.testing.assert_close(model(tokens).logits[:, 2:], model(swapped).logits[:, 2:], rtol=0, atol=1e-12)
+
+
+def test_relative_positions_reach_into_memory(tiny_config):
+    """The same current tokens after the same remembered states in another order: keys and values are the
+    same set, only their distances differ, so the outputs differ through the relative positions alone."""
+    model = _model(dataclasses.replace(tiny_config, n_layer=1, mem_len=8, init_std=0.5))
+    memory = model(torch.tensor([[4, 9, 21, 2, 33]])).memory  # the embeddings of 5 tokens (the layer's input)
+    reordered = Memory(tuple(s[:, [4, 2, 0, 1, 3]] for s in memory.states))
+    tokens = torch.tensor([[6, 14, 6]])
+    diff = (model(tokens, memory=memory).logits - model(tokens, memory=reordered).logits).abs().amax(-1)
+    assert diff.min() > 1e-5
+    with torch.no_grad():  # control: without the position term the order of the memory is invisible
+        model.layers[0].attn.r_net.weight.zero_()
+    torch.testing.assert_close(model(tokens, memory=memory).logits, model(tokens, memory=reordered).logits,
+                               rtol=0, atol=1e-12)
 
 
 def test_absolute_baseline_rejects_memory(tiny_config):
