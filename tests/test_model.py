@@ -115,10 +115,45 @@ def test_scores_match_four_terms(tiny_config, m):
     torch.testing.assert_close(out, mixed @ attn.out.weight.t(), rtol=0, atol=1e-12)
 
 
+def _naive_blocked(t: int, m: int, *, same_length: bool, mem_len: int) -> list[list[bool]]:
+    """The mask rule written out: query i sits at absolute position p = m + i among keys 0..m+t-1. It may
+    attend key j iff j <= p (no future) and, with same_length, p - mem_len < j (its window is the last mem_len
+    positions, itself included). This is what the authors' ``triu(1+mlen) + tril(-mask_shift_len)`` computes:
+    when klen > mem_len, mask_shift_len = mem_len - mlen and tril blocks j - i <= mlen - mem_len, i.e.
+    j <= p - mem_len; when klen <= mem_len it is qlen and blocks only j <= i - qlen < 0 (nothing), and then
+    p - mem_len < 0 too."""
+    blocked = []
+    for i in range(t):
+        p = m + i
+        row = []
+        for j in range(m + t):
+            visible = j <= p and (not same_length or j > p - mem_len)
+            row.append(not visible)
+        blocked.append(row)
+    return blocked
+
+
+@pytest.mark.parametrize(
+    ("t", "m", "mem_len"),
+    [(4, 6, 6), (4, 3, 6), (4, 1, 6), (4, 0, 6), (8, 0, 6), (8, 3, 6), (8, 6, 6), (1, 6, 6), (3, 2, 1)],
+    ids=["m=mem_len", "m<mem_len K>mem_len", "K<mem_len", "m=0 T<mem_len", "m=0 T>mem_len",
+         "T>mem_len with memory", "T>mem_len m=mem_len", "one query", "mem_len 1"],
+)
+@pytest.mark.parametrize("same_length", [True, False])
+def test_attention_mask_matches_the_rule_written_out(t, m, mem_len, same_length):
+    mask = attention_mask(t, m, same_length=same_length, mem_len=mem_len)
+    assert mask.shape == (t, m + t) and mask.dtype == torch.bool
+    assert mask.tolist() == _naive_blocked(t, m, same_length=same_length, mem_len=mem_len)
+    visible = (~mask).sum(-1).tolist()
+    if same_length:  # every query sees mem_len keys, or all there are when fewer exist
+        assert visible == [min(m + i + 1, mem_len) for i in range(t)]
+    else:
+        assert visible == [m + i + 1 for i in range(t)]
+
+
 def test_same_length_mask_sees_equal_key_counts():
     mask = attention_mask(4, 6, same_length=True, mem_len=6)
-    visible = (~mask).sum(-1)
-    assert visible.tolist() == [6, 6, 6, 6]  # every query sees exactly mem_len keys, itself included
+    assert (~mask).sum(-1).tolist() == [6, 6, 6, 6]  # every query sees exactly mem_len keys, itself included
     assert mask[0, 0] and not mask[0, 1] and not mask[0, 6] and mask[0, 7] and mask[3, 3] and not mask[3, 9]
     plain = attention_mask(4, 6, same_length=False, mem_len=6)
     assert (~plain).sum(-1).tolist() == [7, 8, 9, 10]
