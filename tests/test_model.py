@@ -136,8 +136,8 @@ def _naive_blocked(t: int, m: int, *, same_length: bool, mem_len: int) -> list[l
 @pytest.mark.parametrize(
     ("t", "m", "mem_len"),
     [(4, 6, 6), (4, 3, 6), (4, 1, 6), (4, 0, 6), (8, 0, 6), (8, 3, 6), (8, 6, 6), (1, 6, 6), (3, 2, 1)],
-    ids=["m=mem_len", "m<mem_len K>mem_len", "K<mem_len", "m=0 T<mem_len", "m=0 T>mem_len",
-         "T>mem_len with memory", "T>mem_len m=mem_len", "one query", "mem_len 1"],
+    ids=["m=mem_len", "m<mem_len,K>mem_len", "K<mem_len", "m=0,T<mem_len", "m=0,T>mem_len",
+         "T>mem_len,m>0", "T>mem_len,m=mem_len", "one_query", "mem_len=1"],
 )
 @pytest.mark.parametrize("same_length", [True, False])
 def test_attention_mask_matches_the_rule_written_out(t, m, mem_len, same_length):
