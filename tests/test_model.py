@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -320,14 +321,61 @@ def test_tying_shares_parameters(tiny_config):
     assert model.softmax.out_projs["0"] is not model.embedding.emb_projs["0"]
 
 
-def test_initialisation_follows_the_original(tiny_config):
-    model = TransformerXL(dataclasses.replace(tiny_config, d_model=64, d_inner=128, n_head=4, d_head=16))
-    assert model.u is not None and torch.isfinite(model.u).all() and model.u.abs().sum() > 0
-    qkv = model.layers[0].attn.qkv.weight
-    assert abs(qkv.std().item() - 0.02) < 0.003
-    norm = model.layers[0].attn_norm.weight
-    assert abs(norm.mean().item() - 1.0) < 0.01 and norm.std().item() > 0.005
-    assert torch.all(model.layers[0].ff.net[0].bias == 0)
+INIT_RULES = [  # (name pattern, expected mean, which std) as the authors' training script initialises them
+    (r"embedding\.emb_layers\.\d+\.weight", 0.0, "init_std"),
+    (r"(embedding\.emb_projs|softmax\.out_projs)\.\d+", 0.0, "proj_init_std"),
+    (r"layers\.\d+\.attn\.(qkv|r_net|out)\.weight", 0.0, "init_std"),
+    (r"layers\.\d+\.ff\.net\.[03]\.weight", 0.0, "init_std"),
+    (r"softmax\.out_layers\.\d+\.weight", 0.0, "init_std"),  # only when untied
+    (r"[uv]", 0.0, "init_std"),
+    (r"(layers\.\d+\.(attn_norm|ff_norm)|norm)\.weight", 1.0, "init_std"),
+    (r"softmax\.cluster_weight", 0.0, "init_std"),
+    (r"(layers\.\d+\.ff\.net\.[03]|softmax\.out_layers\.\d+|layers\.\d+\.(attn_norm|ff_norm)|norm)\.bias"
+     r"|softmax\.cluster_bias", 0.0, None),  # zeros
+]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_initialisation_follows_the_original(tied):
+    """Every parameter group has the authors' distribution: its sample mean within 5 standard errors of the
+    expected mean, its sample std within 5 standard errors of the expected std, and (for large groups) about
+    68.3% of its values within one std of the mean, as a normal distribution (a uniform one has 57.7%)."""
+    config = TransformerXLConfig(vocab_size=3000, n_layer=3, n_head=8, d_head=16, d_model=128, d_inner=256,
+                                 cutoffs=(600, 1500), div_val=2, d_embed=128, pre_norm=True, final_norm=True,
+                                 share_rel_bias=False, tie_weights=tied, tie_projs=tied,
+                                 init_std=0.05, proj_init_std=0.01)
+    model = TransformerXL(config)
+    groups: dict[int, list[torch.Tensor]] = {k: [] for k in range(len(INIT_RULES))}
+    for name, param in model.named_parameters():  # tied parameters are listed once
+        matches = [k for k, (pattern, _, _) in enumerate(INIT_RULES) if re.fullmatch(pattern, name)]
+        assert len(matches) == 1, f"{name} matches {len(matches)} initialisation rules"
+        groups[matches[0]].append(param.detach().flatten())
+    names = {name for name, _ in model.named_parameters()}
+    assert {"softmax.cluster_weight", "embedding.emb_projs.2", "softmax.out_projs.0", "norm.weight"} <= names
+    assert ("softmax.out_layers.1.weight" in names) == (not tied)
+    for k, (pattern, mean, std_name) in enumerate(INIT_RULES):
+        if not groups[k]:  # only the output weights, which are the embeddings when tied
+            assert tied and pattern == INIT_RULES[4][0], f"no parameter matches {pattern}"
+            continue
+        values = [*groups[k], torch.cat(groups[k])]  # each tensor, then the group pooled
+        for x in values:
+            if std_name is None:
+                assert torch.all(x == 0), pattern
+                continue
+            std, n = getattr(config, std_name), x.numel()
+            assert abs(x.mean().item() - mean) < 5 * std / math.sqrt(n), pattern
+            assert abs(x.std().item() / std - 1) < 5 / math.sqrt(2 * n), pattern
+        pooled = values[-1]
+        if std_name is not None and pooled.numel() >= 2000:
+            within = ((pooled - mean).abs() < getattr(config, std_name)).double().mean().item()
+            assert abs(within - 0.6827) < 5 * math.sqrt(0.6827 * 0.3173 / pooled.numel()), pattern
+    # Initialising again keeps the tied weights tied (the same tensors, not copies).
+    model.reset_parameters()
+    for i in range(3):
+        same = model.softmax.out_layers[i].weight is model.embedding.emb_layers[i].weight
+        assert same == tied
+    for i in (1, 2):
+        assert (model.softmax.out_projs[str(i)] is model.embedding.emb_projs[str(i)]) == tied
 
 
 # 9. The vanilla baseline --------------------------------------------------------------------------------------
