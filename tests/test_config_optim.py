@@ -50,6 +50,10 @@ def test_overrides_parse_toml_values_and_reject_unknown_names():
         apply_overrides(RunConfig(), ["train.steps"])
     with pytest.raises(ConfigError, match="train.accum_steps"):
         apply_overrides(RunConfig(), ["train.batch_size=6", "train.accum_steps=4"])
+    for section in ("model", "eval"):  # this pair would block every key of every query
+        with pytest.raises(ConfigError, match=rf"^{section}\.same_length: needs mem_len > 0"):
+            apply_overrides(RunConfig(), [f"{section}.same_length=true", f"{section}.mem_len=0"])
+    apply_overrides(RunConfig(), ["model.attention=absolute", "model.same_length=true", "model.mem_len=0"])
 
 
 def test_toml_file_errors(tmp_path):
