@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,10 @@ def test_overrides_parse_toml_values_and_reject_unknown_names():
         apply_overrides(RunConfig(), ["train.steps"])
     with pytest.raises(ConfigError, match="train.accum_steps"):
         apply_overrides(RunConfig(), ["train.batch_size=6", "train.accum_steps=4"])
+    for section in ("model", "eval"):  # this pair would block every key of every query
+        with pytest.raises(ConfigError, match=rf"^{section}\.same_length: needs mem_len > 0"):
+            apply_overrides(RunConfig(), [f"{section}.same_length=true", f"{section}.mem_len=0"])
+    apply_overrides(RunConfig(), ["model.attention=absolute", "model.same_length=true", "model.mem_len=0"])
 
 
 def test_toml_file_errors(tmp_path):
@@ -93,9 +98,9 @@ def test_weight_decay_only_on_linear_matrices(tiny_config):
 
 
 def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
-    """Splitting the batch rows into chunks (and their memory) gives the same gradients."""
-    text = bytes(range(32, 127)) * 40
-    tokens = torch.tensor(list(text), dtype=torch.long).numpy()
+    """Splitting the batch rows into chunks (and their memory) gives the same gradients. The tokens are
+    random so that every row, and so every row's memory, differs: a chunk fed another chunk's memory fails."""
+    tokens = np.random.default_rng(5).integers(0, 256, size=4000)
     grads = []
     for accum in (1, 2):
         config = apply_overrides(RunConfig(), ["train.batch_size=4", f"train.accum_steps={accum}",
@@ -115,3 +120,27 @@ def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
     assert loss1 == pytest.approx(loss2, abs=1e-12)
     for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_trainer_carries_memory_between_steps(tmp_path, tiny_config):
+    """The second step's loss is the model's loss on the second batch given the first batch's memory, computed
+    here by calling the model directly; without that memory it would differ (so a trainer that drops it fails)."""
+    tokens = np.random.default_rng(6).integers(0, 256, size=2000)
+    config = apply_overrides(RunConfig(), ["train.batch_size=2", "train.tgt_len=8", "train.clip=null", "train.seed=1"])
+    # init_std 0.3 makes the attention sharp, so that the memory changes the loss markedly
+    config = dataclasses.replace(config, model=dataclasses.replace(tiny_config, vocab_size=256, init_std=0.3))
+    data = PreparedData(corpus=None, vocab=ByteVocab(), splits={"train": tokens})
+    trainer = Trainer(config, RunPaths(tmp_path), data, progress=False)
+    model = trainer.model.double()  # no optimizer step is taken below, so the weights stay as they are
+    batches = trainer.stream.batches()
+    first, second = next(batches), next(batches)
+    trainer._step(first.inputs, first.targets)
+    loss = float(trainer._step(second.inputs, second.targets))
+    with torch.no_grad():
+        memory = model(first.inputs, targets=first.targets).memory
+        carried = model(second.inputs, memory=memory, targets=second.targets)
+        fresh = model(second.inputs, targets=second.targets).loss.mean().item()
+    assert loss == pytest.approx(carried.loss.mean().item(), rel=1e-6)  # the step sums losses in float32
+    assert abs(loss - fresh) > 1e-3, (loss, fresh)
+    for ours, theirs in zip(trainer.memory.states, carried.memory.states, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)

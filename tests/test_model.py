@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from txl import Memory, Span, TransformerXL, TransformerXLConfig
+from txl import EvalConfig, Memory, Span, TransformerXL, TransformerXLConfig
 from txl.model import attention_mask, rel_shift
 from txl.model.attention import RelativeContext
 from txl.model.positional import relative_distances, sinusoid
@@ -118,10 +119,45 @@ def test_scores_match_four_terms(tiny_config, m):
     torch.testing.assert_close(out, mixed @ attn.out.weight.t(), rtol=0, atol=1e-12)
 
 
+def _naive_blocked(t: int, m: int, *, same_length: bool, mem_len: int) -> list[list[bool]]:
+    """The mask rule written out: query i sits at absolute position p = m + i among keys 0..m+t-1. It may
+    attend key j iff j <= p (no future) and, with same_length, p - mem_len < j (its window is the last mem_len
+    positions, itself included). This is what the authors' ``triu(1+mlen) + tril(-mask_shift_len)`` computes:
+    when klen > mem_len, mask_shift_len = mem_len - mlen and tril blocks j - i <= mlen - mem_len, i.e.
+    j <= p - mem_len; when klen <= mem_len it is qlen and blocks only j <= i - qlen < 0 (nothing), and then
+    p - mem_len < 0 too."""
+    blocked = []
+    for i in range(t):
+        p = m + i
+        row = []
+        for j in range(m + t):
+            visible = j <= p and (not same_length or j > p - mem_len)
+            row.append(not visible)
+        blocked.append(row)
+    return blocked
+
+
+@pytest.mark.parametrize(
+    ("t", "m", "mem_len"),
+    [(4, 6, 6), (4, 3, 6), (4, 1, 6), (4, 0, 6), (8, 0, 6), (8, 3, 6), (8, 6, 6), (1, 6, 6), (3, 2, 1)],
+    ids=["m=mem_len", "m<mem_len,K>mem_len", "K<mem_len", "m=0,T<mem_len", "m=0,T>mem_len",
+         "T>mem_len,m>0", "T>mem_len,m=mem_len", "one_query", "mem_len=1"],
+)
+@pytest.mark.parametrize("same_length", [True, False])
+def test_attention_mask_matches_the_rule_written_out(t, m, mem_len, same_length):
+    mask = attention_mask(t, m, same_length=same_length, mem_len=mem_len)
+    assert mask.shape == (t, m + t) and mask.dtype == torch.bool
+    assert mask.tolist() == _naive_blocked(t, m, same_length=same_length, mem_len=mem_len)
+    visible = (~mask).sum(-1).tolist()
+    if same_length:  # every query sees mem_len keys, or all there are when fewer exist
+        assert visible == [min(m + i + 1, mem_len) for i in range(t)]
+    else:
+        assert visible == [m + i + 1 for i in range(t)]
+
+
 def test_same_length_mask_sees_equal_key_counts():
     mask = attention_mask(4, 6, same_length=True, mem_len=6)
-    visible = (~mask).sum(-1)
-    assert visible.tolist() == [6, 6, 6, 6]  # every query sees exactly mem_len keys, itself included
+    assert (~mask).sum(-1).tolist() == [6, 6, 6, 6]  # every query sees exactly mem_len keys, itself included
     assert mask[0, 0] and not mask[0, 1] and not mask[0, 6] and mask[0, 7] and mask[3, 3] and not mask[3, 9]
     plain = attention_mask(4, 6, same_length=False, mem_len=6)
     assert (~plain).sum(-1).tolist() == [7, 8, 9, 10]
@@ -297,14 +333,61 @@ def test_tying_shares_parameters(tiny_config):
     assert model.softmax.out_projs["0"] is not model.embedding.emb_projs["0"]
 
 
-def test_initialisation_follows_the_original(tiny_config):
-    model = TransformerXL(dataclasses.replace(tiny_config, d_model=64, d_inner=128, n_head=4, d_head=16))
-    assert model.u is not None and torch.isfinite(model.u).all() and model.u.abs().sum() > 0
-    qkv = model.layers[0].attn.qkv.weight
-    assert abs(qkv.std().item() - 0.02) < 0.003
-    norm = model.layers[0].attn_norm.weight
-    assert abs(norm.mean().item() - 1.0) < 0.01 and norm.std().item() > 0.005
-    assert torch.all(model.layers[0].ff.net[0].bias == 0)
+INIT_RULES = [  # (name pattern, expected mean, which std) as the authors' training script initialises them
+    (r"embedding\.emb_layers\.\d+\.weight", 0.0, "init_std"),
+    (r"(embedding\.emb_projs|softmax\.out_projs)\.\d+", 0.0, "proj_init_std"),
+    (r"layers\.\d+\.attn\.(qkv|r_net|out)\.weight", 0.0, "init_std"),
+    (r"layers\.\d+\.ff\.net\.[03]\.weight", 0.0, "init_std"),
+    (r"softmax\.out_layers\.\d+\.weight", 0.0, "init_std"),  # only when untied
+    (r"[uv]", 0.0, "init_std"),
+    (r"(layers\.\d+\.(attn_norm|ff_norm)|norm)\.weight", 1.0, "init_std"),
+    (r"softmax\.cluster_weight", 0.0, "init_std"),
+    (r"(layers\.\d+\.ff\.net\.[03]|softmax\.out_layers\.\d+|layers\.\d+\.(attn_norm|ff_norm)|norm)\.bias"
+     r"|softmax\.cluster_bias", 0.0, None),  # zeros
+]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_initialisation_follows_the_original(tied):
+    """Every parameter group has the authors' distribution: its sample mean within 5 standard errors of the
+    expected mean, its sample std within 5 standard errors of the expected std, and (for large groups) about
+    68.3% of its values within one std of the mean, as a normal distribution (a uniform one has 57.7%)."""
+    config = TransformerXLConfig(vocab_size=3000, n_layer=3, n_head=8, d_head=16, d_model=128, d_inner=256,
+                                 cutoffs=(600, 1500), div_val=2, d_embed=128, pre_norm=True, final_norm=True,
+                                 share_rel_bias=False, tie_weights=tied, tie_projs=tied,
+                                 init_std=0.05, proj_init_std=0.01)
+    model = TransformerXL(config)
+    groups: dict[int, list[torch.Tensor]] = {k: [] for k in range(len(INIT_RULES))}
+    for name, param in model.named_parameters():  # tied parameters are listed once
+        matches = [k for k, (pattern, _, _) in enumerate(INIT_RULES) if re.fullmatch(pattern, name)]
+        assert len(matches) == 1, f"{name} matches {len(matches)} initialisation rules"
+        groups[matches[0]].append(param.detach().flatten())
+    names = {name for name, _ in model.named_parameters()}
+    assert {"softmax.cluster_weight", "embedding.emb_projs.2", "softmax.out_projs.0", "norm.weight"} <= names
+    assert ("softmax.out_layers.1.weight" in names) == (not tied)
+    for k, (pattern, mean, std_name) in enumerate(INIT_RULES):
+        if not groups[k]:  # only the output weights, which are the embeddings when tied
+            assert tied and pattern == INIT_RULES[4][0], f"no parameter matches {pattern}"
+            continue
+        values = [*groups[k], torch.cat(groups[k])]  # each tensor, then the group pooled
+        for x in values:
+            if std_name is None:
+                assert torch.all(x == 0), pattern
+                continue
+            std, n = getattr(config, std_name), x.numel()
+            assert abs(x.mean().item() - mean) < 5 * std / math.sqrt(n), pattern
+            assert abs(x.std().item() / std - 1) < 5 / math.sqrt(2 * n), pattern
+        pooled = values[-1]
+        if std_name is not None and pooled.numel() >= 2000:
+            within = ((pooled - mean).abs() < getattr(config, std_name)).double().mean().item()
+            assert abs(within - 0.6827) < 5 * math.sqrt(0.6827 * 0.3173 / pooled.numel()), pattern
+    # Initialising again keeps the tied weights tied (the same tensors, not copies).
+    model.reset_parameters()
+    for i in range(3):
+        same = model.softmax.out_layers[i].weight is model.embedding.emb_layers[i].weight
+        assert same == tied
+    for i in (1, 2):
+        assert (model.softmax.out_projs[str(i)] is model.embedding.emb_projs[str(i)]) == tied
 
 
 # 9. The vanilla baseline --------------------------------------------------------------------------------------
@@ -330,8 +413,41 @@ def test_absolute_baseline_positions_only_at_input(tiny_config):
         h = layer.ff_norm(h + layer.ff(h))
     expected = model.softmax.nll(h.reshape(14, -1), tokens.reshape(-1)).view(2, 7)
     torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-12)
-    # Shifting the input in time changes the absolute model's outputs (positions matter) ...
-    assert (model(tokens[:, 1:]).logits[:, 0] - model(tokens).logits[:, 1]).abs().max() > 1e-9
+    # The same token at every position: without positions every output would be the same (each query and
+    # its keys are identical copies); with absolute positions each position's output differs.
+    same = model(torch.full((1, 7), 5)).logits[0]  # (T, V)
+    assert (same[1:] - same[:-1]).abs().amax(-1).min() > 1e-6
+
+
+@pytest.mark.parametrize("attention", ["relative", "absolute"])
+def test_positions_tell_the_order_of_earlier_tokens(tiny_config, attention):
+    """In one layer, the output at position i sees the query x_i and the *set* of keys x_0..x_i: swapping
+    two earlier tokens leaves that set unchanged, so only the position encoding can change the output."""
+    # init_std 0.5 instead of 0.02 makes the attention sharp, so that the differences are large
+    model = _model(dataclasses.replace(tiny_config, n_layer=1, attention=attention, init_std=0.5))
+    tokens = torch.tensor([[3, 17, 8, 30, 11, 25]])
+    swapped = tokens[:, [1, 0, 2, 3, 4, 5]]
+    later = (model(tokens).logits[:, 2:] - model(swapped).logits[:, 2:]).abs().amax(-1)  # (1, T-2)
+    assert later.min() > 1e-5
+    if attention == "relative":  # control: with W_R = 0 the position term vanishes and the orders agree
+        with torch.no_grad():
+            model.layers[0].attn.r_net.weight.zero_()
+        torch.testing.assert_close(model(tokens).logits[:, 2:], model(swapped).logits[:, 2:], rtol=0, atol=1e-12)
+
+
+def test_relative_positions_reach_into_memory(tiny_config):
+    """The same current tokens after the same remembered states in another order: keys and values are the
+    same set, only their distances differ, so the outputs differ through the relative positions alone."""
+    model = _model(dataclasses.replace(tiny_config, n_layer=1, mem_len=8, init_std=0.5))
+    memory = model(torch.tensor([[4, 9, 21, 2, 33]])).memory  # the embeddings of 5 tokens (the layer's input)
+    reordered = Memory(tuple(s[:, [4, 2, 0, 1, 3]] for s in memory.states))
+    tokens = torch.tensor([[6, 14, 6]])
+    diff = (model(tokens, memory=memory).logits - model(tokens, memory=reordered).logits).abs().amax(-1)
+    assert diff.min() > 1e-5
+    with torch.no_grad():  # control: without the position term the order of the memory is invisible
+        model.layers[0].attn.r_net.weight.zero_()
+    torch.testing.assert_close(model(tokens, memory=memory).logits, model(tokens, memory=reordered).logits,
+                               rtol=0, atol=1e-12)
 
 
 def test_absolute_baseline_rejects_memory(tiny_config):
@@ -363,6 +479,22 @@ def test_absolute_baseline_rejects_memory(tiny_config):
 def test_invalid_config_names_the_field(changes, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):
         TransformerXLConfig(**changes)
+
+
+def test_same_length_without_memory_is_rejected():
+    """same_length with mem_len=0 would give every query zero keys (an all-blocked mask, output exactly 0)."""
+    mask = attention_mask(3, 0, same_length=True, mem_len=0)
+    assert mask.all()  # what the rejected combination would compute
+    with pytest.raises(ValueError, match=r"^same_length:.*mem_len"):
+        TransformerXLConfig(same_length=True, mem_len=0)
+    TransformerXLConfig(same_length=True, mem_len=1)  # any memory is fine
+    TransformerXLConfig(same_length=False, mem_len=0)  # no memory without same_length is fine
+    TransformerXLConfig(attention="absolute", same_length=True, mem_len=0)  # the baseline ignores both
+    with pytest.raises(ValueError, match=r"^same_length:.*mem_len"):
+        EvalConfig(same_length=True, mem_len=0)
+    for ok in ({"same_length": True}, {"mem_len": 0}, {"same_length": True, "mem_len": 4},
+               {"same_length": False, "mem_len": 0}):
+        EvalConfig(**ok)  # one of them left to the model, or a harmless pair
 
 
 def test_float32_default_and_train_mode_dropout(tiny_config):

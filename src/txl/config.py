@@ -64,6 +64,9 @@ def _probability(obj: Any, name: str) -> None:
     _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}")
 
 
+_SAME_LENGTH_NEEDS_MEMORY = "needs mem_len > 0 (same_length=true with mem_len=0 would block all attention)"
+
+
 def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(obj, name)
     _check(value in choices, name, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -188,6 +191,8 @@ class TransformerXLConfig:
             _positive_int(self, "clamp_len")
         for name in ("same_length", "pre_norm", "final_norm", "tie_weights", "share_rel_bias", "tie_projs"):
             _check(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.attention == "relative":  # the baseline ignores mem_len and same_length
+            _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
         cut = self.cutoffs
         _check(all(isinstance(c, int) and not isinstance(c, bool) for c in cut), "cutoffs", "must be integers")
         _check(all(a < b for a, b in zip(cut, cut[1:], strict=False)), "cutoffs", f"must increase strictly, got {cut}")
@@ -368,6 +373,9 @@ class EvalConfig:
             _non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
             _positive_int(self, "clamp_len")
+        if self.same_length is not None:
+            _check(isinstance(self.same_length, bool), "same_length", f"must be true or false, got {self.same_length!r}")
+        _check(not (self.same_length is True and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
 
 
 @dataclass(frozen=True)
