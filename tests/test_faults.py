@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from txl import TransformerXLConfig
 from txl.cli import main
 from txl.config import apply_overrides, load_config
+from txl.errors import CheckpointError
 from txl.model import TransformerXL
 from txl.runs import load_run
 from txl.train import checkpoint as ckpt
@@ -252,6 +254,19 @@ def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(tmp_path, t
     assert load_run(run, checkpoint="latest").step == 2  # intact and loadable
     monkeypatch.setattr(ckpt, "save_file", real_save_file)
     assert resume(run, progress=False)["steps"] == 5
+
+
+def test_a_failed_write_reported_by_safetensors_is_a_checkpoint_error(tmp_path, monkeypatch):
+    """safetensors reports its own I/O errors (a full disk, a file-size limit) as SafetensorError."""
+    def fails(tensors, filename, *args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(ckpt, "save_file", fails)
+    model = TransformerXL(TransformerXLConfig(vocab_size=20, n_layer=1, d_model=8, d_head=4, d_inner=8))
+    with pytest.raises(CheckpointError, match=r"^cannot write checkpoint best in .*: Error while serializing: "
+                                              r"I/O error: No space left on device \(os error 28\)$"):
+        save_checkpoint(tmp_path / "best", model=model, optimizer=None, memory=None, state=TrainingState(), meta={})
+    assert list(tmp_path.iterdir()) == []
 
 
 def _flip_byte(path: Path) -> None:

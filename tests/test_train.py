@@ -31,7 +31,15 @@ from txl.model import TransformerXL
 from txl.runs import load_run
 from txl.train import checkpoint as ckpt
 from txl.train.checkpoint import ResumeWarning, TrainingState, latest_checkpoint
-from txl.train.trainer import TrainingDiverged, prepare_data, resume, train, train_stream
+from txl.train.trainer import (
+    Interrupted,
+    Trainer,
+    TrainingDiverged,
+    prepare_data,
+    resume,
+    train,
+    train_stream,
+)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -354,7 +362,24 @@ def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
     with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
         train(diverges, mine, progress=False)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    with pytest.raises(TrainingDiverged):  # the folders it made are removed too
+        train(diverges, tmp_path / "fresh" / "run", progress=False)
+    assert not (tmp_path / "fresh").exists()
     assert train(_config(text_corpus, "train.steps=2"), mine, progress=False)["steps"] == 2
+
+
+def test_sigterm_outside_the_training_steps_stops_cleanly(tmp_path, text_corpus, monkeypatch):
+    """Between the start and the loop (and in the final evaluation) SIGTERM is an exception: the lock is
+    released and a start without a checkpoint leaves nothing."""
+    def terminated(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(Trainer, "fit", terminated)
+    with pytest.raises(Interrupted, match="SIGTERM outside the training steps") as info:
+        train(_config(text_corpus), tmp_path / "run", progress=False)
+    assert info.value.signum == signal.SIGTERM and not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
