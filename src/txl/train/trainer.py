@@ -59,7 +59,7 @@ from ..train.checkpoint import (
 from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
 __all__ = ["train", "resume", "Trainer", "TrainingDiverged", "Interrupted", "PreparedData", "prepare_data",
-           "check_data", "RESUME_FIXED_TRAIN_FIELDS"]
+           "check_data", "train_stream", "RESUME_FIXED_TRAIN_FIELDS"]
 
 RESUME_FIXED_TRAIN_FIELDS = ("batch_size", "tgt_len", "varlen", "seed")
 """Train fields a resumed run cannot change: they shape the data stream saved in the checkpoint (its rows,
