@@ -134,3 +134,23 @@ def test_batch_to_and_counts():
         torch.tensor([[True, True, False], [True, False, False]]),
     )
     assert b.n_targets == 3 and b.to("cpu").mask is not None
+
+
+def test_first_batch_of_each_epoch_says_so_and_resume_keeps_it():
+    """All rows wrap together; the flag follows from the position, so a state taken right before the wrap
+    gives a first batch that says so."""
+    s = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    n = s.n_batches
+    flags = [b.new_epoch for _, b in zip(range(2 * n + 1), s.batches(), strict=False)]
+    assert flags == ([True] + [False] * (n - 1)) * 2 + [True]
+
+    s = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    for _ in iter(s):  # one whole epoch: the state is position 0 of epoch 1
+        pass
+    resumed = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    resumed.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    first = next(resumed.batches())
+    assert first.new_epoch and first.to("cpu").new_epoch
+    assert not next(resumed.batches()).new_epoch
+    evaluation = list(SegmentStream(np.arange(300), batch_size=2, tgt_len=10, drop_last=False))
+    assert [b.new_epoch for b in evaluation] == [True] + [False] * (len(evaluation) - 1)

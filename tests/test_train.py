@@ -1,17 +1,24 @@
 """Training end to end: the loop learns, checkpoints round-trip, a SIGKILLed run resumes onto the exact
-loss trajectory of an uninterrupted one, SIGTERM saves and exits cleanly, NaN stops the run, and
-evaluation with a longer memory works from the CLI."""
+loss trajectory of an uninterrupted one, SIGTERM saves and exits cleanly, NaN stops the run, evaluation with
+a longer memory works from the CLI; memory is dropped when the stream wraps; resume honours or refuses each
+override; a failed start leaves nothing; one process at a time trains in a run folder; checkpoints are found
+by name and only complete ones are read."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,9 +26,20 @@ import torch
 
 from txl.cli import main
 from txl.config import apply_overrides, load_config
+from txl.errors import CheckpointError, RunError
+from txl.model import TransformerXL
 from txl.runs import load_run
-from txl.train.checkpoint import latest_checkpoint
-from txl.train.trainer import TrainingDiverged, resume, train
+from txl.train import checkpoint as ckpt
+from txl.train.checkpoint import ResumeWarning, TrainingState, latest_checkpoint
+from txl.train.trainer import (
+    Interrupted,
+    Trainer,
+    TrainingDiverged,
+    prepare_data,
+    resume,
+    train,
+    train_stream,
+)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -42,6 +60,11 @@ def _config(corpus: Path, *extra: str):
 def _train_losses(run_dir: Path) -> dict[int, float]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _env() -> dict[str, str]:
@@ -124,6 +147,7 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, sign
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum
     assert "checkpoint saved" in err.decode() and "Traceback" not in err.decode()
+    assert not (out / ".lock").exists()  # released on the way out
     folder = latest_checkpoint(out)
     assert folder is not None
     step = int(folder.name.split("-")[1])
@@ -145,19 +169,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_corpus
 
 
 def test_cli_eval_with_longer_memory_prints_one_json_line(tmp_path, text_corpus, capsys):
+    """The same split, the same segment length: a longer memory changes the loss of a model trained with
+    memory, and asking for the memory it already has changes nothing."""
     run_dir = tmp_path / "run"
     assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
                  "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=20"]) == 0
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--split", "test", "--mem-len", "48", "--tgt-len", "8", "--quiet"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1
-    record = json.loads(lines[0])
-    assert record["split"] == "test" and record["mem_len"] == 48 and record["tgt_len"] == 8
-    assert 0 < record["loss"] < 6 and record["tokens"] > 1000
-    assert main(["eval", str(run_dir), "--split", "valid", "--quiet"]) == 0
-    default = json.loads(capsys.readouterr().out)
-    assert default["mem_len"] == 16 and default["loss"] != record["loss"]
+
+    def evaluate(*flags: str) -> dict:
+        assert main(["eval", str(run_dir), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len(lines) == 1
+        return json.loads(lines[0])
+
+    longer = evaluate("--mem-len", "48")
+    assert longer["split"] == "test" and longer["mem_len"] == 48 and longer["tgt_len"] == 8
+    assert 0 < longer["loss"] < 6 and longer["tokens"] > 1000
+    default = evaluate()
+    assert default["mem_len"] == 16 and default["tokens"] == longer["tokens"]
+    assert default["loss"] != longer["loss"]
+    assert evaluate("--mem-len", "16")["loss"] == default["loss"]
 
 
 def test_cli_generate_and_python_m(tmp_path, text_corpus, capsys):
@@ -237,3 +268,238 @@ def test_cli_eval_defaults_to_the_runs_eval_settings(tmp_path, text_corpus, caps
     assert main(["eval", str(run_dir), "--quiet", "--mem-len", "8", "--no-same-length"]) == 0
     chosen = json.loads(capsys.readouterr().out)
     assert (chosen["mem_len"], chosen["same_length"]) == (8, False)
+
+
+def _small_corpus(tmp_path: Path) -> Path:
+    """About 3 KB of text: an epoch of 8 rows x 32 tokens is a dozen steps."""
+    path = tmp_path / "small.txt"
+    path.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    return path
+
+
+def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkeypatch):
+    """The first segment of epoch 2 starts the split again: it must not attend to the end of the split.
+    Resuming from a checkpoint taken right before the wrap keeps the run exact."""
+    common = ["train.batch_size=8", "train.tgt_len=32", "train.schedule=\"constant\"", "train.eval_every=0",
+              "train.log_every=1", "model.dropout=0.1"]
+    config = _config(_small_corpus(tmp_path), *common)
+    epoch = train_stream(config, prepare_data(config).splits).n_batches
+    assert 5 < epoch < 20
+
+    calls = []
+    forward = TransformerXL.forward
+
+    def spy(self, tokens, *, memory=None, **kwargs):
+        if self.training:
+            calls.append(memory is None)
+        return forward(self, tokens, memory=memory, **kwargs)
+
+    monkeypatch.setattr(TransformerXL, "forward", spy)
+    train(apply_overrides(config, [f"train.steps={epoch + 2}"]), tmp_path / "reference", progress=False)
+    assert calls == [True] + [False] * (epoch - 1) + [True, False]  # empty at step 1 and at the wrap
+
+    calls.clear()
+    run = tmp_path / "run"
+    train(apply_overrides(config, [f"train.steps={epoch}", f"train.checkpoint_every={epoch}"]), run, progress=False)
+    resume(run, overrides=(f"train.steps={epoch + 2}",), progress=False)
+    assert calls[epoch:] == [True, False]  # the restored memory (the end of the split) is dropped too
+    assert _train_losses(run) == _train_losses(tmp_path / "reference")
+
+
+def test_resume_applies_optimizer_overrides_and_refuses_what_it_cannot_change(tmp_path, text_corpus):
+    run = tmp_path / "run"
+    train(_config(text_corpus, "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0",
+                  "train.schedule=\"constant\""), run, progress=False)
+    before = _snapshot(run)
+    fixed = re.escape("train.batch_size: cannot be changed when resuming (the run has 4, asked 2)")
+    with pytest.raises(RunError, match=f"^{fixed}$"):
+        resume(run, overrides=("train.steps=5", "train.batch_size=2"), progress=False)
+    with pytest.raises(RunError) as refused:
+        resume(run, overrides=("train.steps=5", "model.d_model=64", "data.vocab=\"char\"", "train.seed=1",
+                               "train.tgt_len=8", "train.varlen=true"), progress=False)
+    for field in ("model.d_model", "data.vocab", "train.seed", "train.tgt_len", "train.varlen"):
+        assert f"{field}: cannot be changed when resuming" in str(refused.value)
+    assert "\n" not in str(refused.value) and "(the run has 16, asked 8)" in str(refused.value)
+    assert _snapshot(run) == before
+
+    resume(run, overrides=("train.steps=5", "train.weight_decay=0.1", "train.beta1=0.8", "train.beta2=0.99",
+                           "train.accum_steps=2", "train.clip=0.5"), progress=False)
+    groups = json.loads((run / "checkpoints" / "step-00000005" / "state.json").read_text())["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]  # the no-decay group keeps none
+    assert all(g["betas"] == [0.8, 0.99] for g in groups)
+    saved = json.loads((run / "config.json").read_text())["train"]
+    assert (saved["weight_decay"], saved["beta1"], saved["beta2"], saved["accum_steps"]) == (0.1, 0.8, 0.99, 2)
+
+
+def test_resume_warns_when_new_steps_move_the_learning_rate(tmp_path, text_corpus):
+    cosine = tmp_path / "cosine"
+    train(_config(text_corpus, "train.steps=4", "train.eval_every=0"), cosine, progress=False)
+    with pytest.warns(ResumeWarning, match=r"resuming at step 4 with train\.steps 4 -> 8: the learning rate "
+                                           r"jumps from 0 to 0\.00225 "):
+        resume(cosine, overrides=("train.steps=8",), progress=False)
+    constant = tmp_path / "constant"
+    train(_config(text_corpus, "train.steps=4", "train.eval_every=0", "train.schedule=\"constant\""), constant,
+          progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeWarning)
+        resume(constant, overrides=("train.steps=6",), progress=False)  # the same rate: nothing to say
+
+
+def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
+    short = tmp_path / "short.txt"
+    short.write_text("too short\n" * 4, encoding="utf-8")
+    out = tmp_path / "new" / "run"
+    for _ in range(2):  # the same call fails the same way: nothing was left to say "already holds a run"
+        with pytest.raises(RunError, match="fewer than one segment"):
+            train(_config(short), out, progress=False)
+        assert not (tmp_path / "new").exists()
+
+    mine = tmp_path / "mine"  # a folder the user made, with a file of theirs
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    diverges = _config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.eval_every=0",
+                       "train.checkpoint_every=0", "train.schedule=\"constant\"", "train.warmup_steps=0")
+    with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
+        train(diverges, mine, progress=False)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    with pytest.raises(TrainingDiverged):  # the folders it made are removed too
+        train(diverges, tmp_path / "fresh" / "run", progress=False)
+    assert not (tmp_path / "fresh").exists()
+    assert train(_config(text_corpus, "train.steps=2"), mine, progress=False)["steps"] == 2
+
+
+def test_sigterm_outside_the_training_steps_stops_cleanly(tmp_path, text_corpus, monkeypatch):
+    """Between the start and the loop (and in the final evaluation) SIGTERM is an exception: the lock is
+    released and a start without a checkpoint leaves nothing."""
+    def terminated(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(Trainer, "fit", terminated)
+    with pytest.raises(Interrupted, match="SIGTERM outside the training steps") as info:
+        train(_config(text_corpus), tmp_path / "run", progress=False)
+    assert info.value.signum == signal.SIGTERM and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_start_that_fails_on_data_can_be_run_again(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("too short\n" * 4, encoding="utf-8")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(out), "--quiet",
+           "--set", f"data.corpus={json.dumps(str(short))}"]
+    for _ in range(2):
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "fewer than one segment" in lines[0], proc.stderr
+        assert not out.exists()
+
+
+def test_an_empty_validation_slice_is_refused_before_anything_is_written(tmp_path, text_corpus):
+    """A file is cut 90/5/5 at line ends: with one long last line both cuts land on its end and the
+    validation slice is empty; training would end with best_val_loss null."""
+    corpus = tmp_path / "long-last-line.txt"
+    corpus.write_text("short line\n" * 50 + "x" * 1000 + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    with pytest.raises(RunError, match=r"split 'valid' of corpus .*long-last-line\.txt' is empty \(0 tokens\)"):
+        train(_config(corpus), out, progress=False)
+    assert not out.exists()
+    with pytest.raises(RunError, match=r"train\.patience=2 .* train\.eval_every=0"):
+        train(_config(text_corpus, "train.patience=2", "train.eval_every=0"), out, progress=False)
+    assert not out.exists()
+
+
+def test_one_process_at_a_time_trains_in_a_run_folder(tmp_path, text_corpus):
+    run = tmp_path / "run"
+    config = _config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0")
+    train(config, run, progress=False)
+    assert not (run / ".lock").exists()
+    host = socket.gethostname()
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        (run / ".lock").write_text(json.dumps({"pid": holder.pid, "host": host, "since": 0.0}))
+        before = _snapshot(run)
+        held = re.escape(f"another process (pid {holder.pid} on {host}) holds the run")
+        with pytest.raises(RunError, match=held):
+            resume(run, overrides=("train.steps=4",), progress=False)
+        with pytest.raises(RunError, match=held):
+            train(config, run, overwrite=True, progress=False)
+        assert _snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # its process is gone: the lock is stale and replaced, then released
+    assert resume(run, overrides=("train.steps=4",), progress=False)["steps"] == 4
+    assert not (run / ".lock").exists()
+    with pytest.raises(RunError, match="already finished"):
+        resume(run, progress=False)
+    assert not (run / ".lock").exists()  # released after a refusal too
+    (run / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "since": 0.0}))
+    with pytest.raises(RunError, match=re.escape("(pid 1 on another-host)")):  # cannot be checked: refused
+        resume(run, overrides=("train.steps=6",), progress=False)
+
+
+def test_checkpoints_are_found_by_name_and_only_complete_ones_are_read(tmp_path, text_corpus, capsys):
+    run = tmp_path / "run"
+    train(_config(text_corpus, "train.steps=4", "train.checkpoint_every=1", "train.keep_last=3",
+                  "train.eval_every=0"), run, progress=False)
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step-00000004", checkpoints / ".tmp-step-00000009-123")  # a write in progress
+    (checkpoints / "step-00000008").mkdir()  # a folder without state.json
+    assert load_run(run, checkpoint="latest").checkpoint.name == "step-00000004"
+    assert load_run(run, checkpoint="step-00000003").step == 3
+    assert load_run(run, checkpoint="2").step == 2
+    assert load_run(run, checkpoint=str(checkpoints / "step-00000003")).step == 3
+    assert load_run(run, checkpoint="best").checkpoint.name == "best"
+    with pytest.raises(CheckpointError, match=re.escape(
+            "no checkpoint 'step-00000099' in " f"{checkpoints} (available: best, step-00000002, step-00000003, "
+            "step-00000004;")):
+        load_run(run, checkpoint="step-00000099")
+    for name in (".tmp-step-00000009-123", str(checkpoints / ".tmp-step-00000009-123")):
+        with pytest.raises(CheckpointError, match="no checkpoint"):
+            load_run(run, checkpoint=name)
+    assert main(["eval", str(run), "--checkpoint", "step-00000003", "--max-tokens", "200", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3
+
+
+def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, text_corpus, monkeypatch):
+    """Another process saves a new best while `txl eval` reads the old one: the half-old, half-new read is
+    noticed and the new best is read whole."""
+    run = tmp_path / "run"
+    train(_config(text_corpus, "train.steps=2", "train.eval_every=0"), run, progress=False)
+    best = run / "checkpoints" / "best"
+    document = json.loads((best / "state.json").read_text())
+    meta = {k: v for k, v in document.items() if k not in ("format", "state", "optimizer", "files")}
+    newer = load_run(run).model
+    with torch.no_grad():
+        for p in newer.parameters():
+            p.add_(1.0)
+    real_load_model = ckpt.load_model
+
+    def racing_load_model(model, filename, **kwargs):
+        result = real_load_model(model, filename, **kwargs)
+        if not racing_load_model.raced:
+            racing_load_model.raced = True
+            ckpt.save_checkpoint(best, model=newer, optimizer=None, memory=None, state=TrainingState(step=99),
+                                 meta=meta)
+        return result
+
+    racing_load_model.raced = False
+    monkeypatch.setattr(ckpt, "load_model", racing_load_model)
+    loaded = load_run(run)
+    assert racing_load_model.raced and loaded.step == 99
+    assert all(torch.equal(a, b) for a, b in zip(loaded.model.parameters(), newer.parameters(), strict=True))
+
+
+def test_flipped_byte_in_weights_is_a_clear_error(tmp_path, text_corpus):
+    run = tmp_path / "run"
+    train(_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
+          progress=False)
+    weights = run / "checkpoints" / "step-00000002" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"step-00000002/model\.safetensors: checksum mismatch"):
+        load_run(run, checkpoint="latest")
+    assert load_run(run, checkpoint="step-00000001").step == 1

@@ -1,18 +1,26 @@
-"""The run folder: its layout, refusing to clobber another run, and loading a trained model back.
+"""The run folder: its layout, refusing to clobber another run, the lock held by the process that trains
+in it, finding a checkpoint by name, and loading a trained model back.
 
     RUN_DIR/config.json      the effective RunConfig (model.vocab_size set from the vocabulary)
     RUN_DIR/vocab.json       the vocabulary (JSON, never pickled)
     RUN_DIR/metrics.jsonl    one JSON object per log step / evaluation
     RUN_DIR/summary.json     final figures
     RUN_DIR/checkpoints/     step-XXXXXXXX/ folders and best/
+    RUN_DIR/.lock            {"pid", "host", "since"} of the process training in it, while it does
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,9 +28,18 @@ from .config import ConfigError, RunConfig, config_from_dict, config_to_dict
 from .data import Vocab, load_vocab
 from .errors import CheckpointError, RunError
 from .model import TransformerXL
-from .train.checkpoint import best_checkpoint, latest_checkpoint, load_weights
+from .train.checkpoint import (
+    DamagedCheckpoint,
+    best_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_weights,
+)
 
-__all__ = ["RunPaths", "prepare_run_dir", "load_run_config", "load_run", "resolve_device", "LoadedRun"]
+__all__ = ["RunPaths", "check_new_run_dir", "clear_run", "lock_run", "load_run_config", "find_checkpoint",
+           "load_run", "resolve_device", "LoadedRun"]
+
+LOCK_YOUNG_S = 10.0  # an unreadable lock file younger than this is being written by its owner
 
 
 @dataclass(frozen=True)
@@ -55,26 +72,130 @@ class RunPaths:
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
     def holds_run(self) -> bool:
         return self.config.exists() or self.checkpoints.exists() or self.metrics.exists()
 
 
-def prepare_run_dir(out: Path, *, overwrite: bool) -> RunPaths:
-    """Create the run folder; refuse one that already holds a run unless ``overwrite`` (then remove only
-    txl's own files from it)."""
+def check_new_run_dir(out: Path, *, overwrite: bool) -> RunPaths:
+    """Refuse a run folder that is not a folder, or that already holds a run unless ``overwrite``. Writes
+    nothing: the run's files are cleared (:func:`clear_run`) only once its data has been checked."""
     paths = RunPaths(Path(out))
     if paths.root.exists() and not paths.root.is_dir():
         raise RunError(f"{paths.root} exists and is not a folder")
-    if paths.holds_run():
-        if not overwrite:
-            raise RunError(f"{paths.root} already holds a run; use 'txl train --resume {paths.root}' to continue "
-                           "it or --overwrite to replace it")
-        for f in (paths.config, paths.vocab, paths.metrics, paths.summary):
-            f.unlink(missing_ok=True)
-        for d in (paths.checkpoints, paths.tensorboard):
-            shutil.rmtree(d, ignore_errors=True)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    if paths.holds_run() and not overwrite:
+        raise RunError(f"{paths.root} already holds a run; use 'txl train --resume {paths.root}' to continue "
+                       "it or --overwrite to replace it")
     return paths
+
+
+def clear_run(paths: RunPaths) -> None:
+    """Remove txl's own files from a run folder (and nothing else in it)."""
+    for f in (paths.config, paths.vocab, paths.metrics, paths.summary):
+        f.unlink(missing_ok=True)
+    for d in (paths.checkpoints, paths.tensorboard):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The lock: one training process per run folder
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _read_lock(path: Path) -> dict[str, Any] | None:
+    """The lock's record; {} when unreadable, None when there is no lock file."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _lock_is_live(path: Path, record: dict[str, Any]) -> bool:
+    """Whether a lock's owner may still run: its pid is alive on this host, or it is on another host (which
+    cannot be checked from here), or the file is too young to have been written out."""
+    if not isinstance(record.get("pid"), int) or not isinstance(record.get("host"), str):
+        try:
+            return time.time() - path.stat().st_mtime < LOCK_YOUNG_S
+        except FileNotFoundError:
+            return False
+    if record["host"] != socket.gethostname():
+        return True
+    return _pid_alive(record["pid"])
+
+
+def _break_stale(path: Path, record: dict[str, Any]) -> None:
+    """Move a stale lock out of the way: rename it (only one process can), then check that the file moved
+    is the stale one and not a lock another process has just taken (put that one back)."""
+    moved = path.with_name(f"{path.name}.stale-{os.getpid()}")
+    try:
+        os.rename(path, moved)
+    except FileNotFoundError:
+        return
+    if _read_lock(moved) == record:
+        moved.unlink(missing_ok=True)
+        return
+    try:
+        os.link(moved, path)  # never over a lock taken meanwhile
+    except FileExistsError:
+        pass
+    moved.unlink(missing_ok=True)
+
+
+def _holder(record: dict[str, Any]) -> str:
+    if "pid" in record:
+        return f"pid {record.get('pid')} on {record.get('host')}"
+    return "a process that is taking it now"
+
+
+@contextmanager
+def lock_run(root: Path) -> Iterator[Path]:
+    """Hold ``root/.lock`` (created with O_CREAT|O_EXCL, holding pid and host as JSON) for the duration of
+    the block; a lock whose process is gone from this host is replaced. Refuses (RunError) while another
+    live process holds it. Released on exit, including on exceptions."""
+    path = RunPaths(Path(root)).lock
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            record = _read_lock(path)
+            if record is None:  # released meanwhile
+                continue
+            if _lock_is_live(path, record):
+                raise RunError(f"{path.parent} is in use: another process ({_holder(record)}) holds the run; "
+                               f"wait for it to finish (if that process is gone, delete {path})") from None
+            _break_stale(path, record)
+            continue
+        except FileNotFoundError:
+            raise RunError(f"run folder not found: {path.parent}") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(mine))
+            fh.flush()
+            os.fsync(fh.fileno())
+        break
+    else:
+        raise RunError(f"{path}: cannot take the run's lock (it keeps changing hands); try again")
+    try:
+        yield path
+    finally:
+        if _read_lock(path) == mine:
+            path.unlink(missing_ok=True)
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
@@ -116,25 +237,52 @@ class LoadedRun:
     step: int
 
 
+def find_checkpoint(run_dir: Path, name: str) -> Path:
+    """A run's checkpoint by name: ``best`` (else the latest), ``latest``, a folder name inside
+    ``checkpoints/`` (``step-00001750``), a step number (``1750``), or a path to a checkpoint folder."""
+    paths = RunPaths(Path(run_dir))
+    folder: Path | None
+    if name == "best":
+        folder = best_checkpoint(paths.root) or latest_checkpoint(paths.root)
+    elif name == "latest":
+        folder = latest_checkpoint(paths.root)
+    else:
+        inside = paths.checkpoints / (f"step-{int(name):08d}" if name.isdigit() else name)
+        path = Path(name).expanduser()
+        if name and not name.startswith(".") and "/" not in name and os.sep not in name and inside.is_dir():
+            folder = inside
+        elif path.is_dir() and not path.name.startswith("."):
+            folder = path
+        else:
+            steps = [p.name for p in list_checkpoints(paths.root)]
+            available = ", ".join((["best"] if best_checkpoint(paths.root) else []) + steps) or "none yet"
+            raise CheckpointError(f"no checkpoint {name!r} in {paths.checkpoints} (available: {available}; "
+                                  "or 'best', 'latest', a step number, a path)")
+    if folder is None:
+        raise CheckpointError(f"{paths.root} has no checkpoint yet")
+    return folder
+
+
 def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") -> LoadedRun:
-    """Load a run's model (``best`` checkpoint, else ``latest``; or a checkpoint folder path) in eval mode."""
+    """Load a run's model in eval mode from a checkpoint named as :func:`find_checkpoint` takes them
+    (default ``best``, else ``latest``). Only complete checkpoints are read, their checksums checked; one
+    replaced by a run training meanwhile is looked up and read again once."""
     paths = RunPaths(Path(run_dir))
     config = load_run_config(paths.root)
     if not paths.vocab.is_file():
         raise RunError(f"{paths.root} has no vocab.json")
     vocab = load_vocab(paths.vocab)
-    if checkpoint == "best":
-        folder = best_checkpoint(paths.root) or latest_checkpoint(paths.root)
-    elif checkpoint == "latest":
-        folder = latest_checkpoint(paths.root)
-    else:
-        folder = Path(checkpoint)
-    if folder is None:
-        raise CheckpointError(f"{paths.root} has no checkpoint yet")
     if len(vocab) != config.model.vocab_size:
         raise CheckpointError(f"{paths.vocab} has {len(vocab)} tokens, the run's model {config.model.vocab_size}")
     model = TransformerXL(config.model)
-    document = load_weights(folder, model, expected={"vocab_fingerprint": vocab.fingerprint,
-                                                     "model": config_to_dict(config.model)})
+    expected = {"vocab_fingerprint": vocab.fingerprint, "model": config_to_dict(config.model)}
+    for attempt in range(2):
+        folder = find_checkpoint(paths.root, checkpoint)
+        try:
+            document = load_weights(folder, model, expected=expected)
+            break
+        except DamagedCheckpoint:
+            if attempt == 1:
+                raise
     model.to(resolve_device(device)).eval()
     return LoadedRun(config=config, vocab=vocab, model=model, checkpoint=folder, step=document["state"]["step"])

@@ -24,11 +24,14 @@ VARLEN_MAX_DEV = 3  # longest variable segment is tgt_len + VARLEN_MAX_DEV * VAR
 @dataclass(frozen=True)
 class Batch:
     """inputs and targets: (B, T) int64, targets = inputs shifted by one token within each stream.
-    mask: (B, T) bool, True where the target is a real token; None when all are real."""
+    mask: (B, T) bool, True where the target is a real token; None when all are real.
+    new_epoch: the batch starts a pass over the split (position 0): no row continues the batch before,
+    so a memory carried from it (the end of the split) must be dropped."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
     mask: torch.Tensor | None = None
+    new_epoch: bool = False
 
     @property
     def n_targets(self) -> int:
@@ -41,6 +44,7 @@ class Batch:
             self.inputs.to(device, non_blocking=non_blocking),
             self.targets.to(device, non_blocking=non_blocking),
             mask,
+            self.new_epoch,
         )
 
 
@@ -57,7 +61,9 @@ class SegmentStream:
     numpy Generator seeded with `seed`, whose state is part of `state_dict()`.
 
     The last batch of an epoch may be shorter. Producing it moves the stream to position 0 of the
-    next epoch. One iteration at a time: the stream holds the position, iterators share it.
+    next epoch, whose first batch has `Batch.new_epoch` set (all rows wrap together), so a trainer
+    knows to drop its memory; the flag follows from the position, so it survives `state_dict()`.
+    One iteration at a time: the stream holds the position, iterators share it.
     """
 
     def __init__(
@@ -146,7 +152,7 @@ class SegmentStream:
             real = (pos + 1 + np.arange(seq_len))[None, :] < self._row_len[:, None]  # (B, T)
             if not real.all():
                 mask = torch.from_numpy(real)
-        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), mask)
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), mask, new_epoch=pos == 0)
 
     def __iter__(self) -> Iterator[Batch]:
         """Batches from the current position to the end of the epoch."""

@@ -1,20 +1,26 @@
 """Checkpoints: weights in safetensors, everything else (config, step, stream position, optimizer
 hyper-parameters) in JSON, tensors of state (optimizer moments, memory, RNG) in a second safetensors file.
 
-A checkpoint is a folder ``checkpoints/step-00000100/`` written under a temporary name and renamed into
-place, so a killed run never leaves a half-written checkpoint; nothing here unpickles anything.
+A checkpoint is a folder ``checkpoints/step-00000100/`` written under a temporary name (``.tmp-*``) and
+renamed into place, so a killed run never leaves a half-written checkpoint; ``state.json`` records the
+SHA-256 of each tensor file, so a damaged one is detected before it is used. Only folders named ``best``
+or ``step-XXXXXXXX`` that hold a ``state.json`` are checkpoints; nothing here unpickles anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
@@ -22,6 +28,8 @@ from ..errors import CheckpointError
 from ..model import Memory
 
 __all__ = [
+    "DamagedCheckpoint",
+    "ResumeWarning",
     "TrainingState",
     "save_checkpoint",
     "load_checkpoint",
@@ -32,9 +40,24 @@ __all__ = [
     "load_weights",
     "atomic_write_text",
     "read_checkpoint_meta",
+    "verify_checkpoint",
+    "checkpoint_step",
+    "recover_checkpoints",
 ]
 
 FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.safetensors"
+META_FILE = "state.json"
+STEP_NAME = re.compile(r"step-\d{8}")
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose files are missing, truncated or fail their checksum (an older one may be intact)."""
+
+
+class ResumeWarning(UserWarning):
+    """A resumed run that is not exact, or that changes course (another checkpoint, another schedule)."""
 
 
 @dataclass
@@ -54,11 +77,15 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write a text file through a temporary file and a rename (never a half-written file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _fsync_dir(path: Path) -> None:
@@ -101,17 +128,18 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torc
         raise CheckpointError(f"optimizer state does not fit this model ({exc})") from None
 
 
-def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    memory: Memory | None, state: TrainingState, meta: dict[str, Any]) -> Path:
-    """Write a checkpoint folder atomically. ``meta`` holds JSON facts checked on load (``config``: the
-    model config dict, ``vocab_fingerprint``, ...). Returns the folder."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, memory: Memory | None,
+           state: TrainingState, meta: dict[str, Any]) -> None:
+    """The files of a checkpoint, each fsynced, into the folder ``tmp``."""
+    save_model(model, str(tmp / MODEL_FILE))
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, rng in enumerate(torch.cuda.get_rng_state_all()):
@@ -122,34 +150,102 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
     if optimizer is not None:
         optim_tensors, optim_meta = _optimizer_tensors(optimizer)
         tensors.update(optim_tensors)
-    save_file(tensors, str(tmp / "state.safetensors"))
-    document = {"format": FORMAT_VERSION, "state": asdict(state), "optimizer": optim_meta, **meta}
-    (tmp / "state.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
-    for name in ("model.safetensors", "state.safetensors", "state.json"):
+    save_file(tensors, str(tmp / STATE_FILE))
+    files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+             for name in (MODEL_FILE, STATE_FILE)}
+    document = {"format": FORMAT_VERSION, "state": asdict(state), "optimizer": optim_meta, "files": files, **meta}
+    (tmp / META_FILE).write_text(json.dumps(document, indent=1), encoding="utf-8")
+    for name in (MODEL_FILE, STATE_FILE, META_FILE):
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
-    if folder.exists():  # re-saving the same step (e.g. after a resume): swap atomically, then clean up
-        old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
-        os.rename(folder, old)
-        os.rename(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, folder)
-    _fsync_dir(folder.parent)
+
+
+def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    memory: Memory | None, state: TrainingState, meta: dict[str, Any]) -> Path:
+    """Write a checkpoint folder atomically. ``meta`` holds JSON facts checked on load (``config``: the
+    model config dict, ``vocab_fingerprint``, ...). Returns the folder. A failed write (a full disk)
+    raises CheckpointError, removes the temporary folder and leaves every existing checkpoint as it was."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
+
+    def undo() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not folder.exists():  # stopped between the two renames: put the old one back
+            os.rename(old, folder)
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write(tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta)
+        if folder.exists():  # re-saving the same name (best, or a step after a resume): swap, then clean up
+            os.rename(folder, old)  # a kill between the two renames is undone by recover_checkpoints
+            os.rename(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, folder)
+        _fsync_dir(folder.parent)
+    except (OSError, SafetensorError) as exc:
+        undo()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CheckpointError(f"cannot write checkpoint {folder.name} in {folder.parent}: {reason}") from None
+    except BaseException:
+        undo()
+        raise
     return folder
 
 
 def read_checkpoint_meta(folder: Path) -> dict[str, Any]:
-    """The JSON document of a checkpoint folder (CheckpointError when missing or corrupt)."""
-    path = folder / "state.json"
+    """The JSON document of a checkpoint folder (DamagedCheckpoint when missing or corrupt)."""
+    path = Path(folder) / META_FILE
     if not path.is_file():
-        raise CheckpointError(f"{folder}: not a checkpoint (no state.json)")
+        raise DamagedCheckpoint(f"{folder}: not a checkpoint (no {META_FILE})")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: corrupt checkpoint metadata ({exc})") from None
+        raise DamagedCheckpoint(f"{path}: corrupt checkpoint metadata ({exc})") from None
+    except FileNotFoundError:  # replaced while being read
+        raise DamagedCheckpoint(f"{folder}: not a checkpoint (no {META_FILE})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown checkpoint format")
+    return document
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step a checkpoint was taken at (from its state.json)."""
+    return int(read_checkpoint_meta(folder).get("state", {}).get("step", 0))
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _verify_file(folder: Path, name: str, document: dict[str, Any]) -> tuple[int, int, int]:
+    """Check one tensor file against the SHA-256 in state.json (older checkpoints have none: only that it
+    exists); returns its identity, to notice a file replaced while it is read."""
+    path = Path(folder) / name
+    try:
+        identity = _identity(path)
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"{path}: missing from the checkpoint") from None
+    recorded = (document.get("files") or {}).get(name)
+    if recorded is not None:
+        actual = _sha256(path)
+        if actual != recorded.get("sha256"):
+            raise DamagedCheckpoint(f"{path}: checksum mismatch, the file is corrupt (SHA-256 {actual[:12]}..., "
+                                    f"{META_FILE} records {str(recorded.get('sha256'))[:12]}...)")
+    return identity
+
+
+def verify_checkpoint(folder: Path) -> dict[str, Any]:
+    """Check that a checkpoint is complete and its files match their checksums; returns its JSON document.
+    Raises DamagedCheckpoint naming the first bad file."""
+    document = read_checkpoint_meta(folder)
+    for name in (MODEL_FILE, STATE_FILE):
+        _verify_file(folder, name, document)
     return document
 
 
@@ -169,56 +265,81 @@ def _check_meta(folder: Path, document: dict[str, Any], expected: dict[str, Any]
             raise CheckpointError(f"{folder}: checkpoint is from another model size: {', '.join(diffs)}")
 
 
-def load_weights(folder: Path, model: nn.Module, *, expected: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load the weights of a checkpoint folder into ``model`` (checking ``expected`` facts first);
-    returns the checkpoint's JSON document."""
-    folder = Path(folder)
-    document = read_checkpoint_meta(folder)
-    _check_meta(folder, document, expected or {})
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"{folder}: checkpoint has no model.safetensors")
+def _load_model_file(folder: Path, document: dict[str, Any], model: nn.Module) -> None:
+    path = folder / MODEL_FILE
+    before = _verify_file(folder, MODEL_FILE, document)
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for damaged files
-        raise CheckpointError(f"{path}: corrupt or truncated weights ({type(exc).__name__}: {exc})") from None
+        raise DamagedCheckpoint(f"{path}: corrupt or truncated weights ({type(exc).__name__}: {exc})") from None
+    try:
+        replaced = _identity(path) != before
+    except FileNotFoundError:
+        replaced = True
+    if replaced:
+        raise DamagedCheckpoint(f"{path}: replaced while it was read")
     if missing or unexpected:
         raise CheckpointError(f"{path}: weights do not fit this model (missing {sorted(missing)[:3]}, "
                               f"unexpected {sorted(unexpected)[:3]})")
+
+
+def load_weights(folder: Path, model: nn.Module, *, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load the weights of a checkpoint folder into ``model`` (checking ``expected`` facts and the file's
+    checksum first); returns the checkpoint's JSON document."""
+    folder = Path(folder)
+    document = read_checkpoint_meta(folder)
+    _check_meta(folder, document, expected or {})
+    _load_model_file(folder, document, model)
     return document
+
+
+def _restore_rng(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    names = sorted((t for t in tensors if t.startswith("rng.cuda.")), key=lambda t: int(t.rsplit(".", 1)[1]))
+    if not names:
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if len(names) == count:
+        torch.cuda.set_rng_state_all([tensors[k] for k in names])
+    else:
+        warnings.warn(f"{folder}: the checkpoint holds the CUDA random state of {len(names)} GPU(s), this machine "
+                      f"has {count}; it is not restored, so the resumed run is not exact (dropout draws differ)",
+                      ResumeWarning, stacklevel=3)
 
 
 def load_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     expected: dict[str, Any] | None = None,
                     restore_rng: bool = True) -> tuple[TrainingState, Memory | None, dict[str, Any]]:
-    """Restore model weights, optimizer state, RNG state; return the training state, memory and JSON document."""
+    """Restore model weights, optimizer state, RNG state; return the training state, memory and JSON document.
+    Every file is checked (facts, checksums) before the model or optimizer is touched."""
     folder = Path(folder)
-    document = load_weights(folder, model, expected=expected)
+    document = read_checkpoint_meta(folder)
+    _check_meta(folder, document, expected or {})
+    _verify_file(folder, STATE_FILE, document)
+    if optimizer is not None and document.get("optimizer") is None:
+        raise CheckpointError(f"{folder}: checkpoint has no optimizer state")
     try:
-        tensors = load_file(str(folder / "state.safetensors"))
+        tensors = load_file(str(folder / STATE_FILE))
     except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"{folder / 'state.safetensors'}: corrupt or truncated state "
-                              f"({type(exc).__name__}: {exc})") from None
+        raise DamagedCheckpoint(f"{folder / STATE_FILE}: corrupt or truncated state "
+                                f"({type(exc).__name__}: {exc})") from None
+    _load_model_file(folder, document, model)
     if optimizer is not None:
-        if document.get("optimizer") is None:
-            raise CheckpointError(f"{folder}: checkpoint has no optimizer state")
         _restore_optimizer(optimizer, tensors, document["optimizer"])
     if restore_rng:
-        torch.set_rng_state(tensors["rng.torch"])
-        if torch.cuda.is_available():
-            cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("rng.cuda."))]
-            if len(cuda) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda)
+        _restore_rng(folder, tensors)
     memory = Memory.from_state_dict(tensors)
     return TrainingState(**document["state"]), memory, document
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first."""
+    """Step checkpoints of a run (``step-XXXXXXXX`` folders holding a state.json), oldest first; never the
+    ``.tmp-*``/``.old-*`` folders of a write in progress or interrupted."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name)
+    found = (p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and (p / META_FILE).is_file())
+    return sorted(found, key=lambda p: p.name)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -230,13 +351,28 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def best_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint with the best validation loss, if one was kept."""
     best = Path(run_dir) / "checkpoints" / "best"
-    return best if best.is_dir() else None
+    return best if (best / META_FILE).is_file() else None
+
+
+def recover_checkpoints(run_dir: Path) -> None:
+    """Tidy after a killed writer (call it holding the run's lock): put back a checkpoint whose replacement
+    was interrupted between its two renames (``.old-NAME-PID`` without ``NAME``), and delete the
+    ``.tmp-*`` folders of interrupted writes and the ``.old-*`` ones already replaced."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return
+    for old in sorted(root.glob(".old-*")):
+        name = old.name[len(".old-"):].rsplit("-", 1)[0]
+        if not (root / name).exists() and (old / META_FILE).is_file():
+            os.rename(old, root / name)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def prune_checkpoints(run_dir: Path, *, keep_last: int) -> None:
     """Delete all but the ``keep_last`` newest step checkpoints and leftovers of interrupted writes."""
-    root = Path(run_dir) / "checkpoints"
-    for stale in root.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    recover_checkpoints(run_dir)
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import TrainConfig
 
-__all__ = ["lr_at", "configure_optimizer", "set_lr"]
+__all__ = ["lr_at", "configure_optimizer", "set_lr", "set_hyperparameters", "schedule_lr"]
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -32,9 +32,15 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps
     raise ValueError(f"schedule: unknown schedule {schedule!r}")
 
 
+def schedule_lr(step: int, config: TrainConfig) -> float:
+    """``lr_at`` with the schedule of a training config."""
+    return lr_at(step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
+                 total_steps=config.steps, schedule=config.schedule)
+
+
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices of linear layers only (not on embeddings, the biases u and v,
-    LayerNorms, biases or the adaptive projections)."""
+    LayerNorms, biases or the adaptive projections). Two parameter groups, in this order: decay, no decay."""
     decay, no_decay = [], []
     decayed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -54,3 +60,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set the learning rate of every parameter group."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, config: TrainConfig) -> None:
+    """Set AdamW's betas and weight decay from ``config`` on an optimizer made by :func:`configure_optimizer`
+    (the first group decays, the other does not), e.g. over the values of a restored checkpoint."""
+    for i, group in enumerate(optimizer.param_groups):
+        group["betas"] = (config.beta1, config.beta2)
+        group["weight_decay"] = config.weight_decay if i == 0 else 0.0

@@ -1,6 +1,8 @@
-"""The training loop: ordered segment streams with memory carried from step to step, AdamW with a pure
-schedule, accumulation, clipping, bf16 autocast, periodic evaluation with memory, early stopping, metrics,
-atomic checkpoints and exact resume. It knows the model only through ``forward(..., memory, targets)``.
+"""The training loop: ordered segment streams with memory carried from step to step (dropped when the
+stream wraps to a new epoch), AdamW with a pure schedule, accumulation, clipping, bf16 autocast, periodic
+evaluation with memory, early stopping, metrics, atomic checkpoints and exact resume. It knows the model only
+through ``forward(..., memory, targets)``. ``train`` and ``resume`` hold the run folder's lock; a start that
+fails before its first checkpoint leaves nothing behind.
 
     summary = train(load_config("tiny"), Path("runs/tiny"))
     summary = resume(Path("runs/tiny"))
@@ -13,6 +15,7 @@ import json
 import math
 import signal
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,24 +26,47 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, apply_overrides, config_to_dict, eval_span
-from ..data import Corpus, SegmentStream, Vocab, build_vocab, encode_split, load_corpus, load_vocab
+from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
+from ..data import (
+    CORPUS_NAMES,
+    Corpus,
+    SegmentStream,
+    Vocab,
+    build_vocab,
+    encode_split,
+    load_corpus,
+    load_vocab,
+)
 from ..errors import RunError
 from ..evaluate import EvalResult, evaluate, metrics_from_loss
 from ..model import Memory, TransformerXL
-from ..runs import RunPaths, load_run_config, prepare_run_dir, resolve_device
+from ..runs import RunPaths, check_new_run_dir, clear_run, load_run_config, lock_run, resolve_device
 from ..train.checkpoint import (
+    DamagedCheckpoint,
+    ResumeWarning,
     TrainingState,
     atomic_write_text,
+    best_checkpoint,
+    checkpoint_step,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
-    read_checkpoint_meta,
+    recover_checkpoints,
     save_checkpoint,
+    verify_checkpoint,
 )
-from .optim import configure_optimizer, lr_at, set_lr
+from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
-__all__ = ["train", "resume", "Trainer", "TrainingDiverged", "Interrupted", "PreparedData", "prepare_data"]
+__all__ = ["train", "resume", "Trainer", "TrainingDiverged", "Interrupted", "PreparedData", "prepare_data",
+           "check_data", "train_stream", "RESUME_FIXED_TRAIN_FIELDS"]
+
+RESUME_FIXED_TRAIN_FIELDS = ("batch_size", "tgt_len", "varlen", "seed")
+"""Train fields a resumed run cannot change: they shape the data stream saved in the checkpoint (its rows,
+its position, its segment lengths) or were used up at the start (the seed). Every model field and every
+data field except the locations (data_dir, cache_dir: the corpus fingerprint is checked) are fixed too."""
+RESUME_MOVABLE_DATA_FIELDS = ("data_dir", "cache_dir")
+SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "schedule")
 
 
 class TrainingDiverged(RunError):
@@ -78,6 +104,59 @@ def prepare_data(config: RunConfig, *, vocab: Vocab | None = None) -> PreparedDa
     return PreparedData(corpus=corpus, vocab=vocab, splits=splits)
 
 
+def train_stream(config: RunConfig, splits: dict[str, np.ndarray]) -> SegmentStream:
+    """The ordered stream of the train split (RunError when it is shorter than one segment)."""
+    tc = config.train
+    try:
+        return SegmentStream(splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen,
+                             seed=tc.seed, name="train")
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+
+
+def check_data(config: RunConfig, data: PreparedData) -> None:
+    """Refuse, before anything is written, data a run cannot use: a train split shorter than one segment, an
+    evaluation split too short to evaluate (a file corpus is cut 90/5/5, so its validation slice can come out
+    empty), and early stopping that can never happen."""
+    train_stream(config, data.splits)
+    corpus = config.data.corpus
+    for split in ("valid", "test"):
+        n = len(data.splits.get(split, ()))
+        if split in data.splits and n < 2:
+            raise RunError(f"split '{split}' of corpus {corpus!r} has {n} token(s); evaluation needs at least 2; "
+                           "use a longer corpus")
+    if "valid" not in data.splits and corpus not in CORPUS_NAMES and Path(corpus).expanduser().is_file():
+        raise RunError(f"split 'valid' of corpus {corpus!r} is empty (0 tokens): the file is cut 90/5/5 at line "
+                       "ends and no text fell between the cuts; use a longer file, or a folder with train.txt "
+                       "and valid.txt")
+    patience = config.train.patience
+    if patience is not None and "valid" not in data.splits:
+        raise RunError(f"train.patience={patience}: corpus {corpus!r} has no validation split to stop early on; "
+                       "set train.patience=null")
+    if patience is not None and not config.train.eval_every:
+        raise RunError(f"train.patience={patience} stops after evaluations without improvement, but "
+                       "train.eval_every=0 evaluates only at the end; set train.eval_every")
+
+
+@contextmanager
+def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
+    """Outside the training loop (loading data, the final evaluation) SIGTERM raises Interrupted, so that the
+    lock is released and a failed start cleaned up; inside the loop ``_catch_signals`` takes over."""
+    def handler(signum, _frame):
+        raise Interrupted(f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
+                          f"checkpoint continues with 'txl train --resume {paths.root}'", signum=signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not in the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def _catch_signals() -> Iterator[dict[str, int]]:
     """Turn SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
@@ -113,14 +192,7 @@ class Trainer:
         self.model = TransformerXL(config.model).to(self.device)
         self.optimizer = configure_optimizer(self.model, tc)
         self.forward = torch.compile(self.model) if tc.compile else self.model
-        try:
-            self.stream = SegmentStream(data.splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len,
-                                        varlen=tc.varlen, seed=tc.seed, name="train")
-        except ValueError as exc:
-            raise RunError(str(exc)) from None
-        for split in ("valid", "test"):
-            if split in data.splits and len(data.splits[split]) < 2:
-                raise RunError(f"split '{split}' has {len(data.splits[split])} tokens; evaluation needs at least 2")
+        self.stream = train_stream(config, data.splits)
         self.memory: Memory | None = None
         self.state = TrainingState()
         self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
@@ -166,9 +238,12 @@ class Trainer:
                         memory=self.memory, state=self.state, meta=self._meta())
 
     def restore(self, folder: Path) -> None:
-        """Continue from a checkpoint: weights, optimizer, memory, RNG, stream position, counters."""
-        state, memory, _ = load_checkpoint(folder, model=self.model, optimizer=self.optimizer,
-                                           expected=self._meta())
+        """Continue from a checkpoint: weights, optimizer, memory, RNG, stream position, counters. The
+        optimizer's betas and weight decay are then set from this run's config (which may override them)."""
+        state, memory, document = load_checkpoint(folder, model=self.model, optimizer=self.optimizer,
+                                                  expected=self._meta())
+        set_hyperparameters(self.optimizer, self.config.train)
+        self._warn_schedule_change(document, state.step)
         self.state = state
         if memory is not None and len(memory) > self.config.model.n_layer:  # saved before txl 0.2: drop the unread
             memory = Memory(memory.states[: self.config.model.n_layer])  # last layer's output
@@ -178,6 +253,24 @@ class Trainer:
         except ValueError as exc:
             raise RunError(f"{folder}: cannot resume the data stream ({exc})") from None
         _truncate_metrics(self.paths.metrics, state.step)
+
+    def _warn_schedule_change(self, document: dict[str, Any], step: int) -> None:
+        """Warn when the new settings (train.steps, ...) move the learning rate of the step about to run."""
+        saved = (document.get("config") or {}).get("train")
+        tc = self.config.train
+        if not isinstance(saved, dict) or step >= tc.steps:
+            return
+        try:
+            before = config_from_dict({"train": saved}).train
+        except ConfigError:
+            return
+        old, new = schedule_lr(step, before), schedule_lr(step, tc)
+        if old != new:
+            changed = ", ".join(f"train.{k} {getattr(before, k)} -> {getattr(tc, k)}" for k in SCHEDULE_FIELDS
+                                if getattr(before, k) != getattr(tc, k))
+            warnings.warn(f"resuming at step {step} with {changed}: the learning rate jumps from {old:.6g} to "
+                          f"{new:.6g} (the schedule is recomputed for the new settings)", ResumeWarning,
+                          stacklevel=3)
 
     # -- evaluation -----------------------------------------------------------------------------------
 
@@ -244,10 +337,11 @@ class Trainer:
             while self.state.step < tc.steps:
                 step = self.state.step
                 step_start = time.perf_counter()
-                lr = lr_at(step, lr=tc.lr, min_lr=tc.min_lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
-                           schedule=tc.schedule)
+                lr = schedule_lr(step, tc)
                 set_lr(self.optimizer, lr)
                 batch = next(batches).to(self.device)
+                if batch.new_epoch:  # the rows start the split again: the memory holds its end
+                    self.memory = None
                 loss = self._step(batch.inputs, batch.targets)
                 value = float(loss)
                 if not math.isfinite(value):
@@ -342,41 +436,120 @@ def _truncate_metrics(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders ``path.mkdir(parents=True)`` would create, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+@contextmanager
+def _new_run_folder(paths: RunPaths, *, overwrite: bool) -> Iterator[None]:
+    """Create the run folder (clearing an old run with ``overwrite``) and hold its lock. If anything fails
+    before a checkpoint exists, remove what was written and the folders made, so the same command can run
+    again."""
+    created = _missing_folders(paths.root)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    try:
+        with lock_run(paths.root), _sigterm_raises(paths):
+            check_new_run_dir(paths.root, overwrite=overwrite)  # again, now that no one else can start one
+            clear_run(paths)
+            try:
+                yield
+            except BaseException:
+                if latest_checkpoint(paths.root) is None and best_checkpoint(paths.root) is None:
+                    clear_run(paths)
+                raise
+    finally:
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run is there
+                break
+
+
 def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bool = True,
           callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
-    """Train a new run in ``out`` and return its summary (also written to summary.json)."""
-    paths = prepare_run_dir(out, overwrite=overwrite)
+    """Train a new run in ``out`` and return its summary (also written to summary.json). The data is read
+    and checked before anything is written; a start that fails before its first checkpoint leaves nothing."""
+    paths = check_new_run_dir(out, overwrite=overwrite)
     data = prepare_data(config)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=len(data.vocab)))
-    data.vocab.save(paths.vocab)
-    atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+    check_data(config, data)
     trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
-    return trainer.fit()
+    with _new_run_folder(paths, overwrite=overwrite):
+        data.vocab.save(paths.vocab)
+        atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+        return trainer.fit()
+
+
+def _resume_config(saved: RunConfig, overrides: tuple[str, ...]) -> RunConfig:
+    """The run's config with ``overrides`` applied; RunError naming every field a resume cannot change."""
+    if not overrides:
+        return saved
+    config = apply_overrides(saved, overrides)
+    before, after = config_to_dict(saved), config_to_dict(config)
+    fixed = [("model", name) for name in before["model"]]
+    fixed += [("data", name) for name in before["data"] if name not in RESUME_MOVABLE_DATA_FIELDS]
+    fixed += [("train", name) for name in RESUME_FIXED_TRAIN_FIELDS]
+    refused = [f"{section}.{name}: cannot be changed when resuming (the run has "
+               f"{json.dumps(before[section][name])}, asked {json.dumps(after[section][name])})"
+               for section, name in fixed if before[section][name] != after[section][name]]
+    if refused:
+        raise RunError("; ".join(refused))
+    return config
+
+
+def _resume_point(paths: RunPaths) -> Path:
+    """The newest intact checkpoint (step folders and best, by step). Damaged newer ones are skipped with a
+    ResumeWarning; DamagedCheckpoint when none is intact, RunError when there is none."""
+    ranked, damaged = [], []
+    for folder in (*list_checkpoints(paths.root), best_checkpoint(paths.root)):
+        if folder is None:
+            continue
+        try:
+            ranked.append((checkpoint_step(folder), folder.name != "best", folder))
+        except DamagedCheckpoint as exc:
+            damaged.append(str(exc))
+    if not ranked and not damaged:
+        raise RunError(f"{paths.root} has no checkpoint to resume from; start it again with --overwrite")
+    for step, _, folder in sorted(ranked, key=lambda r: r[:2], reverse=True):
+        try:
+            verify_checkpoint(folder)
+        except DamagedCheckpoint as exc:
+            damaged.append(str(exc))
+            continue
+        if damaged:
+            warnings.warn(f"{'; '.join(damaged)}; resuming from the newest intact checkpoint {folder.name} "
+                          f"(step {step})", ResumeWarning, stacklevel=3)
+        return folder
+    raise DamagedCheckpoint(f"{'; '.join(damaged)}; no intact checkpoint to resume from")
 
 
 def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = True,
            callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
-    """Continue a run from its latest checkpoint (``overrides`` may extend ``train.steps`` and the like)."""
+    """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
+    RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
+    folder changes before every check has passed."""
     paths = RunPaths(Path(run_dir))
-    config = load_run_config(paths.root)
-    if overrides:
-        changed = apply_overrides(config, overrides)
-        if changed.model != config.model or changed.data != config.data:
-            raise RunError("a resumed run keeps its model and data settings; only train, eval and generate "
-                           "fields can be overridden")
-        config = changed
-    folder = latest_checkpoint(paths.root)
-    if folder is None:
-        raise RunError(f"{paths.root} has no checkpoint to resume from; start it again with --overwrite")
-    done = read_checkpoint_meta(folder).get("state", {}).get("step", 0)
-    if paths.summary.exists() and done >= config.train.steps:
-        raise RunError(f"{paths.root} already finished {done} steps; to train longer resume with "
-                       f"--set train.steps=N (N > {done})")
-    if not paths.vocab.is_file():
-        raise RunError(f"{paths.root} has no vocab.json")
-    data = prepare_data(config, vocab=load_vocab(paths.vocab))
-    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
-    trainer.restore(folder)  # checks everything before anything in the run folder changes
-    if overrides:
-        atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
-    return trainer.fit()
+    if not paths.root.is_dir():
+        raise RunError(f"run folder not found: {paths.root}")
+    with lock_run(paths.root), _sigterm_raises(paths):
+        config = _resume_config(load_run_config(paths.root), tuple(overrides))
+        recover_checkpoints(paths.root)
+        folder = _resume_point(paths)
+        done = checkpoint_step(folder)
+        if paths.summary.exists() and done >= config.train.steps:
+            raise RunError(f"{paths.root} already finished {done} steps; to train longer resume with "
+                           f"--set train.steps=N (N > {done})")
+        if not paths.vocab.is_file():
+            raise RunError(f"{paths.root} has no vocab.json")
+        data = prepare_data(config, vocab=load_vocab(paths.vocab))
+        check_data(config, data)
+        trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
+        trainer.restore(folder)  # checks everything before anything in the run folder changes
+        if overrides:
+            atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+        return trainer.fit()
