@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import signal
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
+import txl
 from txl.cli import main
+from txl.train import trainer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -150,3 +156,101 @@ def test_resuming_a_finished_run_asks_for_more_steps(trained_run, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == 12
     finals = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["eval", "RUN", "--tgt-len", "0"], "--tgt-len must be a positive integer, got 0"),
+    (["eval", "RUN", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["eval", "RUN", "--max-tokens", "-5"], "--max-tokens must be a positive integer, got -5"),
+    (["eval", "RUN", "--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
+    (["eval", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
+    (["eval", "RUN", "--clamp-len", "0"], "--clamp-len must be a positive integer, got 0"),
+    (["eval", "RUN", "--tgt-len", "abc"], "--tgt-len must be a positive integer, got abc"),
+    (["generate", "RUN", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer >= 0, got -1"),
+    (["generate", "RUN", "--top-k", "0"], "--top-k must be a positive integer, got 0"),
+    (["generate", "RUN", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+    (["generate", "RUN", "--top-p", "nan"], "--top-p must be a number in (0, 1], got nan"),
+    (["generate", "RUN", "--temperature", "-1"], "--temperature must be a number >= 0 (0 is greedy), got -1"),
+    (["generate", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
+    (["demo", "--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["demo", "--minutes", "0"], "--minutes must be a positive number, got 0"),
+])
+def test_bad_flag_values_are_refused_naming_the_flag(tmp_path, capsys, argv, line):
+    argv = [str(tmp_path / "run") if a == "RUN" else a for a in argv]
+    assert _fails(capsys, argv) == f"txl: error: {line}"
+    assert not (tmp_path / "run").exists()
+
+
+def test_usage_errors_are_one_line(capsys):
+    _fails(capsys, ["demo", "--steps", "3", "--minutes", "1"], "--minutes", "--steps")
+    _fails(capsys, ["eval", "x", "--split", "dev"], "--split", "'txl eval --help'")
+    _fails(capsys, [], "command")
+
+
+def test_version_help_and_pyproject_agree(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"txl {txl.__version__}\n"
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["version"] == txl.__version__ == "0.1.0"
+    for command in ("eval", "generate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "step-00001750" in capsys.readouterr().out
+
+
+def test_no_new_tokens_prints_the_prompt_only(trained_run, capsys):
+    assert main(["generate", str(trained_run), "--prompt", "def f", "--max-new-tokens", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "def f\n" and captured.err == ""
+
+
+def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, capsys):
+    run_dir = tmp_path / "same"
+    assert main(_train_args(run_dir, str(text_corpus), "train.steps=2", "model.same_length=true",
+                            "eval.same_length=true")) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "txl: note: --mem-len 0: same_length turned off (it needs a memory)\n"
+    record = json.loads(captured.out)
+    assert record["mem_len"] == 0 and record["same_length"] is False and math.isfinite(record["loss"])
+    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0", "--no-same-length"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and json.loads(captured.out)["loss"] == record["loss"]
+    _fails(capsys, ["eval", str(run_dir), "--quiet", "--mem-len", "0", "--same-length"], "--same-length",
+           "--mem-len 0")
+    assert main(["generate", str(run_dir), "--mem-len", "0", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().err == "txl: note: --mem-len 0: same_length turned off (it needs a memory)\n"
+
+
+def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
+    message = f"SIGTERM at step 12: checkpoint saved; continue with 'txl train --resume {tmp_path}'"
+
+    def interrupted(*args, **kwargs):
+        raise trainer.Interrupted(message, signum=signal.SIGTERM)
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert main(["train", "--config", "tiny", "--out", str(tmp_path), "--quiet"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == f"txl: note: {message}\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_names_the_flag(trained_run, text_corpus, capsys):
+    for command in ("eval", "generate"):
+        assert _fails(capsys, [command, str(trained_run), "--device", "cuda"]) == \
+            "txl: error: --device cuda: CUDA is not available on this machine"
+    _fails(capsys, ["eval", str(trained_run), "--device", "gpu0"], "--device gpu0")
+    _fails(capsys, _train_args(trained_run.parent / "cuda", str(text_corpus), "train.device=\"cuda\""),
+           "train.device: CUDA is not available")
+
+
+def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, text_corpus):
+    run_dir = tmp_path / "wordrun"
+    assert main(_train_args(run_dir, str(text_corpus), "data.vocab=\"word\"", "train.steps=2")) == 0
+    capsys.readouterr()
+    assert main(["generate", str(run_dir), "--prompt", "import zzyzx textwrap qwxq", "--max-new-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("import <unk> textwrap <unk>")
+    assert captured.err == ("txl: warning: 2 prompt word(s) not in the vocabulary, read as <unk>: "
+                            "'zzyzx', 'qwxq'\n")

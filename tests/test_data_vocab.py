@@ -168,3 +168,13 @@ def test_tinyshakespeare_char_vocab():
     assert len(v) == 65 + 1  # 65 characters plus <unk>
     ids = v.encode(c.text("valid")[:5000], strict=True)
     assert v.decode(ids) == c.text("valid")[:5000]
+
+
+def test_unknown_tokens_and_which_vocabularies_read_them_as_unk():
+    word = WordVocab.build("the cat sat\n", eos_per_line=True)
+    assert word.unknown_tokens("the dog sat, the dog ran\n") == ["dog", "sat,", "ran"]  # distinct, in order
+    assert word.unknown_tokens("the cat\n") == []
+    char = CharVocab.build("abc")
+    assert char.unknown_tokens("abzcyz") == ["z", "y"]
+    assert ByteVocab().unknown_tokens("☃ anything") == []
+    assert [v.unknown_as_unk for v in (word, char, ByteVocab())] == [True, False, False]

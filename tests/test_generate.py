@@ -352,3 +352,30 @@ def test_memory_batch_mismatch_and_helper_validation():
         sample_next(torch.zeros(1, 4), temperature=-1)
     with pytest.raises(ValueError, match="batch, vocab"):
         sample_next(torch.zeros(4))
+
+
+def test_generate_text_reads_unknown_words_as_unk_with_a_warning():
+    from txl.data import WordVocab
+    from txl.generate import UnknownTokensWarning
+
+    words = [f"w{i}" for i in range(V - 2)]
+    vocab = WordVocab.build(" ".join(words))  # <unk>, <eos> and 35 words: V symbols
+    model = _model()
+    with pytest.warns(UnknownTokensWarning, match=r"2 prompt word\(s\).*'foo', 'bar'"):
+        text = generate_text(model, vocab, "w1 foo w2 bar foo", max_new_tokens=3, temperature=0, include_prompt=True)
+    assert text.startswith("w1 <unk> w2 <unk> <unk> ")
+    unk = generate_text(model, vocab, "w1 <unk> w2 <unk> <unk>", max_new_tokens=3, temperature=0)
+    assert text.endswith(unk)  # the same continuation as the prompt written with <unk>
+    with pytest.raises(ValueError, match="'foo'"):
+        generate_text(model, vocab, "w1 foo", max_new_tokens=3, unknown="error")
+    with pytest.raises(ValueError, match="unknown must be"):
+        generate_text(model, vocab, "w1", max_new_tokens=3, unknown="ignore")
+
+
+def test_generate_text_with_no_new_tokens_returns_the_prompt():
+    vocab = CharVocab(SYMBOLS)
+    model = _model()
+    assert generate_text(model, vocab, "hello", max_new_tokens=0) == ""
+    assert generate_text(model, vocab, "hello", max_new_tokens=0, include_prompt=True) == "hello"
+    with pytest.raises(ValueError, match="Z"):  # the prompt is still checked
+        generate_text(model, vocab, "heZlo", max_new_tokens=0)

@@ -146,6 +146,7 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, sign
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum
+    assert err.decode().startswith("txl: note: ") and err.decode().endswith("\n")
     assert "checkpoint saved" in err.decode() and "Traceback" not in err.decode()
     assert not (out / ".lock").exists()  # released on the way out
     folder = latest_checkpoint(out)

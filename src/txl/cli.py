@@ -1,5 +1,6 @@
-"""``txl <command>``: parses arguments, calls the library, prints. Errors a user can fix are printed as one
-line (``txl: error: ...``) with exit status 2; an interrupted run exits with 128 + the signal number.
+"""``txl <command>``: parses arguments, calls the library, prints. Errors a user can fix, bad flags included,
+are printed as one line (``txl: error: ...``) with exit status 2; a run stopped by SIGINT or SIGTERM saves a
+checkpoint, says so in a ``txl: note: ...`` line and exits with 128 + the signal number.
 
     txl demo                                     # no corpus needed: trains XL and vanilla on Python's stdlib
     txl train --config shakespeare-char --out runs/shakespeare
@@ -12,16 +13,91 @@ line (``txl: error: ...``) with exit status 2; an interrupted run exits with 128
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import math
+import re
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
-from .config import ConfigError, apply_overrides, eval_span, load_config, preset_names
+from . import __version__
+from .config import ConfigError, apply_overrides, load_config, preset_names
 from .errors import TxlError
 
 __all__ = ["main", "build_parser"]
+
+
+def _note(message: str) -> None:
+    print(f"txl: note: {message}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Flag values: checked while parsing, so that the message names the flag
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    """A command line that argparse refused; ``main`` prints it as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``txl: error: --tgt-len must be ..., got 0``."""
+
+    def error(self, message: str) -> NoReturn:
+        value = re.fullmatch(r"argument (\S+): (must .*)", message, flags=re.DOTALL)  # from the checks below
+        if value:
+            raise _UsageError(f"{value[1]} {value[2]}")
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _number(kind: type, accept: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` that parses a ``kind`` and refuses values ``accept`` rejects."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text}")
+        return value
+
+    parse.__name__ = expected
+    return parse
+
+
+_positive_int = _number(int, lambda v: v > 0, "a positive integer")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
+_temperature = _number(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0 (0 is greedy)")
+_top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _device(name: str) -> None:
+    """Refuse ``--device NAME`` when it names no device here; the library's message names the config field
+    (``train.device: ...``), this one the flag."""
+    from .runs import resolve_device
+
+    try:
+        resolve_device(name)
+    except ConfigError as exc:
+        raise ConfigError(f"--device {name}: {str(exc).removeprefix('train.device: ')}") from None
+
+
+def _same_length_needs_memory(settings: dict[str, Any], model_config, *, mem_flag: int | None,
+                              same_length_flag: bool | None) -> dict[str, Any]:
+    """With no memory, same_length would mask every key: turn it off with a note, or refuse --same-length."""
+    mem_len = settings.get("mem_len", model_config.mem_len)
+    if mem_len != 0 or not settings.get("same_length", model_config.same_length):
+        return settings
+    source = "--mem-len 0" if mem_flag == 0 else "mem_len 0"
+    if same_length_flag:
+        where = "" if mem_flag == 0 else " (this run's mem_len is 0; pass --mem-len N)"
+        raise ConfigError(f"--same-length needs a memory: it cannot be used with {source}{where}")
+    _note(f"{source}: same_length turned off (it needs a memory)")
+    return {**settings, "same_length": False}
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -40,10 +116,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_lengths(args: argparse.Namespace) -> dict:
-    """The length flags given on the command line, as ``eval`` fields."""
-    chosen = (("mem_len", args.mem_len), ("clamp_len", args.clamp_len), ("same_length", args.same_length))
-    return {k: flag for k, flag in chosen if flag is not None}
+def _eval_settings(args: argparse.Namespace, config) -> dict:
+    """Length settings for evaluation: the command line first, then the run's [eval] section."""
+    chosen = (("mem_len", args.mem_len, config.eval.mem_len), ("clamp_len", args.clamp_len, config.eval.clamp_len),
+              ("same_length", args.same_length, config.eval.same_length))
+    settings = {k: (flag if flag is not None else saved) for k, flag, saved in chosen
+                if flag is not None or saved is not None}
+    if config.model.attention != "relative":
+        return settings
+    return _same_length_needs_memory(settings, config.model, mem_flag=args.mem_len,
+                                     same_length_flag=args.same_length)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -51,20 +133,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate
     from .runs import load_run
 
+    _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     config = run.config
     corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None)
     tokens = encode_split(corpus, args.split, run.vocab,
                           cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
-    lengths = _eval_lengths(args)
-    if lengths and config.model.attention != "relative":
-        raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
-                          "(this run is the vanilla baseline)")
-    span = eval_span(dataclasses.replace(config, eval=dataclasses.replace(config.eval, **lengths)))
-    tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
-    batch_size = args.batch_size or config.eval.batch_size
-    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span,
-                      max_tokens=args.max_tokens, progress=not args.quiet, desc=args.split)
+    settings = _eval_settings(args, config)
+    if config.model.attention != "relative":
+        if any(v is not None for v in (args.mem_len, args.clamp_len, args.same_length)):
+            raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
+                              "(this run is the vanilla baseline)")
+        settings = {}
+    span = run.model.config.span.replace(**settings)
+    tgt_len = next(v for v in (args.tgt_len, config.eval.tgt_len, config.train.tgt_len) if v is not None)
+    batch_size = args.batch_size if args.batch_size is not None else config.eval.batch_size
+    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span, max_tokens=args.max_tokens,
+                      progress=not args.quiet, desc=args.split)
     record = {"run": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint.name, "step": run.step,
               **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size,
               "mem_len": span.mem_len, "clamp_len": span.clamp_len, "same_length": span.same_length}
@@ -75,9 +160,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .generate import generate_text
+    from .generate import UnknownTokensWarning, generate_text
     from .runs import load_run
 
+    _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     gen = run.config.generate
     model = run.model
@@ -85,19 +171,28 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.mem_len is not None:
         if run.config.model.attention != "relative":
             raise ConfigError("--mem-len applies to the Transformer-XL only (this run is the vanilla baseline)")
-        span = run.config.model.span.replace(mem_len=args.mem_len)
+        settings = _same_length_needs_memory({"mem_len": args.mem_len}, model.config, mem_flag=args.mem_len,
+                                             same_length_flag=None)
+        span = model.config.span.replace(**settings)
     generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
     try:
-        text = generate_text(
-            model, run.vocab, args.prompt, include_prompt=True,
-            max_new_tokens=args.max_new_tokens or gen.max_new_tokens,
-            temperature=gen.temperature if args.temperature is None else args.temperature,
-            top_k=args.top_k if args.top_k is not None else gen.top_k,
-            top_p=args.top_p if args.top_p is not None else gen.top_p,
-            generator=generator, span=span,
-        )
-    except ValueError as exc:  # unknown prompt tokens, bad sampling settings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnknownTokensWarning)
+            text = generate_text(
+                model, run.vocab, args.prompt, include_prompt=True, unknown="unk",
+                max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else gen.max_new_tokens,
+                temperature=gen.temperature if args.temperature is None else args.temperature,
+                top_k=args.top_k if args.top_k is not None else gen.top_k,
+                top_p=args.top_p if args.top_p is not None else gen.top_p,
+                generator=generator, span=span,
+            )
+    except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad sampling settings in the run
         raise TxlError(f"generate: {exc}") from None
+    for warning in caught:
+        if issubclass(warning.category, UnknownTokensWarning):
+            print(f"txl: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     print(text)
     return 0
 
@@ -105,7 +200,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(Path(args.out), minutes=args.minutes, overwrite=args.overwrite, progress=not args.quiet)
+    run_demo(Path(args.out), steps=args.steps, minutes=args.minutes, overwrite=args.overwrite,
+             progress=not args.quiet)
     return 0
 
 
@@ -123,8 +219,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="txl", description="Transformer-XL language modelling.")
+    from .demo import DEFAULT_STEPS
+
+    parser = _Parser(prog="txl", description="Transformer-XL language modelling.")
+    parser.add_argument("--version", action="version", version=f"txl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    checkpoint_help = ("which checkpoint: best (default; latest when the run has no best), latest, "
+                       "a checkpoint name such as step-00001750, or a checkpoint folder")
 
     p = sub.add_parser("train", help="train a model (or --resume a run)")
     p.add_argument("--config", help=f"a preset ({', '.join(preset_names())}) or a TOML file")
@@ -139,34 +240,50 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
     p.add_argument("run_dir")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
-    p.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
-    p.add_argument("--mem-len", type=int, help="memory length (default: the run's eval.mem_len, else the model's)")
-    p.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)")
+    p.add_argument("--tgt-len", type=_positive_int,
+                   help="segment length (default: the run's eval/train tgt_len)")
+    p.add_argument("--mem-len", type=_non_negative_int,
+                   help="memory length (default: the run's eval.mem_len, else the model's); 0: no memory")
+    p.add_argument("--clamp-len", type=_positive_int,
+                   help="clamp relative distances (default: the run's eval.clamp_len)")
     p.add_argument("--same-length", action=argparse.BooleanOptionalAction, default=None,
-                   help="every query attends to the same number of keys (default: the run's eval setting)")
-    p.add_argument("--batch-size", type=int, help="parallel streams")
-    p.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
-    p.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")
-    p.add_argument("--device", default="cpu")
+                   help="every query attends to the same number of keys (default: the run's eval setting; "
+                        "turned off with a note when there is no memory)")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help="parallel streams (default: the run's eval.batch_size)")
+    p.add_argument("--max-tokens", type=_positive_int, help="evaluate only the first N tokens")
+    p.add_argument("--checkpoint", default="best", help=checkpoint_help)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("generate", help="sample text from a trained run, reusing the memory cache")
     p.add_argument("run_dir")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--mem-len", type=int, help="memory length while generating (default: the model's)")
+    p.add_argument("--max-new-tokens", type=_non_negative_int,
+                   help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt")
+    p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
+    p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=_top_p,
+                   help="sample among the most likely tokens whose probability reaches p")
+    p.add_argument("--mem-len", type=_non_negative_int,
+                   help="memory length while generating (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint", default="best")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--checkpoint", default="best", help=checkpoint_help)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("demo", help="train Transformer-XL and the vanilla baseline on Python's stdlib, compare")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--minutes", type=float, default=2.5, help="training time for each of the two models")
+    p.add_argument("--out", default="runs/demo",
+                   help="folder for the two runs and demo.json (default: runs/demo); "
+                        "a second demo there replaces the first")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_positive_int,
+                        help=f"training steps of each model (default: {DEFAULT_STEPS}; "
+                             "the same steps give the same result everywhere)")
+    length.add_argument("--minutes", type=_positive_float,
+                        help="instead of --steps: time a few steps here and train as many steps as fit "
+                             "about this many minutes per model (the result then follows this machine's speed)")
     p.add_argument("--overwrite", action="store_true", default=True, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_demo)
@@ -186,15 +303,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        print(f"txl: error: {exc}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except TxlError as exc:
         from .train.trainer import Interrupted
 
-        print(f"txl: error: {exc}", file=sys.stderr)
-        if isinstance(exc, Interrupted):
+        if isinstance(exc, Interrupted):  # the checkpoint is saved: the run can go on, this is no error
+            _note(str(exc))
             return 128 + exc.signum
+        print(f"txl: error: {exc}", file=sys.stderr)
         return 2
     except (ConfigError, FileNotFoundError) as exc:
         print(f"txl: error: {exc}", file=sys.stderr)

@@ -13,8 +13,9 @@ The model and its memory are left to :mod:`txl.model`; vocabularies to :mod:`txl
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +23,8 @@ from torch import Tensor, nn
 from .config import Span
 from .model import Memory
 
-__all__ = ["Generation", "filter_logits", "sample_next", "generate", "generate_text", "DEFAULT_CONTEXT"]
+__all__ = ["Generation", "filter_logits", "sample_next", "generate", "generate_text", "UnknownTokensWarning",
+           "DEFAULT_CONTEXT"]
 
 DEFAULT_CONTEXT = 512
 """Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
@@ -240,8 +242,13 @@ def generate(model: nn.Module, prompt: Tensor, *, max_new_tokens: int, temperatu
     return Generation(tokens=torch.cat([prompt, new], dim=1), new_tokens=new, memory=memory)
 
 
+class UnknownTokensWarning(UserWarning):
+    """A prompt held tokens the vocabulary does not know; they were read as ``<unk>``."""
+
+
 class _Vocab(Protocol):
-    """What :func:`generate_text` needs of a vocabulary (see :mod:`txl.data.vocab`)."""
+    """What :func:`generate_text` needs of a vocabulary (see :mod:`txl.data.vocab`). It also uses, when
+    present, ``eos_id``, ``unknown_as_unk`` and ``unknown_tokens(text)``."""
 
     def __len__(self) -> int: ...
 
@@ -250,20 +257,48 @@ class _Vocab(Protocol):
     def decode(self, ids: Any) -> str: ...
 
 
-def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_prompt: bool = False, **kwargs: Any) -> str:
-    """Encode ``prompt`` with ``vocab`` (strictly: unknown tokens raise ValueError naming them), generate with
-    :func:`generate` (``kwargs`` as there, ``max_new_tokens`` required), and return the new text (or, with
-    ``include_prompt``, the prompt and the new text decoded together, which spaces words correctly).
+def _encode_prompt(vocab: _Vocab, prompt: str, unknown: str) -> Tensor:
+    """(P,) int64 ids of ``prompt``; unknown tokens as described in :func:`generate_text`."""
+    if unknown not in ("unk", "error"):
+        raise ValueError(f"unknown must be 'unk' or 'error', got {unknown!r}")
+    if unknown == "unk" and getattr(vocab, "unknown_as_unk", False):
+        missing = vocab.unknown_tokens(prompt)
+        if missing:
+            shown = ", ".join(repr(t) for t in missing[:5])
+            if len(missing) > 5:
+                shown += f" and {len(missing) - 5} more"
+            message = f"{len(missing)} prompt word(s) not in the vocabulary, read as <unk>: {shown}"
+            warnings.warn(UnknownTokensWarning(message), stacklevel=3)
+        ids = vocab.encode(prompt)
+    else:
+        ids = vocab.encode(prompt, strict=True)
+    return torch.as_tensor(ids, dtype=torch.long).reshape(-1)  # (P,)
 
-    An empty prompt starts from the vocabulary's ``eos_id`` (a document boundary) when it has one."""
+
+def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_prompt: bool = False,
+                  unknown: Literal["unk", "error"] = "unk", **kwargs: Any) -> str:
+    """Encode ``prompt`` with ``vocab``, generate with :func:`generate` (``kwargs`` as there,
+    ``max_new_tokens`` required), and return the new text (or, with ``include_prompt``, the prompt and the new
+    text decoded together, which spaces words correctly).
+
+    Prompt tokens not in ``vocab``: with ``unknown="unk"``, a vocabulary whose data reads them as ``<unk>``
+    (``vocab.unknown_as_unk``: word vocabularies) does the same and warns with :class:`UnknownTokensWarning`
+    naming them; other vocabularies (a char vocabulary has never seen an unknown character), and
+    ``unknown="error"``, raise ValueError naming them.
+
+    An empty prompt starts from the vocabulary's ``eos_id`` (a document boundary) when it has one.
+    ``max_new_tokens=0`` runs no model: it returns "" (or the prompt as the vocabulary decodes it)."""
     if len(vocab) != model.config.vocab_size:
         raise ValueError(f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size}: they must match")
-    ids = torch.as_tensor(vocab.encode(prompt, strict=True), dtype=torch.long).reshape(-1)  # (P,)
+    ids = _encode_prompt(vocab, prompt, unknown)  # (P,)
     if ids.numel() == 0:
         eos = getattr(vocab, "eos_id", None)
         if eos is None:
             raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
         ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+    max_new_tokens = kwargs.get("max_new_tokens")
+    if type(max_new_tokens) is int and max_new_tokens == 0:  # not a bool: False is refused by generate
+        return vocab.decode(ids.numpy()) if include_prompt else ""
     gen = generate(model, ids, **kwargs)
     return vocab.decode((gen.tokens if include_prompt else gen.new_tokens)[0].cpu().numpy())

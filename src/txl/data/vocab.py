@@ -56,6 +56,10 @@ class Vocab(ABC):
     kind: str = ""
     unk_id: int | None = None
     eos_id: int | None = None
+    unknown_as_unk: bool = False
+    """Whether a prompt's unknown tokens may be read as `<unk>`, as unknown tokens are in the data: true for
+    word vocabularies (rare and unseen words are `<unk>`). A char vocabulary's `<unk>` never occurs in its
+    training text, so a prompt with an unknown character is refused instead."""
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -66,6 +70,11 @@ class Vocab(ABC):
 
     @abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+    def unknown_tokens(self, text: str | bytes) -> list[str]:
+        """The distinct tokens of `text` that are not in the vocabulary, in order of first appearance
+        (none for byte and BPE vocabularies, which encode any text)."""
+        return []
 
     @abstractmethod
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +131,7 @@ class WordVocab(_TableVocab):
     kind = "word"
     unk_id = 0
     eos_id = 1
+    unknown_as_unk = True
 
     def __init__(self, words: Sequence[str], *, tokenizer: str = "whitespace", eos_per_line: bool = False):
         if tokenizer not in TOKENIZERS:
@@ -184,6 +194,9 @@ class WordVocab(_TableVocab):
                 raise _unknown_error(unknown, self.kind)
         return np.fromiter((get(t, 0) for t in toks), dtype=np.int64, count=len(toks))
 
+    def unknown_tokens(self, text: str | bytes) -> list[str]:
+        return [t for t in dict.fromkeys(self.tokens(_as_text(text))) if t not in self.index]
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = _ids_array(ids)
         self._check_ids(arr)
@@ -239,6 +252,9 @@ class CharVocab(_TableVocab):
         if strict and not known.all():
             raise _unknown_error([chr(p) for p in points[~known].tolist()], self.kind)
         return np.where(known, pos + 1, 0).astype(np.int64)
+
+    def unknown_tokens(self, text: str | bytes) -> list[str]:
+        return [c for c in dict.fromkeys(_as_text(text)) if c not in self.index]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         arr = _ids_array(ids)
