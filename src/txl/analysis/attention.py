@@ -29,7 +29,7 @@ from ..model import TransformerXL
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
 from ..runs import load_run
 from .common import split_tokens
-from .report import format_table, new_figure
+from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -109,7 +109,7 @@ class _Collector:
                               queries=self.queries)
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def attention_statistics(model: TransformerXL, tokens: np.ndarray, *, tgt_len: int, span: Span | None = None,
                          batch_size: int = 4, progress: bool = False) -> AttentionStats:
     """Attention statistics of ``model`` over ``tokens`` cut into ``batch_size`` rows read in segments of
@@ -208,7 +208,7 @@ class AttentionResult:
         top.set_yticks(range(by_distance.shape[0]))
         top.set_ylabel("layer")
         top.set_xlabel(f"relative distance (beyond {self.tgt_len - 1}, dashed: memory keys only)")
-        top.set_title(f"Mean attention probability per key by distance: {Path(self.run).name}")
+        top.set_title(f"Mean attention probability per key by distance: {run_label(self.run)}")
         fig.colorbar(image, ax=top, label="probability (log)")
         layers = np.arange(by_distance.shape[0])
         memory = self.stats.memory_share.mean(1)
@@ -217,7 +217,8 @@ class AttentionResult:
         bottom.set_xticks(layers)
         bottom.set_xlabel("layer")
         bottom.set_ylabel("share of attention")
-        bottom.legend(loc="upper right")
+        bottom.set_ylim(0, 1.25)
+        bottom.legend(loc="upper center", ncols=2)
         return fig
 
 

@@ -20,7 +20,7 @@ from ..evaluate import evaluate
 from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
-from .report import format_table, new_figure
+from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -58,7 +58,7 @@ class MemoryResult:
 
     def table(self) -> str:
         best = min(self.rows, key=lambda r: r.loss)
-        rows = [[r.mem_len, r.mem_len / self.train_mem_len if self.train_mem_len else None, r.loss, r.ppl, r.bpc,
+        rows = [[r.mem_len, f"{r.mem_len / self.train_mem_len:g}x" if self.train_mem_len else "-", r.loss, r.ppl, r.bpc,
                  "best" if r is best else ""] for r in self.rows]
         head = (f"{self.run}: {self.split} loss against evaluation memory (segments of {self.tgt_len}, trained "
                 f"with memory {self.train_mem_len}, clamp_len {self.clamp_len}, same_length {self.same_length})")
@@ -74,7 +74,7 @@ class MemoryResult:
         ax.axvline(self.train_mem_len, color="gray", linestyle="--", label=f"training memory ({self.train_mem_len})")
         ax.set_xlabel("memory length at evaluation (positions per layer)")
         ax.set_ylabel(f"{self.split} loss (nats per token)")
-        ax.set_title(f"Loss against evaluation memory: {Path(self.run).name}")
+        ax.set_title(f"Loss against evaluation memory: {run_label(self.run)}")
         ax.legend()
         ax.grid(alpha=0.3)
         return fig

@@ -37,7 +37,7 @@ from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
 from .context import sliding_losses, stream_losses
-from .report import format_table, new_figure
+from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -162,7 +162,7 @@ class ReclResult:
         fig = new_figure(width=10.0)
         left, right = fig.subplots(1, 2)
         for m in self.models:
-            name = Path(m.run).name
+            name = run_label(m.run)
             left.plot(list(m.mean_loss), list(m.mean_loss.values()), marker="o", label=name)
             right.plot(list(m.gains), [100 * g for g in m.gains.values()], marker="o", label=name)
         for r in self.r_percent:

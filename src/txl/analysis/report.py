@@ -24,6 +24,7 @@ __all__ = [
     "new_figure",
     "format_table",
     "plain",
+    "run_label",
     "write_report",
 ]
 
@@ -52,6 +53,11 @@ def new_figure(*, width: float = 6.4, height: float = 4.0) -> Figure:
         raise PlotsUnavailable(f"figures need matplotlib, which is not installed: {PLOTS_HINT} "
                                "(results.json was written; --no-plots skips the figures)") from None
     return Figure(figsize=(width, height), layout="constrained")
+
+
+def run_label(run_dir: str | Path) -> str:
+    """A short name for a run folder in legends and titles: its last two path components."""
+    return "/".join(Path(run_dir).parts[-2:])
 
 
 def plain(value: Any) -> Any:
