@@ -51,6 +51,8 @@ def recall_config(*, segment: int = DEFAULT_SEGMENT, distance: int | None = None
     """The Transformer-XL run of the recall task: 2 layers, 4 heads, d_model 64, memory = distance (default
     2 x segment), on ``synthetic-recall:distance=D,seed=S`` at character level."""
     distance = 2 * segment if distance is None else distance
+    if segment < 1 or steps < 1:
+        raise ConfigError(f"recall: --segment and --steps must be positive, got {segment} and {steps}")
     if distance <= segment:
         raise ConfigError(f"recall: --distance ({distance}) must exceed --segment ({segment}), or the vanilla "
                           "model sees the symbol to repeat")

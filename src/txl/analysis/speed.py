@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, Span, TransformerXLConfig
+from ..config import ConfigError, RunConfig, Span, TransformerXLConfig
 from ..model import TransformerXL
 from .baseline import vanilla_baseline
 from .context import sliding_losses
@@ -157,6 +157,11 @@ def speed_benchmark(*, lengths: Sequence[int] = DEFAULT_LENGTHS, model: Transfor
     d_model 128, d_inner 512, byte vocabulary); its attention and memory are set per length. ``tokens``:
     vanilla predictions timed per length, ``xl_tokens`` for the XL (rounded up to whole segments).
     ``windows_per_batch``: vanilla windows per forward (default: about 16k positions per batch)."""
+    for name, value in (("segment", segment), ("tokens", tokens), ("xl_tokens", xl_tokens), ("repeats", repeats)):
+        if value < 1:
+            raise ConfigError(f"speed: {name} must be positive, got {value}")
+    if not lengths or min(lengths) < 1:
+        raise ConfigError(f"speed: attention lengths must be positive, got {list(lengths)}")
     sizes = model or TransformerXLConfig(vocab_size=256, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512)
     sizes = dataclasses.replace(sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None,
                                 same_length=False)
