@@ -218,6 +218,233 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------------------
+# txl compare, txl analyze: thin wrappers of txl.analysis
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace, result) -> int:
+    """Print an analysis's table, write results.json and its figures into --out."""
+    from .analysis.report import write_report
+
+    print(result.table(), flush=True)
+    files = write_report(Path(args.out), result, plots=not args.no_plots)
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .analysis.compare import compare
+
+    config = apply_overrides(load_config(args.config), args.set)
+    result = compare(config, Path(args.out), config_name=args.config, overrides=args.set, stride=args.stride,
+                     prompts=args.prompt, sample_tokens=args.sample_tokens, seed=args.seed,
+                     overwrite=args.overwrite, progress=not args.quiet)
+    return _report(args, result)
+
+
+def _cmd_analyze_memory(args: argparse.Namespace) -> int:
+    from .analysis.common import parse_ints
+    from .analysis.memory import analyze_memory
+
+    lengths = parse_ints(args.lengths, name="--lengths") if args.lengths else None
+    result = analyze_memory(Path(args.run_dir), lengths=lengths, clamp_len=args.clamp_len,
+                            same_length=args.same_length, split=args.split, max_tokens=args.max_tokens,
+                            tgt_len=args.tgt_len, batch_size=args.batch_size, checkpoint=args.checkpoint,
+                            device=args.device, progress=not args.quiet)
+    return _report(args, result)
+
+
+def _cmd_analyze_speed(args: argparse.Namespace) -> int:
+    from .analysis.common import parse_ints
+    from .analysis.speed import speed_benchmark
+    from .config import TransformerXLConfig
+
+    sizes = TransformerXLConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
+                                d_head=args.d_head, d_model=args.d_model, d_inner=args.d_inner)
+    result = speed_benchmark(lengths=parse_ints(args.lengths, name="--lengths", minimum=1), model=sizes,
+                             segment=args.segment, tokens=args.tokens, xl_tokens=args.xl_tokens,
+                             repeats=args.repeats, device=args.device, progress=not args.quiet)
+    return _report(args, result)
+
+
+def _cmd_analyze_recl(args: argparse.Namespace) -> int:
+    from .analysis.common import parse_floats, parse_ints
+    from .analysis.recl import analyze_recl
+
+    lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
+    result = analyze_recl([Path(d) for d in args.run_dirs], lengths=lengths, delta=args.delta,
+                          r_percent=parse_floats(args.r, name="--r"), split=args.split,
+                          max_tokens=args.max_tokens, batch_size=args.batch_size, checkpoint=args.checkpoint,
+                          device=args.device, progress=not args.quiet)
+    return _report(args, result)
+
+
+def _cmd_analyze_recall(args: argparse.Namespace) -> int:
+    from .analysis.recall import recall_task
+
+    result = recall_task(Path(args.out), segment=args.segment, distance=args.distance, steps=args.steps,
+                         seed=args.seed, overwrite=args.overwrite, progress=not args.quiet)
+    return _report(args, result)
+
+
+def _cmd_analyze_attention(args: argparse.Namespace) -> int:
+    from .analysis.attention import analyze_attention
+
+    result = analyze_attention(Path(args.run_dir), split=args.split, max_tokens=args.max_tokens,
+                               mem_len=args.mem_len, tgt_len=args.tgt_len, batch_size=args.batch_size,
+                               checkpoint=args.checkpoint, device=args.device, progress=not args.quiet)
+    return _report(args, result)
+
+
+_COMPARE_HELP = """\
+Train the Transformer-XL of --config and the paper's vanilla baseline (absolute positions, no memory;
+the same sizes, data, steps and seed) as two run folders, OUT/xl and OUT/vanilla, and compare them:
+validation and test loss, perplexity (and bits per character for character and byte corpora), the
+relative difference, and each model's training throughput. Every token of a split is predicted once.
+The vanilla model is evaluated two ways: 'vanilla' on disjoint segments of its training length, as it
+was trained, and 'vanilla_sliding' with the paper's sliding window (every prediction from a window of its
+training length; with --stride s each window predicts its last s tokens; 1 is the paper's protocol).
+Writes OUT/results.json, OUT/samples.md (200 tokens from each model after the same prompts) and the
+figures valid_curves.png and train_curves.png. Run it again after an interruption: unfinished runs
+continue from their last checkpoint, finished ones are reused."""
+
+_MEMORY_HELP = """\
+Evaluate one trained Transformer-XL over a whole split with evaluation memories from 0 up to 8x its
+training memory (--lengths to choose), every token predicted once: the loss against the memory it gets.
+Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", ...}]}) and memory.png."""
+
+_SPEED_HELP = """\
+The paper's Table 9: evaluation time per token of the vanilla Transformer against the Transformer-XL at
+attention lengths L (--lengths), batch 1, the same sizes (random weights and tokens). The vanilla model
+predicts every token from a window of the L tokens before it, recomputed (the window slides one position
+per prediction; windows are batched and only each window's last position goes through the softmax). The
+Transformer-XL reads segments of --segment tokens with a memory of L and same-length attention, so every
+prediction attends to exactly L positions (as the paper evaluates); its memory is filled before timing.
+Each time is the fastest of --repeats. Writes OUT/results.json ({"rows": [{"length", "xl_ms_per_token",
+"vanilla_ms_per_token", "ratio"}]}) and speed.png."""
+
+_RECL_HELP = """\
+The paper's relative effective context length of a group of trained models (same corpus and
+vocabulary). With l_i(c, t) the loss of model i on token t given c tokens of context, b(c, t) = min_i
+l_i(c, t), f_i(c, c') = mean_t min(b(c, t), l_i(c', t)) and g_i(c, c') = (f_i(c, c) - f_i(c, c')) /
+f_i(c, c), a model's RECL for a threshold r (percent) is the largest c with g_i(c, c + delta) >= r (0 if
+none). Context c: a Transformer-XL reads with memory c and same-length attention (every query attends
+to exactly c positions in every layer); a vanilla model slides a window of min(c, its training segment)
+tokens. Writes OUT/results.json ({"models": [{"run", "recl": {"0.1": c, ...}}]}) and recl.png."""
+
+_RECALL_HELP = """\
+The fastest demonstration that the memory works. On synthetic-recall, a task txl generates (every symbol
+of a line's second half repeats the one exactly D positions earlier, D > the segment), train the
+Transformer-XL (memory D) and the vanilla baseline for a short budget (OUT/xl, OUT/vanilla), then report
+each one's exact-recall accuracy on the test split. Expected: the XL near 100%, the vanilla model at
+chance (1/64), since it never sees D positions back. Writes OUT/results.json ({"distance", "segment",
+"xl_accuracy", "vanilla_accuracy", "chance"}) and recall.png."""
+
+_ATTENTION_HELP = """\
+Where each layer of a trained Transformer-XL looks: on a sample of a split read with memory, the mean
+attention probability at each relative distance and the share of attention given to the memory rather
+than the current segment, per layer (and head, in the JSON). Writes OUT/results.json and attention.png."""
+
+
+def _add_output_options(p: argparse.ArgumentParser, *, default_out: str | None) -> None:
+    p.add_argument("--out", required=default_out is None, default=default_out,
+                   help="folder for results.json and the figures" + (f" (default: {default_out})" if default_out else ""))
+    p.add_argument("--no-plots", action="store_true", help="write results.json only (no matplotlib needed)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_run_options(p: argparse.ArgumentParser, *, max_tokens: int | None) -> None:
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help=f"use the first N targets of the split (default: {max_tokens or 'all'})")
+    p.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")
+    p.add_argument("--device", default="cpu")
+
+
+def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
+    """``txl compare`` and ``txl analyze ...``."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("compare", help="train Transformer-XL and the vanilla baseline, compare them side by side",
+                       description=_COMPARE_HELP, formatter_class=raw)
+    p.add_argument("--config", required=True, help=f"the Transformer-XL: a preset ({', '.join(preset_names())}) "
+                                                   "or a TOML file")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a config field of both runs (repeatable)")
+    p.add_argument("--stride", type=int, default=1, help="vanilla sliding window: predictions per window "
+                                                          "(1: the paper's protocol; larger is faster)")
+    p.add_argument("--prompt", action="append", help="a text to continue in samples.md (repeatable; default: "
+                                                     "three passages of the test split)")
+    p.add_argument("--sample-tokens", type=int, default=200, help="tokens each model writes per prompt (0: none)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for both models)")
+    p.add_argument("--overwrite", action="store_true", help="train both runs again from scratch")
+    _add_output_options(p, default_out=None)
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("analyze", help="check the paper's claims: memory, speed, recl, recall, attention")
+    analyses = p.add_subparsers(dest="analysis", required=True)
+
+    a = analyses.add_parser("memory", help="loss of a trained Transformer-XL against its evaluation memory",
+                            description=_MEMORY_HELP, formatter_class=raw)
+    a.add_argument("run_dir")
+    a.add_argument("--lengths", help="comma-separated memory lengths (default: 0, M/4, M/2, M, 2M, 4M, 8M)")
+    a.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)")
+    a.add_argument("--same-length", action="store_true", help="every query attends to the same number of keys")
+    a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
+    a.add_argument("--batch-size", type=int, help="parallel streams (default: the run's eval.batch_size)")
+    _add_run_options(a, max_tokens=None)
+    _add_output_options(a, default_out=None)
+    a.set_defaults(func=_cmd_analyze_memory)
+
+    a = analyses.add_parser("speed", help="per-token evaluation time, vanilla sliding window vs XL (Table 9)",
+                            description=_SPEED_HELP, formatter_class=raw)
+    a.add_argument("--lengths", default="128,256,512,800", help="attention lengths (default: 128,256,512,800)")
+    a.add_argument("--segment", type=int, default=64, help="Transformer-XL segment length (default: 64)")
+    a.add_argument("--tokens", type=int, default=128, help="vanilla predictions timed per length (default: 128)")
+    a.add_argument("--xl-tokens", type=int, default=2048, help="XL predictions timed per length (default: 2048)")
+    a.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the fastest counts")
+    a.add_argument("--n-layer", type=int, default=2)
+    a.add_argument("--n-head", type=int, default=4)
+    a.add_argument("--d-head", type=int, default=32)
+    a.add_argument("--d-model", type=int, default=128)
+    a.add_argument("--d-inner", type=int, default=512)
+    a.add_argument("--vocab-size", type=int, default=256)
+    a.add_argument("--device", default="cpu")
+    _add_output_options(a, default_out="runs/speed")
+    a.set_defaults(func=_cmd_analyze_speed)
+
+    a = analyses.add_parser("recl", help="relative effective context length of a group of runs",
+                            description=_RECL_HELP, formatter_class=raw)
+    a.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    a.add_argument("--lengths", help="contexts c (default: delta, 2 delta, ..., 8T; T the shortest training segment)")
+    a.add_argument("--delta", type=int, help="extension c -> c + delta (default: T/2)")
+    a.add_argument("--r", default="0.1,0.5,1.0", help="thresholds in percent (default: 0.1,0.5,1.0)")
+    a.add_argument("--batch-size", type=int, default=8, help="rows read in parallel by the Transformer-XL")
+    _add_run_options(a, max_tokens=20_000)
+    _add_output_options(a, default_out=None)
+    a.set_defaults(func=_cmd_analyze_recl)
+
+    a = analyses.add_parser("recall", help="exact recall D positions back: XL near 100%%, vanilla at chance",
+                            description=_RECALL_HELP, formatter_class=raw)
+    a.add_argument("--segment", type=int, default=16, help="training segment of both models (default: 16)")
+    a.add_argument("--distance", type=int, help="D, positions between a symbol and its repeat (default: 2 x segment)")
+    a.add_argument("--steps", type=int, default=400, help="training steps of each model (default: 400)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--overwrite", action="store_true", help="train both runs again from scratch")
+    _add_output_options(a, default_out="runs/recall")
+    a.set_defaults(func=_cmd_analyze_recall)
+
+    a = analyses.add_parser("attention", help="attention by distance and memory share, per layer",
+                            description=_ATTENTION_HELP, formatter_class=raw)
+    a.add_argument("run_dir")
+    a.add_argument("--mem-len", type=int, help="memory length (default: the run's evaluation memory)")
+    a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
+    a.add_argument("--batch-size", type=int, default=4, help="rows of the sample read in parallel")
+    _add_run_options(a, max_tokens=8192)
+    _add_output_options(a, default_out=None)
+    a.set_defaults(func=_cmd_analyze_attention)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEFAULT_STEPS
 
@@ -298,6 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     data_sub.add_parser("list", help="known corpora and where they are looked for")
     p.set_defaults(func=_cmd_data)
+
+    _add_analysis_commands(sub)
     return parser
 
 

@@ -1,0 +1,285 @@
+"""``txl compare``: the paper's headline comparison on one config. The Transformer-XL and the vanilla
+baseline (:func:`~txl.analysis.baseline.vanilla_baseline`: same sizes, data, steps and seed) train as two
+ordinary run folders, ``OUT/xl`` and ``OUT/vanilla``; running the command again continues an unfinished run
+and reuses a finished one. Reported side by side: validation and test loss, perplexity (and bits per
+character for character and byte corpora), the relative difference of the XL to each baseline, and each
+model's training throughput.
+
+Three rows, each over every token of the split, with the final weights of each run:
+
+- ``xl``: segments with memory, the run's evaluation lengths (its summary);
+- ``vanilla``: disjoint segments of its training length, as it was trained (its summary);
+- ``vanilla_sliding``: the paper's baseline protocol, every prediction from a window of the T training
+  tokens before it (:func:`~txl.analysis.context.sliding_losses`; with stride s each window predicts its
+  last s tokens, each seeing T - s + 1 to T tokens; s = 1 is the paper's).
+
+Also written: ``samples.md`` (200 tokens from each model after the same prompts, sampled with the same
+seed) and figures of both validation curves and of the training loss against tokens seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, RunConfig, eval_span
+from ..data import CorpusError, Vocab
+from ..evaluate import metrics_from_loss
+from ..generate import generate
+from ..runs import LoadedRun, load_run
+from ..train.trainer import Interrupted
+from .baseline import vanilla_baseline
+from .common import read_metrics, split_tokens, train_or_reuse
+from .context import sliding_losses
+from .report import format_table, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["MODELS", "Sample", "CompareResult", "compare", "default_prompts", "samples_markdown"]
+
+MODELS = ("xl", "vanilla", "vanilla_sliding")
+"""The rows of the comparison (keys of results.json)."""
+_LABELS = {"xl": "Transformer-XL", "vanilla": "vanilla", "vanilla_sliding": "vanilla, sliding window"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt and what each model wrote after it."""
+
+    prompt: str
+    xl: str
+    vanilla: str
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """Everything ``txl compare`` reports (``as_dict`` is results.json)."""
+
+    config: str
+    overrides: tuple[str, ...]
+    level: str
+    stride: int
+    window: int
+    models: dict[str, dict[str, Any]]
+    relative: dict[str, dict[str, float]]
+    throughput: dict[str, float]
+    actions: dict[str, str]
+    samples: tuple[Sample, ...] = ()
+    curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "overrides": list(self.overrides), "level": self.level, "stride": self.stride,
+                "window": self.window, **self.models, "relative": self.relative, "throughput": self.throughput,
+                "runs": self.actions, "samples": "samples.md" if self.samples else None}
+
+    def _metrics(self) -> list[str]:
+        units = ("loss", "ppl", "bpc") if self.level in ("char", "byte") else ("loss", "ppl")
+        return [f"{split}_{unit}" for split in ("val", "test") for unit in units]
+
+    def table(self) -> str:
+        metrics = [m for m in self._metrics() if any(self.models[k].get(m) is not None for k in MODELS)]
+        rows = [[_LABELS[k], *(self.models[k].get(m) for m in metrics),
+                 self.models[k].get("train_tokens_per_s")] for k in MODELS]
+        for base in ("vanilla", "vanilla_sliding"):
+            rows.append([f"XL vs {_LABELS[base]}", *(_percent(self.relative[base].get(m)) for m in metrics), ""])
+        note = (f"{self.config}: every token of each split predicted once; vanilla on disjoint segments of "
+                f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}")
+        throughput = (f"training throughput, XL / vanilla: {self.throughput['ratio_xl_over_vanilla']:.2f}"
+                      if self.throughput.get("ratio_xl_over_vanilla") else "")
+        return "\n".join([note, format_table(["model", *metrics, "train tok/s"], rows), throughput])
+
+    def figures(self) -> Mapping[str, Callable[[], Figure]]:
+        return {"valid_curves": self._plot_valid, "train_curves": self._plot_train}
+
+    def _plot_valid(self) -> Figure:
+        fig = new_figure()
+        ax = fig.subplots()
+        for name in ("xl", "vanilla"):
+            records = [r for r in self.curves.get(name, []) if r.get("split") == "valid"]
+            periodic = [r for r in records if not r.get("final")]
+            line = ax.plot([r["step"] for r in periodic], [r["loss"] for r in periodic], marker=".",
+                           label=f"{_LABELS[name]} (periodic)")[0]
+            for r in records:
+                if r.get("final"):
+                    ax.plot([r["step"]], [r["loss"]], marker="*", markersize=12, color=line.get_color(),
+                            linestyle="none", label=f"{_LABELS[name]}, final: {r['loss']:.3f}")
+        sliding = self.models["vanilla_sliding"].get("val_loss")
+        if sliding is not None:
+            ax.axhline(sliding, color="gray", linestyle="--", label=f"{_LABELS['vanilla_sliding']}, final: {sliding:.3f}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss (nats per token)")
+        ax.set_title(f"Validation loss: {self.config}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        return fig
+
+    def _plot_train(self) -> Figure:
+        fig = new_figure()
+        ax = fig.subplots()
+        for name in ("xl", "vanilla"):
+            records = [r for r in self.curves.get(name, []) if r.get("split") == "train" and "tokens" in r]
+            ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], label=_LABELS[name], alpha=0.8)
+        ax.set_xlabel("training tokens seen")
+        ax.set_ylabel("training loss (nats per token)")
+        ax.set_title(f"Training loss: {self.config}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        return fig
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def _row(summary: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {k: summary.get(k) for k in keys}
+
+
+def _sliding_row(run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, stride: int, level: str,
+                 progress: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"window": window, "stride": stride}
+    for split, tokens in splits.items():
+        losses = sliding_losses(run.model, tokens, window=window, stride=stride, batch_size=max(1, 16384 // window),
+                                progress=progress, desc=f"vanilla sliding {split}")
+        loss = float(losses.mean())
+        metrics = metrics_from_loss(loss)
+        prefix = "val" if split == "valid" else split
+        row.update({f"{prefix}_loss": loss, f"{prefix}_ppl": metrics["ppl"], f"{prefix}_tokens": len(losses)})
+        if level in ("char", "byte"):
+            row[f"{prefix}_bpc"] = metrics["bpc"]
+    return row
+
+
+def default_prompts(tokens: np.ndarray, vocab: Vocab, *, count: int = 3, length: int = 32) -> list[np.ndarray]:
+    """``count`` prompts of ``length`` tokens from evenly spaced places of ``tokens`` (for character and
+    byte vocabularies each starts after a newline when one is near)."""
+    n = len(tokens)
+    if n < length + 1:
+        return [np.asarray(tokens[: max(1, n - 1)], dtype=np.int64)]
+    newline = vocab.encode("\n")
+    prompts = []
+    for i in range(count):
+        start = (i + 1) * (n - length) // (count + 1)
+        if vocab.kind in ("char", "byte") and len(newline) == 1:
+            ahead = np.flatnonzero(np.asarray(tokens[start:start + 400]) == newline[0])
+            if len(ahead) and start + ahead[0] + 1 + length <= n:
+                start += int(ahead[0]) + 1
+        prompts.append(np.asarray(tokens[start:start + length], dtype=np.int64))
+    return prompts
+
+
+def _samples(xl: LoadedRun, vanilla: LoadedRun, prompts: Sequence[np.ndarray], *, new_tokens: int,
+             seed: int) -> tuple[Sample, ...]:
+    gen = xl.config.generate
+    settings = {"max_new_tokens": new_tokens, "temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
+    samples = []
+    for i, ids in enumerate(prompts):
+        prompt = torch.as_tensor(ids, dtype=torch.long)
+        xl_new = generate(xl.model, prompt, span=eval_span(xl.config),
+                          generator=torch.Generator().manual_seed(seed + i), **settings).new_tokens[0]
+        vanilla_new = generate(vanilla.model, prompt, context=vanilla.config.train.tgt_len,
+                               generator=torch.Generator().manual_seed(seed + i), **settings).new_tokens[0]
+        samples.append(Sample(prompt=xl.vocab.decode(ids), xl=xl.vocab.decode(xl_new.numpy()),
+                              vanilla=xl.vocab.decode(vanilla_new.numpy())))
+    return tuple(samples)
+
+
+def samples_markdown(samples: Sequence[Sample], *, title: str, note: str) -> str:
+    """The samples as Markdown: each prompt, then a two-column table (Transformer-XL | vanilla)."""
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    parts = [f"# {title}", "", note, ""]
+    for i, s in enumerate(samples, 1):
+        parts += [f"## Prompt {i}", "", "```text", s.prompt, "```", "", "| Transformer-XL | vanilla |",
+                  "| --- | --- |", f"| {cell(s.xl)} | {cell(s.vanilla)} |", ""]
+    return "\n".join(parts)
+
+
+def compare(config: RunConfig, out: Path, *, config_name: str = "", overrides: Sequence[str] = (),
+            stride: int = 1, prompts: Sequence[str] | None = None, sample_tokens: int = 200, seed: int = 0,
+            overwrite: bool = False, progress: bool = True) -> CompareResult:
+    """Train (or continue, or reuse) both runs under ``out`` and compare them (see the module docstring).
+    ``config`` is the Transformer-XL's; ``prompts``: texts to continue (default: three from the test split,
+    else the validation split); ``sample_tokens`` 0 skips the samples. Writes ``out/samples.md``."""
+    if config.model.attention != "relative":
+        raise ConfigError("compare: the config must describe the Transformer-XL (model.attention = \"relative\"); "
+                          "the vanilla baseline is derived from it")
+    window = config.train.tgt_len
+    if not 1 <= stride <= window:
+        raise ConfigError(f"compare: --stride must be in 1..{window} (the training segment), got {stride}")
+    out = Path(out)
+    summaries, actions = {}, {}
+    for name, cfg in (("xl", config), ("vanilla", vanilla_baseline(config))):
+        try:
+            summaries[name], actions[name] = train_or_reuse(cfg, out / name, overwrite=overwrite, progress=progress)
+        except Interrupted as exc:
+            raise Interrupted(f"{name} interrupted at a checkpoint; run the same 'txl compare' command again to "
+                              "continue", signum=exc.signum) from None
+    xl, vanilla = load_run(out / "xl", checkpoint="latest"), load_run(out / "vanilla", checkpoint="latest")
+    level = xl.vocab.kind
+    splits = {s: split_tokens(vanilla.config, vanilla.vocab, s) for s in ("valid", "test")
+              if f"{'val' if s == 'valid' else s}_loss" in summaries["vanilla"]}
+    units = ("loss", "ppl", "tokens", "bpc") if level in ("char", "byte") else ("loss", "ppl", "tokens")
+    keys = [f"{p}_{u}" for p in ("val", "test") for u in units]
+    extra = ("steps", "params", "train_tokens_per_s", "elapsed_s")
+    models = {
+        "xl": {**_row(summaries["xl"], keys + list(extra)), "eval": _lengths(xl.config)},
+        "vanilla": {**_row(summaries["vanilla"], keys + list(extra)), "eval": _lengths(vanilla.config)},
+        "vanilla_sliding": {**dict.fromkeys(keys),
+                            **_sliding_row(vanilla, splits, window=window, stride=stride, level=level,
+                                           progress=progress)},
+    }
+    relative = {base: {k: (models["xl"][k] - models[base][k]) / models[base][k]
+                       for k in keys if not k.endswith("_tokens")
+                       and models["xl"].get(k) is not None and models[base].get(k)}
+                for base in ("vanilla", "vanilla_sliding")}
+    xl_tps, vanilla_tps = summaries["xl"].get("train_tokens_per_s"), summaries["vanilla"].get("train_tokens_per_s")
+    throughput = {"xl_tokens_per_s": xl_tps, "vanilla_tokens_per_s": vanilla_tps,
+                  "ratio_xl_over_vanilla": xl_tps / vanilla_tps if xl_tps and vanilla_tps else None}
+    samples: tuple[Sample, ...] = ()
+    if sample_tokens > 0:
+        samples = _samples(xl, vanilla, _prompt_ids(xl, prompts), new_tokens=sample_tokens, seed=seed)
+        gen = xl.config.generate
+        note = (f"{sample_tokens} tokens from each model after the same prompt, the same seed and settings "
+                f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
+                f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of {window}.")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "samples.md").write_text(samples_markdown(samples, title=f"Samples: {config_name or 'compare'}",
+                                                         note=note) + "\n", encoding="utf-8")
+    return CompareResult(config=config_name, overrides=tuple(overrides), level=level, stride=stride, window=window,
+                         models=models, relative=relative, throughput=throughput, actions=actions, samples=samples,
+                         curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")})
+
+
+def _lengths(config: RunConfig) -> dict[str, Any]:
+    span = eval_span(config)
+    return {"tgt_len": config.eval.tgt_len or config.train.tgt_len, "mem_len": span.mem_len,
+            "clamp_len": span.clamp_len, "same_length": span.same_length}
+
+
+def _prompt_ids(run: LoadedRun, prompts: Sequence[str] | None) -> list[np.ndarray]:
+    if prompts:
+        ids = []
+        for text in prompts:
+            try:
+                encoded = np.asarray(run.vocab.encode(text, strict=True), dtype=np.int64)
+            except ValueError as exc:
+                raise ConfigError(f"--prompt {text!r}: {exc}") from None
+            if not len(encoded):
+                raise ConfigError(f"--prompt {text!r}: no tokens; give some text to continue")
+            ids.append(encoded)
+        return ids
+    try:
+        tokens = split_tokens(run.config, run.vocab, "test")
+    except CorpusError:
+        tokens = split_tokens(run.config, run.vocab, "valid")
+    length = 100 if run.vocab.kind in ("char", "byte") else 32
+    return default_prompts(tokens, run.vocab, length=length)

@@ -1,0 +1,115 @@
+"""What every analysis writes: ``results.json`` (plain JSON, non-finite numbers as null), a plain-text table
+and its figures as PNG files. Figures need matplotlib (the ``plots`` extra); without it the JSON is still
+written and :class:`PlotsUnavailable` says how to install it. Figures are built with
+``matplotlib.figure.Figure`` directly (no pyplot state, no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import TxlError
+from ..train.checkpoint import atomic_write_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PlotsUnavailable",
+    "Reportable",
+    "new_figure",
+    "format_table",
+    "plain",
+    "run_label",
+    "write_report",
+]
+
+PLOTS_HINT = "pip install 'txl[plots]'"
+
+
+class PlotsUnavailable(TxlError):
+    """matplotlib is not installed: the figures were not drawn (results.json was written)."""
+
+
+class Reportable(Protocol):
+    """An analysis result: its numbers as JSON, a table to print, and its figures (name -> builder)."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+    def table(self) -> str: ...
+
+    def figures(self) -> Mapping[str, Callable[[], Figure]]: ...
+
+
+def new_figure(*, width: float = 6.4, height: float = 4.0) -> Figure:
+    """An empty matplotlib figure (constrained layout); :class:`PlotsUnavailable` without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotsUnavailable(f"figures need matplotlib, which is not installed: {PLOTS_HINT} "
+                               "(results.json was written; --no-plots skips the figures)") from None
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def run_label(run_dir: str | Path) -> str:
+    """A short name for a run folder in legends and titles: its last two path components."""
+    return "/".join(Path(run_dir).parts[-2:])
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready values: tuples as lists, numpy scalars as Python numbers, NaN and infinities as None."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3e}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: a header, a rule, one line per row; numbers right-aligned, text left-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)])
+
+
+def write_report(out: Path, result: Reportable, *, plots: bool = True, dpi: int = 120) -> list[Path]:
+    """Write ``out/results.json`` and, with ``plots``, each figure as ``out/NAME.png``; returns the files
+    written. Raises :class:`PlotsUnavailable` after writing the JSON when matplotlib is missing."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    atomic_write_text(path, json.dumps(plain(result.as_dict()), indent=1, allow_nan=False) + "\n")
+    written = [path]
+    if plots:
+        for name, build in result.figures().items():
+            figure = build()
+            figure.savefig(out / f"{name}.png", dpi=dpi)
+            written.append(out / f"{name}.png")
+    return written

@@ -1,0 +1,186 @@
+"""``txl analyze speed``: the paper's Table 9, per-token evaluation time of the vanilla Transformer against
+the Transformer-XL at several attention lengths L (batch 1, the same sizes, random weights and tokens:
+the time does not depend on their values).
+
+- **vanilla**: every prediction is made by a window of the L tokens before it, recomputed from scratch
+  (the window slides one position per prediction). As fast as it honestly can be: the windows of a chunk
+  run as one batched forward and only each window's last position goes through the softmax
+  (:func:`txl.analysis.context.sliding_losses`).
+- **Transformer-XL**: segments of ``segment`` tokens with a memory of L positions and same-length attention,
+  so that every prediction attends to exactly L positions, as the paper evaluates (enwik8: segments of 128,
+  memory 3,800; WikiText-103: segments of 64, memory 640). The memory is filled before the clock starts.
+
+Each time is the fastest of ``repeats`` runs (a shared machine adds noise, it never removes any); the
+ratio is vanilla over Transformer-XL time per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import ConfigError, RunConfig, Span, TransformerXLConfig
+from ..model import TransformerXL
+from .baseline import vanilla_baseline
+from .context import sliding_losses
+from .report import format_table, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["SpeedRow", "SpeedResult", "DEFAULT_LENGTHS", "time_vanilla", "time_xl", "speed_benchmark"]
+
+DEFAULT_LENGTHS = (128, 256, 512, 800)
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    """Milliseconds per predicted token at one attention length, and vanilla over XL."""
+
+    length: int
+    xl_ms_per_token: float
+    vanilla_ms_per_token: float
+    ratio: float
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    """The speed table and how it was measured."""
+
+    model: dict[str, int]
+    segment: int
+    tokens: int
+    xl_tokens: int
+    repeats: int
+    threads: int
+    device: str
+    rows: tuple[SpeedRow, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [asdict(r) for r in self.rows]}
+
+    def table(self) -> str:
+        sizes = ", ".join(f"{k} {v}" for k, v in self.model.items())
+        head = (f"evaluation time per token, batch 1 ({sizes}; XL segments of {self.segment}; fastest of "
+                f"{self.repeats}; {self.threads} threads on {self.device})")
+        rows = [[r.length, r.vanilla_ms_per_token, r.xl_ms_per_token, r.ratio] for r in self.rows]
+        return head + "\n" + format_table(["attention length", "vanilla ms/token", "XL ms/token", "vanilla / XL"],
+                                          rows)
+
+    def figures(self) -> Mapping[str, Callable[[], Figure]]:
+        return {"speed": self._plot}
+
+    def _plot(self) -> Figure:
+        fig = new_figure(width=9.0)
+        left, right = fig.subplots(1, 2)
+        lengths = [r.length for r in self.rows]
+        left.plot(lengths, [r.vanilla_ms_per_token for r in self.rows], marker="o", label="vanilla (sliding window)")
+        left.plot(lengths, [r.xl_ms_per_token for r in self.rows], marker="o", label="Transformer-XL (memory)")
+        left.set_yscale("log")
+        left.set_xlabel("attention length")
+        left.set_ylabel("ms per token (log)")
+        left.legend()
+        left.grid(alpha=0.3)
+        right.bar([str(n) for n in lengths], [r.ratio for r in self.rows], color="tab:green")
+        for i, r in enumerate(self.rows):
+            right.annotate(f"{r.ratio:,.0f}x", (i, r.ratio), ha="center", va="bottom")
+        right.set_xlabel("attention length")
+        right.set_ylabel("slowdown of the vanilla model")
+        fig.suptitle("Evaluation speed (the paper's Table 9)")
+        return fig
+
+
+def _fastest(run: Callable[[], None], repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def time_vanilla(model: TransformerXL, tokens: torch.Tensor, *, length: int, predictions: int,
+                 windows_per_batch: int, repeats: int = 3) -> float:
+    """Seconds per token for ``predictions`` predictions, each by a full window of ``length`` tokens
+    (``tokens`` needs at least length + predictions + 1)."""
+    ids = tokens[: length + predictions + 1]
+    if ids.numel() < length + predictions + 1:
+        raise ValueError(f"need {length + predictions + 1} tokens, got {tokens.numel()}")
+
+    def run() -> None:  # targets length+1 .. length+predictions: every one has a full window
+        sliding_losses(model, ids, window=length, stride=1, first=length + 1, batch_size=windows_per_batch)
+
+    run()  # warm-up (allocator, kernels)
+    return _fastest(run, repeats) / predictions
+
+
+def time_xl(model: TransformerXL, tokens: torch.Tensor, *, length: int, segment: int, predictions: int,
+            repeats: int = 3) -> float:
+    """Seconds per token for the Transformer-XL: segments of ``segment`` with a full memory of ``length``
+    and same-length attention (each prediction attends to ``length`` positions). Returns the time per token
+    of ``ceil(predictions / segment)`` whole segments after ``ceil(length / segment)`` to fill the memory."""
+    span = Span(mem_len=length, same_length=True)
+    warm, timed = math.ceil(length / segment), math.ceil(predictions / segment)
+    ids = tokens[: (warm + timed) * segment + 1].view(1, -1)  # (1, N)
+    if ids.shape[1] < (warm + timed) * segment + 1:
+        raise ValueError(f"need {(warm + timed) * segment + 1} tokens, got {tokens.numel()}")
+
+    def segments(first: int, count: int, memory):
+        for s in range(first, first + count):
+            x = ids[:, s * segment:(s + 1) * segment + 1]  # (1, T+1)
+            memory = model(x[:, :-1], memory=memory, targets=x[:, 1:], span=span).memory
+        return memory
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            filled = segments(0, warm, None)
+            segments(warm, timed, filled)  # warm-up
+            seconds = _fastest(lambda: segments(warm, timed, filled), repeats)
+    finally:
+        model.train(was_training)
+    return seconds / (timed * segment)
+
+
+def speed_benchmark(*, lengths: Sequence[int] = DEFAULT_LENGTHS, model: TransformerXLConfig | None = None,
+                    segment: int = 64, tokens: int = 128, xl_tokens: int = 2048, windows_per_batch: int | None = None,
+                    repeats: int = 3, seed: int = 0, device: str = "cpu", progress: bool = True) -> SpeedResult:
+    """Time both models at every attention length. ``model``: the sizes (default: 2 layers, 4 heads of 32,
+    d_model 128, d_inner 512, byte vocabulary); its attention and memory are set per length. ``tokens``:
+    vanilla predictions timed per length, ``xl_tokens`` for the XL (rounded up to whole segments).
+    ``windows_per_batch``: vanilla windows per forward (default: about 16k positions per batch)."""
+    for name, value in (("segment", segment), ("tokens", tokens), ("xl_tokens", xl_tokens), ("repeats", repeats)):
+        if value < 1:
+            raise ConfigError(f"speed: {name} must be positive, got {value}")
+    if not lengths or min(lengths) < 1:
+        raise ConfigError(f"speed: attention lengths must be positive, got {list(lengths)}")
+    sizes = model or TransformerXLConfig(vocab_size=256, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512)
+    sizes = dataclasses.replace(sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None,
+                                same_length=False)
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in tqdm(lengths, desc="attention lengths", disable=not progress, leave=False):
+        xl_config = RunConfig(model=dataclasses.replace(sizes, mem_len=length))
+        torch.manual_seed(seed)
+        xl = TransformerXL(xl_config.model).to(device)
+        vanilla = TransformerXL(vanilla_baseline(xl_config).model).to(device)
+        needed = max(length + tokens + 1, (math.ceil(length / segment) + math.ceil(xl_tokens / segment)) * segment + 1)
+        ids = torch.randint(0, sizes.vocab_size, (needed,), generator=generator).to(device)
+        per_batch = windows_per_batch or max(1, 16384 // length)
+        xl_s = time_xl(xl, ids, length=length, segment=segment, predictions=xl_tokens, repeats=repeats)
+        vanilla_s = time_vanilla(vanilla, ids, length=length, predictions=tokens, windows_per_batch=per_batch,
+                                 repeats=repeats)
+        rows.append(SpeedRow(length=length, xl_ms_per_token=1e3 * xl_s, vanilla_ms_per_token=1e3 * vanilla_s,
+                             ratio=vanilla_s / xl_s))
+    fields = ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner")
+    return SpeedResult(model={f: getattr(sizes, f) for f in fields}, segment=segment, tokens=tokens,
+                       xl_tokens=math.ceil(xl_tokens / segment) * segment, repeats=repeats,
+                       threads=torch.get_num_threads(), device=str(device), rows=tuple(rows))

@@ -1,0 +1,282 @@
+"""The analysis package's arithmetic and protocols, against hand-made answers and naive loops: the vanilla
+recipe, sliding-window evaluation (every target once, each with a full window), streams with memory (the
+evaluate() protocol; exactly c tokens of context), the RECL formulas, the recall corpus, attention
+probabilities and the speed and memory tables."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from txl import Span, TransformerXL, TransformerXLConfig
+from txl.analysis import (
+    attention_statistics,
+    memory_sweep,
+    recl_from_gains,
+    relative_gains,
+    sliding_losses,
+    sliding_predictions,
+    speed_benchmark,
+    stream_losses,
+    stream_predictions,
+    vanilla_baseline,
+)
+from txl.analysis.common import parse_ints
+from txl.analysis.context import absolute_hidden
+from txl.analysis.recl import default_recl_lengths
+from txl.analysis.report import format_table, plain
+from txl.config import ConfigError, load_config
+from txl.data.corpora import (
+    RECALL_ALPHABET,
+    CorpusError,
+    load_corpus,
+    recall_positions,
+    synthetic_recall_text,
+)
+from txl.evaluate import evaluate
+
+# -- the vanilla recipe -----------------------------------------------------------------------------------
+
+
+def test_vanilla_baseline_changes_only_attention_memory_and_eval_lengths():
+    xl = load_config("books-word-small")
+    vanilla = vanilla_baseline(xl)
+    assert vanilla.model.attention == "absolute" and vanilla.model.mem_len == 0
+    assert vanilla.model.span == Span(mem_len=0)
+    assert vanilla.eval.tgt_len == xl.train.tgt_len  # evaluated with the segment it was trained with
+    assert (vanilla.eval.mem_len, vanilla.eval.clamp_len, vanilla.eval.same_length) == (None, None, None)
+    same = ("n_layer", "n_head", "d_head", "d_model", "d_inner", "cutoffs", "div_val", "dropout", "vocab_size")
+    assert all(getattr(vanilla.model, f) == getattr(xl.model, f) for f in same)
+    assert (vanilla.data, vanilla.train, vanilla.generate) == (xl.data, xl.train, xl.generate)
+    assert vanilla.eval.batch_size == xl.eval.batch_size
+    assert vanilla_baseline(vanilla) == vanilla
+
+
+# -- sliding windows (the vanilla model) ------------------------------------------------------------------
+
+
+@pytest.fixture
+def vanilla_model() -> TransformerXL:
+    config = TransformerXLConfig(vocab_size=37, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=0,
+                                 attention="absolute", cutoffs=(10, 20), div_val=2)
+    return TransformerXL(config).double().eval()
+
+
+def _naive_loss(model: TransformerXL, x: torch.Tensor, start: int, end: int, target: int) -> float:
+    """Loss of ``x[target]`` by one forward over ``x[start:end]`` (which must contain target - 1)."""
+    out = model(x[start:end][None], targets=x[start + 1:end + 1][None])
+    return out.loss[0, target - start - 1].item()
+
+
+@pytest.mark.parametrize("first", [1, 4, 7, 8, 13])
+def test_sliding_stride_1_predicts_every_target_once_with_a_full_window(vanilla_model, first):
+    x, window = torch.randint(0, 37, (40,)), 7
+    got = sliding_losses(vanilla_model, x, window=window, first=first, batch_size=3)
+    expected = [_naive_loss(vanilla_model, x, max(0, t - window), t, t) for t in range(first, 40)]
+    assert got.shape == (40 - first,)
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride", [2, 3, 7])
+def test_sliding_stride_s_window_predicts_its_last_s_targets(vanilla_model, stride):
+    x, window, n = torch.randint(0, 37, (41,)), 7, 41
+    got = sliding_losses(vanilla_model, x, window=window, stride=stride, batch_size=2)
+    expected = [_naive_loss(vanilla_model, x, 0, t, t) for t in range(1, window + 1)]  # the first window
+    for group_start in range(window + 1, n, stride):  # then windows ending at each group's last target
+        end = min(group_start + stride - 1, n - 1)
+        expected += [_naive_loss(vanilla_model, x, end - window, end, t) for t in range(group_start, end + 1)]
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    assert len(got) == n - 1
+
+
+def test_sliding_on_a_split_shorter_than_the_window(vanilla_model):
+    x = torch.randint(0, 37, (5,))
+    got = sliding_losses(vanilla_model, x, window=16)
+    np.testing.assert_allclose(got, [_naive_loss(vanilla_model, x, 0, t, t) for t in range(1, 5)], atol=1e-12)
+
+
+def test_absolute_hidden_is_forward_before_the_softmax(vanilla_model):
+    x = torch.randint(0, 37, (3, 9))
+    hidden = absolute_hidden(vanilla_model, x[:, :-1])
+    nll = vanilla_model.softmax.nll(hidden.reshape(-1, 12), x[:, 1:].reshape(-1)).view(3, 8)
+    torch.testing.assert_close(nll, vanilla_model(x[:, :-1], targets=x[:, 1:]).loss, rtol=0, atol=1e-12)
+
+
+def test_sliding_predictions_match_a_naive_argmax(vanilla_model):
+    x, window = torch.randint(0, 37, (30,)), 6
+    positions = np.array([1, 2, 6, 7, 15, 29])
+    got = sliding_predictions(vanilla_model, x, window=window, positions=positions, batch_size=4)
+    expected = [vanilla_model(x[max(0, p - window):p][None]).logits[0, -1].argmax().item() for p in positions]
+    assert got.tolist() == expected
+
+
+def test_sliding_refuses_the_transformer_xl_and_bad_strides(tiny_config, vanilla_model):
+    with pytest.raises(ValueError, match="vanilla"):
+        sliding_losses(TransformerXL(tiny_config), torch.zeros(20, dtype=torch.long), window=4)
+    with pytest.raises(ValueError, match="stride"):
+        sliding_losses(vanilla_model, torch.zeros(20, dtype=torch.long), window=4, stride=5)
+
+
+# -- streams with memory (the Transformer-XL) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5])
+def test_stream_losses_are_evaluate_token_by_token(tiny_config, rows):
+    model = TransformerXL(tiny_config).double()
+    x = torch.randint(0, 37, (203,))
+    losses = stream_losses(model, x, tgt_len=5, batch_size=rows)
+    result = evaluate(model, x, batch_size=rows, tgt_len=5)
+    assert losses.shape == (202,) and result.tokens == 202
+    assert losses.mean() == pytest.approx(result.loss, abs=1e-12)
+
+
+def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny_config):
+    """One layer: what a query attends to is all it sees, so memory c with same-length attention is a
+    window of the c tokens before each target (the RECL protocol for the Transformer-XL)."""
+    model = TransformerXL(dataclasses.replace(tiny_config, n_layer=1)).double().eval()
+    x, c = torch.randint(0, 37, (90,)), 6
+    got = stream_losses(model, x, tgt_len=4, span=Span(mem_len=c, same_length=True), first=c, batch_size=3)
+    expected = [model(x[t - c:t][None], targets=x[t - c + 1:t + 1][None]).loss[0, -1].item() for t in range(c, 90)]
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
+    model = TransformerXL(dataclasses.replace(tiny_config, mem_len=64)).double().eval()
+    x = torch.randint(0, 37, (50,))
+    got = stream_predictions(model, x, tgt_len=7, batch_size=1, first=3)
+    expected = model(x[None, :-1]).logits[0].argmax(-1)[2:]  # targets 3..49 are positions 2..48
+    assert got.tolist() == expected.tolist()
+
+
+# -- RECL -------------------------------------------------------------------------------------------------
+
+
+def test_relative_gains_and_recl_on_hand_made_losses():
+    lengths = [1, 2, 3]
+    a = [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]  # l_A(c, t): gains from 1 -> 2 only
+    b = [[3.0, 1.0], [3.0, 1.0], [0.5, 1.0]]  # l_B: gains from 2 -> 3 only
+    contexts, gains = relative_gains(np.array([a, b]), lengths=lengths, delta=1)
+    # c = 1: b(1) = [2, 1], f(1,1) = 1.5; f_A(1,2) = mean(min([2,1],[1,1])) = 1; f_B(1,2) = mean([2,1]) = 1.5
+    # c = 2: b(2) = [1, 1], f(2,2) = 1;   f_A(2,3) = 1;                       f_B(2,3) = mean([0.5,1]) = 0.75
+    assert contexts == (1, 2)
+    np.testing.assert_allclose(gains, [[1 / 3, 0.0], [0.0, 0.25]])
+    recl = recl_from_gains(contexts, gains, r_percent=[10, 30, 50])
+    assert recl == [{10: 1, 30: 1, 50: 0}, {10: 2, 30: 0, 50: 0}]
+
+
+def test_relative_loss_is_capped_by_the_best_model():
+    """f_i(c, c') takes min(b(c, t), l_i(c', t)): a model cannot gain on a token where it got worse."""
+    losses = np.array([[[1.0, 4.0], [3.0, 2.0]]])  # one model: token 0 worse at c'=2, token 1 better
+    _, gains = relative_gains(losses, lengths=[1, 2], delta=1)
+    assert gains[0, 0] == pytest.approx((2.5 - 1.5) / 2.5)  # min([1,4],[3,2]) = [1, 2]
+
+
+def test_recl_is_the_largest_qualifying_context_not_the_first():
+    gains = np.array([[0.02, 0.0, 0.015, 0.0005]])
+    assert recl_from_gains([10, 20, 30, 40], gains, r_percent=[0.1, 1.0, 2.0, 5.0]) == [{0.1: 30, 1.0: 30, 2.0: 10, 5.0: 0}]
+
+
+def test_default_recl_lengths():
+    assert default_recl_lengths(8) == (4, tuple(range(4, 65, 4)))
+
+
+# -- the recall corpus -------------------------------------------------------------------------------------
+
+
+def test_recall_corpus_places_every_target_distance_after_its_source():
+    text = synthetic_recall_text(5000, distance=9, seed=3)
+    lines = text.splitlines()
+    positions = recall_positions(text, distance=9)
+    assert len(positions) == 8 * len(lines) and len(text) >= 5000
+    chars = np.array(list(text))
+    assert (chars[positions] == chars[positions - 9]).all()
+    for line in lines:  # f r|r: a filler shorter than D, then the copy
+        head, _, copy = line.partition("|")
+        assert len(copy) == 8 and head.endswith(copy) and len(head) - 8 < 9
+        assert set(line) - {"|"} <= set(RECALL_ALPHABET)
+    first = lines[0].index("|")
+    assert positions[:8].tolist() == list(range(first + 1, first + 9))
+
+
+def test_recall_corpus_is_deterministic_and_its_splits_differ():
+    a, b = load_corpus("synthetic-recall:distance=8,seed=1"), load_corpus("synthetic-recall:distance=8,seed=1")
+    assert a.fingerprint == b.fingerprint and a.level == "char"
+    assert set(a.splits) == {"train", "valid", "test"} and a.splits["valid"] != a.splits["test"]
+    assert load_corpus("synthetic-recall").fingerprint != load_corpus("synthetic-recall:seed=1").fingerprint
+    valid = a.text("valid")
+    p = recall_positions(valid, distance=8)
+    assert (np.array(list(valid))[p] == np.array(list(valid))[p - 8]).all()
+    with pytest.raises(CorpusError, match="distance=D"):
+        load_corpus("synthetic-recall:length=3")
+
+
+# -- attention, memory and speed --------------------------------------------------------------------------
+
+
+def test_attention_probabilities_are_what_each_layer_attends_with(tiny_config):
+    """The statistics' probabilities, applied to the layer's values and output projection, give the
+    attention module's actual output; they sum to one per query."""
+    model = TransformerXL(dataclasses.replace(tiny_config, mem_len=8)).double().eval()
+    x = np.random.default_rng(0).integers(0, 37, 3 * 40)
+    captured = []
+
+    def keep(module, args, kwargs, output):
+        captured.append((module, args[0], kwargs.get("memory"), kwargs["context"], output))
+
+    handle = model.layers[1].attn.register_forward_hook(keep, with_kwargs=True)
+    stats = attention_statistics(model, x, tgt_len=4, batch_size=3)
+    handle.remove()
+    module, h, memory, context, output = captured[-1]
+    probs = torch.softmax(module.scores(h, memory=memory, context=context), dim=-1)  # (B, H, T, K)
+    _, _, v = module._project(h, memory)
+    attended = (probs @ v).transpose(1, 2).reshape(h.shape[0], h.shape[1], -1)
+    torch.testing.assert_close(module.out(attended), output)
+    counted = 3 * (40 // 4 - 2)  # row-segments after the warm-up of ceil(8 / 4) = 2 segments
+    assert stats.queries == counted * 4
+    np.testing.assert_allclose(stats.prob_sum.sum(-1), stats.queries)  # each query's probabilities sum to 1
+    assert ((stats.memory_share >= 0) & (stats.memory_share <= 1)).all()
+    assert stats.seen[0] == stats.queries and stats.seen[11] == counted  # distance 11: the last query only
+    assert np.isnan(stats.by_distance[..., 12:]).all()  # K = 12 keys: no distance beyond 11
+
+
+def test_attention_statistics_refuse_the_vanilla_model(vanilla_model):
+    with pytest.raises(ValueError, match="Transformer-XL"):
+        attention_statistics(vanilla_model, np.zeros(100, dtype=np.int64), tgt_len=4)
+
+
+def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config):
+    model = TransformerXL(tiny_config).double()
+    x = np.random.default_rng(1).integers(0, 37, 300)
+    rows = memory_sweep(model, x, lengths=[0, 8, 32], tgt_len=8, batch_size=2)
+    assert [r.mem_len for r in rows] == [0, 8, 32]
+    for row in rows:
+        result = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=row.mem_len))
+        assert (row.loss, row.tokens) == (pytest.approx(result.loss, abs=1e-12), 299)
+        assert row.ppl == pytest.approx(np.exp(row.loss))
+
+
+def test_speed_rows_have_the_agreed_fields():
+    sizes = TransformerXLConfig(vocab_size=50, n_layer=1, n_head=2, d_head=8, d_model=16, d_inner=32)
+    result = speed_benchmark(lengths=(8, 16), model=sizes, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False)
+    rows = result.as_dict()["rows"]
+    assert [r["length"] for r in rows] == [8, 16]
+    for row in rows:
+        assert set(row) == {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"}
+        assert row["ratio"] == pytest.approx(row["vanilla_ms_per_token"] / row["xl_ms_per_token"])
+        assert row["xl_ms_per_token"] > 0 and row["vanilla_ms_per_token"] > 0
+    assert "vanilla / XL" in result.table()
+
+
+# -- small helpers ----------------------------------------------------------------------------------------
+
+
+def test_report_helpers():
+    assert plain({"a": (1, float("inf")), "b": np.float64(2.5), 3: np.int64(4)}) == {"a": [1, None], "b": 2.5, "3": 4}
+    table = format_table(["name", "x"], [["a", 1.5], ["bb", None]]).splitlines()
+    assert table[0].split() == ["name", "x"] and table[2].split() == ["a", "1.5000"] and table[3].split() == ["bb", "-"]
+    assert parse_ints("0, 8,16", name="--lengths") == (0, 8, 16)
+    with pytest.raises(ConfigError, match="--lengths"):
+        parse_ints("8,x", name="--lengths")

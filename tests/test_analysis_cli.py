@@ -1,0 +1,186 @@
+"""``txl compare`` and ``txl analyze ...`` end to end on tiny models and real text: the names of
+results.json that other checks rely on, the figures, samples.md, resuming and reusing the two runs, and
+the one-line error (with the JSON still written) when matplotlib is missing."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from txl.analysis import vanilla_baseline
+from txl.cli import main
+from txl.config import apply_overrides, load_config
+from txl.data import encode_split, load_corpus, load_vocab
+from txl.evaluate import evaluate
+from txl.runs import load_run
+from txl.train.checkpoint import latest_checkpoint
+from txl.train.trainer import train
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 3, encoding="utf-8")
+    return path
+
+
+def _overrides(corpus: Path) -> list[str]:
+    sets = [f"data.corpus={json.dumps(str(corpus))}", "train.steps=12", "train.eval_every=6",
+            "train.checkpoint_every=4", "train.log_every=2"]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory, corpus) -> Path:
+    out = tmp_path_factory.mktemp("compare")
+    assert main(["compare", "--config", "tiny", *_overrides(corpus), "--out", str(out), "--quiet",
+                 "--sample-tokens", "20"]) == 0
+    return out
+
+
+def _results(folder: Path) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def test_compare_reports_the_three_rows_side_by_side(compared):
+    results = _results(compared)
+    for name in ("xl", "vanilla", "vanilla_sliding"):
+        for key in ("val_loss", "val_ppl", "test_loss", "test_ppl", "val_bpc", "test_bpc"):  # a byte corpus
+            assert isinstance(results[name][key], float), (name, key)
+    xl, vanilla, sliding = results["xl"], results["vanilla"], results["vanilla_sliding"]
+    assert vanilla["val_tokens"] == sliding["val_tokens"] == xl["val_tokens"]  # every token once
+    assert results["relative"]["vanilla"]["val_loss"] == pytest.approx((xl["val_loss"] - vanilla["val_loss"])
+                                                                        / vanilla["val_loss"])
+    assert results["throughput"]["ratio_xl_over_vanilla"] == pytest.approx(
+        xl["train_tokens_per_s"] / vanilla["train_tokens_per_s"])
+    assert (sliding["window"], sliding["stride"]) == (16, 1)
+    assert xl["eval"]["tgt_len"] == 64 and vanilla["eval"] == {"tgt_len": 16, "mem_len": 0, "clamp_len": None,
+                                                                "same_length": False}
+    for figure in ("valid_curves.png", "train_curves.png"):
+        assert (compared / figure).stat().st_size > 1000
+    samples = (compared / "samples.md").read_text()
+    assert samples.count("## Prompt") == 3 and samples.count("| Transformer-XL | vanilla |") == 3
+
+
+def test_compare_evaluates_the_vanilla_model_on_its_training_segments(compared):
+    run = load_run(compared / "vanilla", checkpoint="latest")
+    corpus = load_corpus(run.config.data.corpus)
+    tokens = encode_split(corpus, "valid", run.vocab)
+    as_trained = evaluate(run.model, tokens, batch_size=run.config.eval.batch_size, tgt_len=16)
+    assert _results(compared)["vanilla"]["val_loss"] == pytest.approx(as_trained.loss, rel=1e-6)
+
+
+def test_compare_again_reuses_finished_runs_and_resumes_an_interrupted_one(compared, corpus, tmp_path, capsys):
+    out = tmp_path / "again"
+    config = vanilla_baseline(apply_overrides(load_config("tiny"), _overrides(corpus)[1::2]))
+
+    def stop(record):
+        if record["step"] == 10 and record["split"] == "train":
+            raise KeyboardInterrupt  # as if killed after the checkpoint of step 8
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, out / "vanilla", progress=False, callbacks=(stop,))
+    assert latest_checkpoint(out / "vanilla").name == "step-00000008" and not (out / "vanilla" / "summary.json").exists()
+    argv = ["compare", "--config", "tiny", *_overrides(corpus), "--out", str(out), "--quiet", "--sample-tokens", "0"]
+    assert main(argv) == 0
+    runs = _results(out)["runs"]
+    assert runs == {"xl": "trained", "vanilla": "resumed"}
+    assert json.loads((out / "vanilla" / "summary.json").read_text())["steps"] == 12
+    assert main(argv) == 0
+    assert _results(out)["runs"] == {"xl": "reused", "vanilla": "reused"}
+    assert not (out / "samples.md").exists()
+    capsys.readouterr()
+    assert main([*argv[:-2], "--set", "train.steps=13", "--sample-tokens", "0"]) == 2
+    assert "another config" in capsys.readouterr().err
+
+
+def test_analyze_memory(compared, tmp_path):
+    out = tmp_path / "memory"
+    assert main(["analyze", "memory", str(compared / "xl"), "--out", str(out), "--quiet", "--max-tokens", "500"]) == 0
+    rows = _results(out)["rows"]
+    assert [r["mem_len"] for r in rows] == [0, 4, 8, 16, 32, 64, 128]  # 0 .. 8x the training memory of 16
+    assert all({"mem_len", "loss", "ppl"} <= set(r) for r in rows)
+    assert (out / "memory.png").exists()
+
+
+def test_analyze_recl(compared, tmp_path):
+    out = tmp_path / "recl"
+    assert main(["analyze", "recl", str(compared / "xl"), str(compared / "vanilla"), "--lengths", "4,8,16",
+                 "--delta", "4", "--max-tokens", "300", "--out", str(out), "--quiet"]) == 0
+    results = _results(out)
+    assert [m["run"] for m in results["models"]] == [str(compared / "xl"), str(compared / "vanilla")]
+    for model in results["models"]:
+        assert set(model["recl"]) == {"0.1", "0.5", "1.0"}
+        assert all(c in (0, 4, 8, 16) for c in model["recl"].values())
+    assert results["lengths"] == [4, 8, 12, 16, 20] and results["tokens"] == 300
+    assert (out / "recl.png").exists()
+
+
+def test_analyze_attention(compared, tmp_path):
+    out = tmp_path / "attention"
+    assert main(["analyze", "attention", str(compared / "xl"), "--max-tokens", "2000", "--out", str(out),
+                 "--quiet"]) == 0
+    results = _results(out)
+    assert len(results["layers"]) == 2 and len(results["distances"]) == 64 + 16  # K = eval memory + segment
+    assert all(0 <= layer["memory_share"] <= 1 for layer in results["layers"])
+    assert (out / "attention.png").exists()
+
+
+def test_analyze_speed(tmp_path):
+    out = tmp_path / "speed"
+    assert main(["analyze", "speed", "--lengths", "8,16", "--segment", "4", "--tokens", "4", "--xl-tokens", "8",
+                 "--repeats", "1", "--n-layer", "1", "--d-model", "16", "--d-head", "8", "--n-head", "2",
+                 "--d-inner", "16", "--out", str(out), "--quiet"]) == 0
+    rows = _results(out)["rows"]
+    assert [r["length"] for r in rows] == [8, 16]
+    assert all(set(r) >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"} for r in rows)
+    assert (out / "speed.png").exists()
+
+
+def test_analyze_recall(tmp_path):
+    out = tmp_path / "recall"
+    assert main(["analyze", "recall", "--segment", "4", "--steps", "6", "--out", str(out), "--quiet"]) == 0
+    results = _results(out)
+    assert (results["distance"], results["segment"], results["chance"]) == (8, 4, 1 / 64)
+    assert 0 <= results["xl_accuracy"] <= 1 and 0 <= results["vanilla_accuracy"] <= 1
+    assert (out / "recall.png").exists() and (out / "xl" / "summary.json").exists()
+
+
+def test_the_recall_corpus_trains_from_the_command_line(tmp_path, capsys):
+    assert main(["train", "--config", "tiny", "--set", "data.corpus=synthetic-recall", "--set", "data.vocab=char",
+                 "--set", "train.steps=2", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert len(load_vocab(tmp_path / "run" / "vocab.json")) == 64 + 3  # <unk>, the symbols, | and newline
+    capsys.readouterr()
+
+
+def test_missing_matplotlib_is_one_line_and_the_json_is_still_written(compared, tmp_path, monkeypatch, capsys):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = tmp_path / "noplots"
+    assert main(["analyze", "memory", str(compared / "xl"), "--lengths", "0,16", "--max-tokens", "200",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'txl[plots]'" in err
+    assert [r["mem_len"] for r in _results(out)["rows"]] == [0, 16] and not (out / "memory.png").exists()
+    assert main(["analyze", "memory", str(compared / "xl"), "--lengths", "16", "--max-tokens", "200",
+                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+
+
+def test_analyses_refuse_the_vanilla_run_where_they_need_memory(compared, tmp_path, capsys):
+    assert main(["analyze", "memory", str(compared / "vanilla"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    assert "vanilla baseline" in capsys.readouterr().err
+    assert main(["compare", "--config", "tiny", "--set", "model.attention=\"absolute\"", "--set", "model.mem_len=0",
+                 "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert "Transformer-XL" in capsys.readouterr().err
