@@ -12,18 +12,26 @@ The relative score between query i and key j (Dai et al. 2019, Section 3.3):
 
 Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
 by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
+
+Incremental decoding passes a :class:`~txl.model.cache.LayerCache`: the memory's keys and values are then
+read from the cache (projected once, when their positions were new) instead of being projected again, and
+the context carries the projected distances ``W_R R`` precomputed for the keys in view. The maths is the same.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
+
+if TYPE_CHECKING:
+    from .cache import LayerCache
 
 __all__ = [
     "rel_shift",
@@ -54,12 +62,17 @@ class RelativeContext:
     """What relative attention needs besides the hidden states, built once per forward by the model.
 
     pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: (T, K) True where attention is blocked;
-    u, v: (H, Dh) the global content and position biases of this layer."""
+    u, v: (H, Dh) the global content and position biases of this layer.
 
-    pos: Tensor
-    mask: Tensor
+    rel: (H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 of the keys in view,
+    when they were computed ahead (incremental decoding of one position at a time, see ``cache.py``). Then
+    ``pos`` and ``mask`` are None: a single query needs no shift, and no key in view is hidden from it."""
+
+    pos: Tensor | None
+    mask: Tensor | None
     u: Tensor
     v: Tensor
+    rel: Tensor | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -90,10 +103,18 @@ class MultiHeadAttention(nn.Module):
         """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
-        """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout)."""
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
+
+        With ``cache`` (incremental decoding; ``memory`` must be None) only the T new positions are projected:
+        their keys and values are appended to the cache, and the memory's come from it."""
         b, t, _ = x.shape
-        q, k, v = self._project(x, memory)
+        if cache is None:
+            q, k, v = self._project(x, memory)
+        else:
+            q, k, v = self._project(x, None)
+            k, v = cache.append(k, v)  # (B, H, K, Dh): [memory ; current] as far as this query sees
         attn = self.attend(q, k, v, context)  # (B, H, T, Dh)
         attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
         return self.drop(self.out(attn))
@@ -106,10 +127,13 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         super().__init__(config)
         self.r_net = nn.Linear(config.d_model, config.n_head * config.d_head, bias=False)  # W_{k,R}
 
+    def project_distances(self, pos: Tensor) -> Tensor:
+        """W_R R: sinusoids of distances (K, D) -> this layer's projected distances (H, Dh, K)."""
+        return self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
+
     def _position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
         """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
-        r = self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
-        by_distance = (q + v_bias[:, None, :]) @ r  # (B, H, T, K), column m = distance K-1-m
+        by_distance = (q + v_bias[:, None, :]) @ self.project_distances(pos)  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
     def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
@@ -118,6 +142,30 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         content = (q + context.u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
         score = (content + self._position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
+
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        if context is not None and context.rel is not None:
+            return self.forward_one(x, context=context, cache=cache)
+        return super().forward(x, memory=memory, context=context, cache=cache)
+
+    def forward_one(self, x: Tensor, *, context: RelativeContext, cache: LayerCache) -> Tensor:
+        """One new position per row against the cache (incremental decoding): x (B, 1, D) -> (B, 1, D).
+
+        The four terms as in :meth:`attend`, with the distances K-1..0 of the keys in view projected ahead
+        (``context.rel``): a single query needs no shift and no mask, and batched matmuls with a plain softmax
+        cost less than the fused kernel's set-up. Eval mode only (no dropout; the model takes this path only
+        then), with the linear layers called as functions: per token, module calls are a visible cost."""
+        b = x.shape[0]
+        qkv = F.linear(x, self.qkv.weight).view(b, 3, self.n_head, self.d_head)  # (B, 3, H, Dh): rows q | k | v
+        k, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, K, Dh) each, after writing k, v of x
+        q_u, q_v = qkv[:, 0] + context.u, qkv[:, 0] + context.v  # (B, H, Dh) each
+        position = torch.bmm(q_v.transpose(0, 1), context.rel)  # (H, B, K): terms (b) + (d)
+        position = position.transpose(0, 1).reshape(b * self.n_head, 1, -1)  # (B*H, 1, K)
+        score = torch.baddbmm(position, q_u.view(b * self.n_head, 1, self.d_head), k.transpose(1, 2),
+                              beta=self.scale, alpha=self.scale)  # (B*H, 1, K): + terms (a) + (c), scaled
+        attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
+        return F.linear(attn.view(b, 1, self.n_head * self.d_head), self.out.weight)  # (B, 1, D)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
         if context is None:
@@ -135,9 +183,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 class AbsoluteMultiHeadAttention(MultiHeadAttention):
     """Standard causal attention for the vanilla baseline: positions enter at the input, no memory."""
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
-        if memory is not None or context is not None:
-            raise ValueError("absolute attention (the vanilla baseline) takes no memory and no relative positions")
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        if memory is not None or context is not None or cache is not None:
+            raise ValueError("absolute attention (the vanilla baseline) takes no memory, cache or relative positions")
         return super().forward(x)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
