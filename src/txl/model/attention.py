@@ -14,8 +14,9 @@ Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K proj
 by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
 
 Incremental decoding passes a :class:`~txl.model.cache.LayerCache`: the memory's keys and values are then
-read from the cache (projected once, when their positions were new) instead of being projected again, and
-the context carries the projected distances ``W_R R`` precomputed for the keys in view. The maths is the same.
+read from the cache (projected once, when their positions were new) instead of being projected again. For
+one new position (:meth:`RelativeMultiHeadAttention.forward_one`) a :class:`OneQueryContext` carries the
+distance table ``W_R R`` projected once per cache. The maths is the same.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "rel_shift",
     "RelativeContext",
+    "OneQueryContext",
     "MultiHeadAttention",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
@@ -62,17 +64,31 @@ class RelativeContext:
     """What relative attention needs besides the hidden states, built once per forward by the model.
 
     pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: (T, K) True where attention is blocked;
-    u, v: (H, Dh) the global content and position biases of this layer.
+    u, v: (H, Dh) the global content and position biases of this layer."""
 
-    rel: (H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 of the keys in view,
-    when they were computed ahead (incremental decoding of one position at a time, see ``cache.py``). Then
-    ``pos`` and ``mask`` are None: a single query needs no shift, and no key in view is hidden from it."""
-
-    pos: Tensor | None
-    mask: Tensor | None
+    pos: Tensor
+    mask: Tensor
     u: Tensor
     v: Tensor
-    rel: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class OneQueryContext:
+    """What relative attention needs for one new position per row against a key/value cache (incremental
+    decoding), prepared once per cache by :meth:`RelativeMultiHeadAttention.prepare_one` and sliced to the K
+    keys in view. A single query needs no shift and no mask (``same_length`` leaves the oldest key out of view).
+
+    rel: (B*H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 (clamped), one copy
+    per batch row so that one batched matmul scores every head of every row; q_bias: (3*H*Dh,) ``[u | 0 | 0]``,
+    which makes the qkv projection return q + u; v_minus_u: (H, Dh), since q + v = (q + u) + (v - u);
+    qkv_t: (D, 3*H*Dh) and out_t: (H*Dh, D), the projection weights transposed and contiguous, the layout in
+    which a few rows times a weight run fastest on the CPU."""
+
+    rel: Tensor
+    q_bias: Tensor
+    v_minus_u: Tensor
+    qkv_t: Tensor
+    out_t: Tensor
 
 
 class MultiHeadAttention(nn.Module):
@@ -143,29 +159,33 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = (content + self._position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
-                cache: LayerCache | None = None) -> Tensor:
-        if context is not None and context.rel is not None:
-            return self.forward_one(x, context=context, cache=cache)
-        return super().forward(x, memory=memory, context=context, cache=cache)
+    def prepare_one(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> OneQueryContext:
+        """The :class:`OneQueryContext` for distances ``pos`` (R, D) (sinusoids of R-1..0) and B rows."""
+        b, h, dh = batch_size, self.n_head, self.d_head
+        rel = self.project_distances(pos)  # (H, Dh, R)
+        rel = rel.unsqueeze(0).expand(b, h, dh, rel.shape[-1]).reshape(b * h, dh, -1)  # (B*H, Dh, R)
+        q_bias = torch.cat([u.reshape(-1), u.new_zeros(2 * h * dh)])  # (3*H*Dh,): [u | 0 | 0]
+        return OneQueryContext(rel=rel, q_bias=q_bias, v_minus_u=v - u, qkv_t=self.qkv.weight.t().contiguous(),
+                               out_t=self.out.weight.t().contiguous())
 
-    def forward_one(self, x: Tensor, *, context: RelativeContext, cache: LayerCache) -> Tensor:
-        """One new position per row against the cache (incremental decoding): x (B, 1, D) -> (B, 1, D).
+    def forward_one(self, x: Tensor, *, context: OneQueryContext, cache: LayerCache, residual: Tensor) -> Tensor:
+        """One new position per row against the cache (incremental decoding), eval mode only (no dropout):
+        x (B, D) -> residual + attention output (B, D).
 
-        The four terms as in :meth:`attend`, with the distances K-1..0 of the keys in view projected ahead
-        (``context.rel``): a single query needs no shift and no mask, and batched matmuls with a plain softmax
-        cost less than the fused kernel's set-up. Eval mode only (no dropout; the model takes this path only
-        then), with the linear layers called as functions: per token, module calls are a visible cost."""
-        b = x.shape[0]
-        qkv = F.linear(x, self.qkv.weight).view(b, 3, self.n_head, self.d_head)  # (B, 3, H, Dh): rows q | k | v
-        k, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, K, Dh) each, after writing k, v of x
-        q_u, q_v = qkv[:, 0] + context.u, qkv[:, 0] + context.v  # (B, H, Dh) each
-        position = torch.bmm(q_v.transpose(0, 1), context.rel)  # (H, B, K): terms (b) + (d)
-        position = position.transpose(0, 1).reshape(b * self.n_head, 1, -1)  # (B*H, 1, K)
-        score = torch.baddbmm(position, q_u.view(b * self.n_head, 1, self.d_head), k.transpose(1, 2),
-                              beta=self.scale, alpha=self.scale)  # (B*H, 1, K): + terms (a) + (c), scaled
+        The four terms of :meth:`attend`: (q + u)·k + (q + v)·W_R R, with the distance table projected ahead,
+        no shift and no mask (one query), and batched matmuls with a plain softmax, which for one query cost
+        less than the fused kernel's set-up. Every tensor op costs microseconds of dispatch whatever its size,
+        so this path issues few: u rides in the projection as a bias, the scale and the position term enter
+        through one ``baddbmm``, the residual through the output projection's ``addmm``."""
+        b, h, dh = x.shape[0], self.n_head, self.d_head
+        qkv = torch.addmm(context.q_bias, x, context.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
+        k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, Dh, K), (B*H, K, Dh), x's k, v included
+        q_u = qkv[:, 0]  # (B, H, Dh)
+        q_v = (q_u + context.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
+        score = torch.baddbmm(torch.bmm(q_v, context.rel), q_u.reshape(b * h, 1, dh), k_t,
+                              beta=self.scale, alpha=self.scale)  # (B*H, 1, K): (b)+(d), + (a)+(c), scaled
         attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
-        return F.linear(attn.view(b, 1, self.n_head * self.d_head), self.out.weight)  # (B, 1, D)
+        return torch.addmm(residual, attn.view(b, h * dh), context.out_t)  # (B, D)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
         if context is None:

@@ -1,8 +1,8 @@
 """The key/value cache of incremental decoding. For every layer it keeps the keys and values of the remembered
 positions (projections of fixed hidden states: computed once, when the position was new), the hidden states
-themselves (the memory as data, returned by :meth:`KVCache.memory`), and the projected distance table
-``W_R R`` of the distances in use (computed once per cache, i.e. once per memory length and clamp_len); on
-the CPU also the output layer's weight in the layout that one row of logits reads fastest.
+themselves (the memory as data, returned by :meth:`KVCache.memory`), the projected distance table ``W_R R``
+of the distances in use (computed once per cache, i.e. once per memory length and clamp_len), and the
+weights laid out for a few rows at a time (transposed copies, which such products read fastest on the CPU).
 The attention maths stays in ``attention.py`` and the model drives the cache (``TransformerXL.forward(...,
 cache=...)``); this module only stores and slides.
 
@@ -12,8 +12,8 @@ D model size, R = (longest memory) + 1 distances in the table.
 Sliding: each buffer holds C >= M + T slots, the remembered positions in ``[start, end)`` in order. A step
 writes the T new positions at ``end`` (no copy of the memory), then drops the oldest by moving ``start``, so
 that at most ``mem_len`` remain: exactly ``update_memory``'s concatenate-and-truncate. When a step would run
-past the end of the buffer, the remembered slots move back to the front, once every ~``mem_len`` steps (the
-copy is amortised to one position per step).
+past the end of the buffer, the remembered slots move back to the front, once every ``mem_len / 4`` steps or
+so (the copy is amortised to about four positions per step; the buffers hold 1.25 ``mem_len``).
 
     cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
     out = model(prompt, cache=cache, last_only=True)     # out.logits (B, 1, V); keys/values appended
@@ -29,11 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from ..config import Span, TransformerXLConfig
-from .attention import RelativeContext
 from .memory import Memory
 from .positional import relative_distances, sinusoid
 
 if TYPE_CHECKING:
+    from .layers import LayerStep
     from .transformer import TransformerXL
 
 __all__ = ["KVCache", "LayerCache"]
@@ -42,17 +42,23 @@ __all__ = ["KVCache", "LayerCache"]
 class LayerCache:
     """One layer's part of a :class:`KVCache`, handed to its attention module."""
 
-    __slots__ = ("_owner", "index", "kv", "hidden")
+    __slots__ = ("_owner", "kv", "keys_t", "values", "hidden")
 
     def __init__(self, owner: KVCache, index: int) -> None:
         self._owner = owner
-        self.index = index
         self.kv = owner.kv[index]  # (2, B, H, C, Dh): keys, values
+        b, h, c, dh = self.kv.shape[1:]
+        self.keys_t = self.kv[0].view(b * h, c, dh).transpose(1, 2)  # (B*H, Dh, C), the same storage
+        self.values = self.kv[1].view(b * h, c, dh)  # (B*H, C, Dh)
         self.hidden = owner.hidden[index]  # (B, C, D)
 
     def store_input(self, h: Tensor) -> None:
-        """Write the layer's input (B, T, D) on the new positions: what the memory keeps."""
-        self.hidden.narrow(1, self._owner.end, h.shape[1]).copy_(h)
+        """Write the layer's input on the new positions, (B, T, D) or (B, D) for one: what the memory keeps."""
+        end = self._owner.end
+        if h.dim() == 2:
+            self.hidden.select(1, end).copy_(h)
+        else:
+            self.hidden.narrow(1, end, h.shape[1]).copy_(h)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the keys and values (B, H, T, Dh) of the T new positions after the memory and return the
@@ -61,18 +67,17 @@ class LayerCache:
         end, t = owner.end, k.shape[2]
         self.kv[0].narrow(2, end, t).copy_(k)
         self.kv[1].narrow(2, end, t).copy_(v)
-        window = self.kv[:, :, :, owner.view_start:end + t]  # (2, B, H, K, Dh)
+        window = self.kv.narrow(3, owner.view_start, end + t - owner.view_start)  # (2, B, H, K, Dh)
         return window[0], window[1]
 
     def append_one(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """One new position: write its keys and values ``kv`` (2, B, H, Dh) and return the keys and values
-        in view, flattened for batched matmuls: (B*H, K, Dh) each (``same_length`` may leave the oldest out)."""
+        """One new position: write its keys and values ``kv`` (2, B, H, Dh) and return the keys in view,
+        transposed, (B*H, Dh, K), and the values, (B*H, K, Dh), flattened for batched matmuls (views of the
+        buffer; ``same_length`` may leave the oldest key out)."""
         owner = self._owner
-        end = owner.end
+        end, first = owner.end, owner.view_start
         self.kv.select(3, end).copy_(kv)
-        b, h, _, dh = self.kv.shape[1:]
-        window = self.kv[:, :, :, owner.view_start:end + 1]  # (2, B, H, K, Dh)
-        return window[0].view(b * h, -1, dh), window[1].view(b * h, -1, dh)
+        return self.keys_t.narrow(2, first, end + 1 - first), self.values.narrow(1, first, end + 1 - first)
 
 
 class KVCache:
@@ -112,7 +117,7 @@ class KVCache:
         self.batch_size = batch_size
         self.reach = max(span.mem_len, m0)
         """The most positions ever remembered at once (``mem_len``, or a longer memory given at the start)."""
-        self._slack = max(span.mem_len, 16)
+        self._slack = max(span.mem_len // 4, 16)  # room to slide before moving back
         n, b, h, dh, d = config.n_layer, batch_size, config.n_head, config.d_head, config.d_model
         capacity = self.reach + self._slack
         self.hidden = torch.zeros(n, b, capacity, d, dtype=dtype, device=device)  # (N, B, C, D)
@@ -126,14 +131,17 @@ class KVCache:
         """One past the last remembered slot (where the next positions are written)."""
         self.view_start = 0
         """First slot the current step's queries see (set by the model for each step)."""
-        self.rel: Tensor | None = None
-        """(N, H, Dh, R) every layer's projected distances for the distances R-1..0 (clamped), set by :meth:`bind`."""
-        self.step_contexts: tuple[int, list[RelativeContext]] | None = None
-        """The model's per-layer contexts for one query against the last K keys (reused while K stays)."""
+        self.prepared: list[LayerStep] = []
+        """Per layer, what decoding one position needs (set by :meth:`bind`): the projected distances R-1..0
+        (clamped) of the longest key window, copied per batch row, (B*H, Dh, R); the biases; the weights laid
+        out for one row at a time (see :class:`~txl.model.layers.LayerStep`)."""
+        self.step_contexts: tuple[int, list[LayerStep]] | None = None
+        """:attr:`prepared` with the distances sliced to the current key count K (kept while K stays)."""
         self.output_t: tuple[Tensor, Tensor, Tensor | None] | None = None
-        """A plain (not adaptive) softmax on the CPU: its weight transposed to (E, V) and made contiguous, with its
-        bias and projection, set by :meth:`bind`. One row of logits reads the weight about twice as fast in this
-        layout (measured), and the output layer is most of the per-token work of a small model."""
+        """For a plain (not adaptive) softmax on the CPU: its weight transposed to (E, V) and contiguous, with its
+        bias and projection. One row of logits reads the weight about 1.8 times as fast in this layout (measured:
+        86 vs 157 us for 10k x 128 on 2 threads), and the output layer is a large share of a small model's token.
+        A copy of V·E numbers, made when the cache is bound (about a millisecond here) and freed with it."""
         self.model: nn.Module | None = None
         """The model this cache serves (set on first use)."""
         self.layers = tuple(LayerCache(self, i) for i in range(n))
@@ -155,7 +163,8 @@ class KVCache:
         with torch.no_grad():
             distances = relative_distances(self.reach + 1, clamp_len=self.span.clamp_len, device=param.device)  # (R,)
             pos = sinusoid(distances, self.config.d_model, dtype=param.dtype)  # (R, D)
-            self.rel = torch.stack([layer.attn.project_distances(pos) for layer in model.layers])  # (N, H, Dh, R)
+            self.prepared = [layer.prepare_step(pos, u=u, v=v, batch_size=self.batch_size)
+                             for layer, (u, v) in zip(model.layers, model._biases(), strict=True)]
             for index, layer in enumerate(model.layers):
                 state = self.hidden[index, :, self.start:self.end]  # (B, M, D)
                 _, k, v = layer.attn._project(layer.attention_input(state), None)  # (B, H, M, Dh) each
@@ -200,6 +209,10 @@ class KVCache:
             self.hidden[:, :, :m] = self.hidden[:, :, self.start:self.end].clone()
             self.kv[:, :, :, :, :m] = self.kv[:, :, :, :, self.start:self.end].clone()
         self.start, self.end = 0, m
+
+    def store_inputs(self, inputs: list[Tensor]) -> None:
+        """Write every layer's input (B, D) for one new position at once (what the memory keeps)."""
+        torch.stack(inputs, out=self.hidden.select(2, self.end))  # (N, B, D) into (N, B, C, D)
 
     def advance(self, t: int) -> None:
         """After a step of T positions: they join the memory, and the oldest beyond ``mem_len`` leave it."""

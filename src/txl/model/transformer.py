@@ -14,6 +14,7 @@ D model size, V vocabulary, N = n_layer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import RelativeContext
 from .cache import KVCache
-from .layers import DecoderLayer
+from .layers import DecoderLayer, LayerStep
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
@@ -153,7 +154,8 @@ class TransformerXL(nn.Module):
 
         ``cache``: a :class:`KVCache` holding the memory (pass no ``memory``; ``span`` is the cache's). The
         keys and values of remembered positions come from it, this segment's are appended and the window
-        slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache."""
+        slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache, but
+        computes no gradients."""
         if cache is not None:
             return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
                                         last_only=last_only, return_hidden=return_hidden)
@@ -194,7 +196,7 @@ class TransformerXL(nn.Module):
             logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(b, last.shape[1], -1)  # (B, T', V)
         return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
 
-    def _step_contexts(self, cache: KVCache) -> list[RelativeContext]:
+    def _step_contexts(self, cache: KVCache) -> list[LayerStep]:
         """Contexts for one query against the cache: the projected distances of the keys in view, no mask.
         With ``same_length`` and a full memory the oldest key is out of view (``attention_mask``'s rule)."""
         span = cache.span
@@ -203,14 +205,19 @@ class TransformerXL(nn.Module):
             k = min(k, span.mem_len)
         cache.view_start = cache.end + 1 - k
         if cache.step_contexts is None or cache.step_contexts[0] != k:
-            contexts = [RelativeContext(pos=None, mask=None, u=u, v=v, rel=cache.rel[index, :, :, -k:])
-                        for index, (u, v) in enumerate(self._biases())]  # rel: (H, Dh, K)
+            contexts = [dataclasses.replace(step, attention=dataclasses.replace(
+                step.attention, rel=step.attention.rel[:, :, -k:])) for step in cache.prepared]  # rel (B*H, Dh, K)
             cache.step_contexts = (k, contexts)
         return cache.step_contexts[1]
 
     def _forward_cached(self, tokens: Tensor, *, cache: KVCache, span: Span | None, memory: Memory | None,
                         targets: Tensor | None, last_only: bool, return_hidden: bool) -> ModelOutput:
-        """forward() against a key/value cache: T new positions, after the cache's memory."""
+        """forward() against a key/value cache: T new positions, after the cache's memory. No gradients: the
+        cache keeps values, not a graph (it serves generation; training takes whole segments and a memory)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
+                                            last_only=last_only, return_hidden=return_hidden)
         if memory is not None or targets is not None:
             raise ValueError("with a cache, pass no memory (the cache holds it) and no targets")
         if span is not None and span != cache.span:
@@ -222,33 +229,37 @@ class TransformerXL(nn.Module):
             cache.bind(self)
         b, t = tokens.shape
         h = self.embedding(tokens)  # (B, T, D)
-        if self.training:
-            h = self.drop(h)
         cache.make_room(t)
-        if t == 1 and not self.training:  # one query: the lean path, with the distance table computed ahead
+        if t == 1 and not self.training:  # one query: the lean path, rows (B, D), the distance table ahead
             contexts = self._step_contexts(cache)
+            h = h[:, 0]  # (B, D)
+            inputs = []
             for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
-                layer_cache.store_input(h)
-                h = layer.step(h, context=context, cache=layer_cache)
-        else:
-            cache.view_start = cache.start
-            contexts = self._relative_contexts(t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype)
-            for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
-                layer_cache.store_input(h)
-                h = layer(h, context=context, cache=layer_cache)
+                inputs.append(h)
+                h = layer.step(h, prepared=context, cache=layer_cache)
+            cache.store_inputs(inputs)
+            cache.advance(1)
+            if self.norm is not None:
+                h = self.norm(h)
+            logits = self._cached_log_probs(h, cache)[:, None]  # (B, 1, V)
+            return ModelOutput(logits=logits, loss=None, memory=None, hidden=h[:, None] if return_hidden else None)
+        h = self.drop(h)
+        cache.view_start = cache.start
+        contexts = self._relative_contexts(t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype)
+        for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
+            layer_cache.store_input(h)
+            h = layer(h, context=context, cache=layer_cache)
         cache.advance(t)
-        if self.norm is not None:
-            h = self.norm(h)
-        if self.training:
-            h = self.drop(h)
-        last = h[:, -1:] if last_only else h  # (B, T', D)
-        flat = last.reshape(-1, self.config.d_model)  # (B*T', D)
-        if cache.output_t is None:
-            logits = self.softmax.log_prob(flat)  # (B*T', V)
-        else:  # the plain softmax of log_prob, with the weight transposed ahead (see KVCache.output_t)
-            weight_t, bias, proj = cache.output_t
-            scores = torch.addmm(bias, flat if proj is None else flat @ proj, weight_t)  # (B*T', V)
-            logits = torch.log_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores,
-                                       dim=-1)
-        logits = logits.view(b, last.shape[1], -1)  # (B, T', V)
+        h = self.drop(h if self.norm is None else self.norm(h))
+        last = h[:, -1] if last_only else h.reshape(b * t, -1)  # (B, D) or (B*T, D)
+        logits = self._cached_log_probs(last, cache).view(b, -1, self.config.vocab_size)  # (B, T', V)
         return ModelOutput(logits=logits, loss=None, memory=None, hidden=h if return_hidden else None)
+
+    def _cached_log_probs(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
+        if cache.output_t is None:
+            return self.softmax.log_prob(hidden)
+        # The plain softmax of log_prob, its weight transposed ahead (see KVCache.output_t).
+        weight_t, bias, proj = cache.output_t
+        scores = torch.addmm(bias, hidden if proj is None else hidden @ proj, weight_t)  # (N, V)
+        return torch.log_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)
