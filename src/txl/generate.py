@@ -219,13 +219,14 @@ class _CachedRows:
 class _WindowRows:
     """Rows of a model without memory: the last ``context`` tokens are recomputed at every step."""
 
-    def __init__(self, model: nn.Module, prompt: Tensor, *, context: int) -> None:
-        self.model, self.context, self.seq = model, context, prompt
-        self.logprobs = model(prompt[:, -context:], last_only=True).logits[:, -1]  # (G, V)
+    def __init__(self, model: nn.Module, prompt: Tensor, *, context: int, span: Span) -> None:
+        self.model, self.context, self.seq, self.span = model, context, prompt, span
+        self.logprobs = model(prompt[:, -context:], span=span, last_only=True).logits[:, -1]  # (G, V)
 
     def feed(self, token: Tensor) -> None:
         self.seq = torch.cat([self.seq, token[:, None]], dim=1)  # (G, P + i)
-        self.logprobs = self.model(self.seq[:, -self.context:], last_only=True).logits[:, -1]  # (G, V)
+        window = self.seq[:, -self.context:]  # (G, min(C, P + i))
+        self.logprobs = self.model(window, span=self.span, last_only=True).logits[:, -1]  # (G, V)
 
     def memory(self) -> Memory | None:
         return None
@@ -296,7 +297,7 @@ class _Decoding:
                 self.groups.append(_CachedRows(self.model, prompt, memory=memory, span=self.span, chunk=self.chunk,
                                                dtype=self.dtype))
             else:
-                self.groups.append(_WindowRows(self.model, prompt, context=self.context))
+                self.groups.append(_WindowRows(self.model, prompt, context=self.context, span=self.span))
 
     def _logprobs(self) -> Tensor:
         """The next-token log-probabilities of all rows, (B, V) in the prompt's row order."""
