@@ -1,13 +1,16 @@
-"""Text generation: incremental sampling with the memory cache (Transformer-XL), or recomputation over a
-sliding window (the vanilla baseline), and the pure sampling filters (temperature, top-k, top-p).
+"""Text generation: incremental sampling with a key/value cache of the memory (Transformer-XL), or
+recomputation over a sliding window (the vanilla baseline); the pure sampling filters (temperature, top-k,
+top-p); text in and out (streamed, with stop strings); and sampling from a trained run (``txl generate``).
 
 Dimensions: B batch, P prompt length, N new tokens, V vocabulary, M memory length, C context window.
 
-The model and its memory are left to :mod:`txl.model`; vocabularies to :mod:`txl.data.vocab`.
+The model, its memory and the cache are left to :mod:`txl.model`; vocabularies to :mod:`txl.data.vocab`.
 
     gen = generate(model, prompt, max_new_tokens=50, top_p=0.9, generator=torch.Generator().manual_seed(0))
     gen.new_tokens                                                   # (B, N)
     more = generate(model, gen.tokens[:, -1:], memory=gen.memory, max_new_tokens=50)   # continue
+    for token in stream(model, prompt, max_new_tokens=50, temperature=0, stop_ids=[eos]):  # (B,) per step
+        ...
 """
 
 from __future__ import annotations

@@ -153,6 +153,8 @@ class KVCache:
             return
         if self.model is not None:
             raise ValueError("this key/value cache belongs to another model: build one per model")
+        if model.config.attention != "relative":
+            raise ValueError("a key/value cache needs a Transformer-XL with relative attention")
         sizes = ("n_layer", "n_head", "d_head", "d_model")
         if any(getattr(model.config, f) != getattr(self.config, f) for f in sizes):
             raise ValueError(f"this key/value cache was built for other sizes ({', '.join(sizes)}) than the model's")
