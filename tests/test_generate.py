@@ -4,6 +4,7 @@ and input validation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -26,7 +27,8 @@ def _model(**changes) -> TransformerXL:
 
 
 class Spy(nn.Module):
-    """Wraps a model and records every call: the tokens fed, the memory given, the output."""
+    """Wraps a model and records every call: the tokens fed, the memory given, the output. With a key/value
+    cache the memory given is the cache's before the call, and the output's memory the cache's after it."""
 
     def __init__(self, model: TransformerXL) -> None:
         super().__init__()
@@ -35,8 +37,12 @@ class Spy(nn.Module):
         self.calls: list[tuple[torch.Tensor, Memory | None, object]] = []
 
     def forward(self, tokens, **kwargs):
+        cache = kwargs.get("cache")
+        given = kwargs.get("memory") if cache is None else cache.memory()
         out = self.model(tokens, **kwargs)
-        self.calls.append((tokens.clone(), kwargs.get("memory"), out))
+        if cache is not None:
+            out = dataclasses.replace(out, memory=cache.memory())
+        self.calls.append((tokens.clone(), given, out))
         return out
 
 

@@ -157,43 +157,77 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
+def _generate_prompt(args: argparse.Namespace) -> str:
+    """The prompt text: --prompt, or the contents of --prompt-file, or a newline."""
+    if args.prompt_file is None:
+        return "\n" if args.prompt is None else args.prompt
+    if args.prompt is not None:
+        raise ConfigError("give --prompt or --prompt-file, not both")
+    try:
+        return Path(args.prompt_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--prompt-file {args.prompt_file}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({exc})") from None
 
-    from .generate import UnknownTokensWarning, generate_text
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import UnknownTokensWarning, generate_from_run
     from .runs import load_run
 
+    prompt = _generate_prompt(args)
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
-    gen = run.config.generate
-    model = run.model
-    span = None
     if args.mem_len is not None:
         if run.config.model.attention != "relative":
             raise ConfigError("--mem-len applies to the Transformer-XL only (this run is the vanilla baseline)")
-        settings = _same_length_needs_memory({"mem_len": args.mem_len}, model.config, mem_flag=args.mem_len,
-                                             same_length_flag=None)
-        span = model.config.span.replace(**settings)
-    generator = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
+        _same_length_needs_memory({"mem_len": args.mem_len}, run.model.config, mem_flag=args.mem_len,
+                                  same_length_flag=None)  # says so when same_length is turned off
+    shown = -1  # the sample being streamed
+
+    def header(index: int) -> None:
+        if args.num_samples > 1:
+            print(f"=== sample {index + 1}/{args.num_samples} ===")
+
+    def show(index: int, piece: str) -> None:  # --stream: print each piece as it comes
+        nonlocal shown
+        if index != shown:
+            if shown >= 0:
+                print()
+            header(index)
+            print(prompt, end="")
+            shown = index
+        print(piece, end="", flush=True)
+
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnknownTokensWarning)
-            text = generate_text(
-                model, run.vocab, args.prompt, include_prompt=True, unknown="unk",
-                max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else gen.max_new_tokens,
-                temperature=gen.temperature if args.temperature is None else args.temperature,
-                top_k=args.top_k if args.top_k is not None else gen.top_k,
-                top_p=args.top_p if args.top_p is not None else gen.top_p,
-                generator=generator, span=span,
-            )
+            result = generate_from_run(run, prompt, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                       greedy=args.greedy, mem_len=args.mem_len, seed=args.seed, stop=args.stop,
+                                       num_samples=args.num_samples, unknown="unk",
+                                       on_text=show if args.stream else None)
     except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad sampling settings in the run
         raise TxlError(f"generate: {exc}") from None
-    for warning in caught:
+    said = set()
+    for warning in caught:  # once per sample: say it once
         if issubclass(warning.category, UnknownTokensWarning):
-            print(f"txl: warning: {warning.message}", file=sys.stderr)
+            if str(warning.message) not in said:
+                said.add(str(warning.message))
+                print(f"txl: warning: {warning.message}", file=sys.stderr)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    print(text)
+    for index, text in enumerate(result.texts):
+        if args.stream and index <= shown:
+            continue
+        header(index)
+        print(prompt + text, end="")
+        print()
+    if args.stream and shown >= 0:
+        print()
+    if result.new_tokens:
+        print(f"txl: {result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)",
+              file=sys.stderr)
     return 0
 
 
@@ -484,17 +518,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("generate", help="sample text from a trained run, reusing the memory cache")
+    p = sub.add_parser("generate", help="sample text from a trained run, with a key/value cache of the memory")
     p.add_argument("run_dir")
-    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--prompt", help="text to continue (default: a newline)")
+    p.add_argument("--prompt-file", metavar="FILE", help="continue the text of this UTF-8 file")
     p.add_argument("--max-new-tokens", type=_non_negative_int,
                    help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt")
     p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
     p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=_top_p,
                    help="sample among the most likely tokens whose probability reaches p")
-    p.add_argument("--mem-len", type=_non_negative_int,
-                   help="memory length while generating (default: the model's)")
+    p.add_argument("--greedy", action="store_true", help="always the most likely token (temperature 0)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a sample when its new text contains TEXT, cut before it (repeatable)")
+    p.add_argument("--num-samples", type=_positive_int, default=1, metavar="N", help="samples, one after the other")
+    p.add_argument("--stream", action="store_true", help="print the text as it is produced")
+    p.add_argument("--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")

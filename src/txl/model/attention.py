@@ -12,12 +12,18 @@ The relative score between query i and key j (Dai et al. 2019, Section 3.3):
 
 Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
 by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
+
+Incremental decoding passes a :class:`~txl.model.cache.LayerCache`: the memory's keys and values are then
+read from the cache (projected once, when their positions were new) instead of being projected again. For
+one new position (:meth:`RelativeMultiHeadAttention.forward_one`) a :class:`OneQueryContext` carries the
+distance table ``W_R R`` projected once per cache. The maths is the same.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +31,13 @@ from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
 
+if TYPE_CHECKING:
+    from .cache import LayerCache
+
 __all__ = [
     "rel_shift",
     "RelativeContext",
+    "OneQueryContext",
     "MultiHeadAttention",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
@@ -62,6 +72,25 @@ class RelativeContext:
     v: Tensor
 
 
+@dataclass(frozen=True)
+class OneQueryContext:
+    """What relative attention needs for one new position per row against a key/value cache (incremental
+    decoding), prepared once per cache by :meth:`RelativeMultiHeadAttention.prepare_one` and sliced to the K
+    keys in view. A single query needs no shift and no mask (``same_length`` leaves the oldest key out of view).
+
+    rel: (B*H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 (clamped), one copy
+    per batch row so that one batched matmul scores every head of every row; q_bias: (3*H*Dh,) ``[u | 0 | 0]``,
+    which makes the qkv projection return q + u; v_minus_u: (H, Dh), since q + v = (q + u) + (v - u);
+    qkv_t: (D, 3*H*Dh) and out_t: (H*Dh, D), the projection weights transposed and contiguous, the layout in
+    which a few rows times a weight run fastest on the CPU."""
+
+    rel: Tensor
+    q_bias: Tensor
+    v_minus_u: Tensor
+    qkv_t: Tensor
+    out_t: Tensor
+
+
 class MultiHeadAttention(nn.Module):
     """Causal multi-head attention over [memory ; current]: the projections shared by both variants.
     A variant overrides :meth:`attend`, which turns heads into the attention output."""
@@ -90,10 +119,18 @@ class MultiHeadAttention(nn.Module):
         """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
-        """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout)."""
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
+
+        With ``cache`` (incremental decoding; ``memory`` must be None) only the T new positions are projected:
+        their keys and values are appended to the cache, and the memory's come from it."""
         b, t, _ = x.shape
-        q, k, v = self._project(x, memory)
+        if cache is None:
+            q, k, v = self._project(x, memory)
+        else:
+            q, k, v = self._project(x, None)
+            k, v = cache.append(k, v)  # (B, H, K, Dh): [memory ; current] as far as this query sees
         attn = self.attend(q, k, v, context)  # (B, H, T, Dh)
         attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
         return self.drop(self.out(attn))
@@ -106,10 +143,13 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         super().__init__(config)
         self.r_net = nn.Linear(config.d_model, config.n_head * config.d_head, bias=False)  # W_{k,R}
 
+    def project_distances(self, pos: Tensor) -> Tensor:
+        """W_R R: sinusoids of distances (K, D) -> this layer's projected distances (H, Dh, K)."""
+        return self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
+
     def _position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
         """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
-        r = self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
-        by_distance = (q + v_bias[:, None, :]) @ r  # (B, H, T, K), column m = distance K-1-m
+        by_distance = (q + v_bias[:, None, :]) @ self.project_distances(pos)  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
     def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
@@ -118,6 +158,34 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         content = (q + context.u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
         score = (content + self._position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
+
+    def prepare_one(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> OneQueryContext:
+        """The :class:`OneQueryContext` for distances ``pos`` (R, D) (sinusoids of R-1..0) and B rows."""
+        b, h, dh = batch_size, self.n_head, self.d_head
+        rel = self.project_distances(pos)  # (H, Dh, R)
+        rel = rel.unsqueeze(0).expand(b, h, dh, rel.shape[-1]).reshape(b * h, dh, -1)  # (B*H, Dh, R)
+        q_bias = torch.cat([u.reshape(-1), u.new_zeros(2 * h * dh)])  # (3*H*Dh,): [u | 0 | 0]
+        return OneQueryContext(rel=rel, q_bias=q_bias, v_minus_u=v - u, qkv_t=self.qkv.weight.t().contiguous(),
+                               out_t=self.out.weight.t().contiguous())
+
+    def forward_one(self, x: Tensor, *, context: OneQueryContext, cache: LayerCache, residual: Tensor) -> Tensor:
+        """One new position per row against the cache (incremental decoding), eval mode only (no dropout):
+        x (B, D) -> residual + attention output (B, D).
+
+        The four terms of :meth:`attend`: (q + u)·k + (q + v)·W_R R, with the distance table projected ahead,
+        no shift and no mask (one query), and batched matmuls with a plain softmax, which for one query cost
+        less than the fused kernel's set-up. Every tensor op costs microseconds of dispatch whatever its size,
+        so this path issues few: u rides in the projection as a bias, the scale and the position term enter
+        through one ``baddbmm``, the residual through the output projection's ``addmm``."""
+        b, h, dh = x.shape[0], self.n_head, self.d_head
+        qkv = torch.addmm(context.q_bias, x, context.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
+        k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, Dh, K), (B*H, K, Dh), x's k, v included
+        q_u = qkv[:, 0]  # (B, H, Dh)
+        q_v = (q_u + context.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
+        score = torch.baddbmm(torch.bmm(q_v, context.rel), q_u.reshape(b * h, 1, dh), k_t,
+                              beta=self.scale, alpha=self.scale)  # (B*H, 1, K): (b)+(d), + (a)+(c), scaled
+        attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
+        return torch.addmm(residual, attn.view(b, h * dh), context.out_t)  # (B, D)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
         if context is None:
@@ -135,9 +203,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 class AbsoluteMultiHeadAttention(MultiHeadAttention):
     """Standard causal attention for the vanilla baseline: positions enter at the input, no memory."""
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None) -> Tensor:
-        if memory is not None or context is not None:
-            raise ValueError("absolute attention (the vanilla baseline) takes no memory and no relative positions")
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        if memory is not None or context is not None or cache is not None:
+            raise ValueError("absolute attention (the vanilla baseline) takes no memory, cache or relative positions")
         return super().forward(x)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:

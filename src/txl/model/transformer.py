@@ -8,10 +8,13 @@ D model size, V vocabulary, N = n_layer.
     out.loss      # (B, T) per-token negative log-likelihood in nats
     out.memory    # pass to the next segment
     out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
+    cache = KVCache(model.config, batch_size=B)            # generation: keys and values projected once
+    out = model(tokens, cache=cache, last_only=True)       # out.logits (B, 1, V); the cache slides
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +23,8 @@ from torch import Tensor, nn
 from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import RelativeContext
-from .layers import DecoderLayer
+from .cache import KVCache
+from .layers import DecoderLayer, LayerStep
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
@@ -34,12 +38,12 @@ class ModelOutput:
     logits: Tensor | None
     """(B, T, V) **log-probabilities** of the next token (already normalised by the full or adaptive
     softmax: ``logits.exp().sum(-1) == 1``; the name follows the usual ``ModelOutput``). None when targets are
-    given, unless ``return_logits=True``."""
+    given, unless ``return_logits=True``. (B, 1, V) for the last position only with ``last_only=True``."""
     loss: Tensor | None
     """(B, T) negative log-likelihood of each target in nats (0 where the target is ``ignore_index``)."""
     memory: Memory | None
     """Memory for the next segment: the input of each layer on the last ``span.mem_len`` positions (None for
-    the vanilla baseline or mem_len = 0)."""
+    the vanilla baseline or mem_len = 0, and with a ``cache``, which holds it: ``cache.memory()``)."""
     hidden: Tensor | None = None
     """(B, T, D) final hidden states, when ``return_hidden=True``."""
 
@@ -123,14 +127,40 @@ class TransformerXL(nn.Module):
             raise ValueError(f"memory states are {tuple(memory.states[0].shape)}, expected "
                              f"({tokens.shape[0]}, M, {self.config.d_model})")
 
+    def _relative_contexts(self, t: int, m: int, *, span: Span, device: torch.device,
+                           dtype: torch.dtype) -> list[RelativeContext]:
+        """Per-layer positions, mask and biases for T queries after M remembered positions."""
+        cfg = self.config
+        distances = relative_distances(m + t, clamp_len=span.clamp_len, device=device)  # (K,)
+        pos = self.drop(sinusoid(distances, cfg.d_model, dtype=dtype))  # (K, D)
+        mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=device)
+        return [RelativeContext(pos=pos, mask=mask, u=u, v=v) for u, v in self._biases()]
+
+    def _biases(self) -> list[tuple[Tensor, Tensor]]:
+        """(u, v) of every layer, (H, Dh) each."""
+        if self.config.share_rel_bias:
+            return [(self.u, self.v)] * self.config.n_layer
+        return [(self.u[index], self.v[index]) for index in range(self.config.n_layer)]
+
     def forward(self, tokens: Tensor, *, memory: Memory | None = None, targets: Tensor | None = None,
                 span: Span | None = None, return_logits: bool | None = None, return_hidden: bool = False,
-                ignore_index: int = -100) -> ModelOutput:
+                ignore_index: int = -100, cache: KVCache | None = None, last_only: bool = False) -> ModelOutput:
         """tokens (B, T) int64; memory from the previous segment or None (empty); targets (B, T) int64;
         ``span``: the memory length, clamp and same-length setting to run with (default: the config's).
 
         Returns per-token losses (B, T) when targets are given, log-probabilities (B, T, V) when they are not
-        (or when ``return_logits``), and the memory for the next segment."""
+        (or when ``return_logits``), and the memory for the next segment. ``last_only``: log-probabilities of
+        the last position only, (B, 1, V) (what generation needs; no (B, T, V) tensor is built).
+
+        ``cache``: a :class:`KVCache` holding the memory (pass no ``memory``; ``span`` is the cache's). The
+        keys and values of remembered positions come from it, this segment's are appended and the window
+        slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache, but
+        computes no gradients."""
+        if cache is not None:
+            return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
+                                        last_only=last_only, return_hidden=return_hidden)
+        if last_only and targets is not None:
+            raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         self._check_inputs(tokens, memory, targets)
         cfg = self.config
         span = cfg.span if span is None else span
@@ -141,12 +171,7 @@ class TransformerXL(nn.Module):
         contexts: list[RelativeContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
             m = 0 if memory is None else memory.length
-            distances = relative_distances(m + t, clamp_len=span.clamp_len, device=tokens.device)  # (K,)
-            pos = self.drop(sinusoid(distances, cfg.d_model, dtype=h.dtype))  # (K, D)
-            mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=tokens.device)
-            for index in range(cfg.n_layer):
-                u, v = (self.u, self.v) if cfg.share_rel_bias else (self.u[index], self.v[index])
-                contexts[index] = RelativeContext(pos=pos, mask=mask, u=u, v=v)
+            contexts = self._relative_contexts(t, m, span=span, device=tokens.device, dtype=h.dtype)
         else:
             positions = torch.arange(t, device=tokens.device)
             h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only
@@ -162,10 +187,79 @@ class TransformerXL(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         h = self.drop(h)
-        flat = h.reshape(b * t, -1)  # (B*T, D)
         loss = logits = None
         if targets is not None:
+            flat = h.reshape(b * t, -1)  # (B*T, D)
             loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
         if targets is None or return_logits:
-            logits = self.softmax.log_prob(flat).view(b, t, -1)  # (B, T, V), normalised
+            last = h[:, -1:] if last_only else h  # (B, T', D)
+            logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(b, last.shape[1], -1)  # (B, T', V)
         return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
+
+    def _step_contexts(self, cache: KVCache) -> list[LayerStep]:
+        """Contexts for one query against the cache: the projected distances of the keys in view, no mask.
+        With ``same_length`` and a full memory the oldest key is out of view (``attention_mask``'s rule)."""
+        span = cache.span
+        k = cache.length + 1
+        if span.same_length:
+            k = min(k, span.mem_len)
+        cache.view_start = cache.end + 1 - k
+        if cache.step_contexts is None or cache.step_contexts[0] != k:
+            contexts = [dataclasses.replace(step, attention=dataclasses.replace(
+                step.attention, rel=step.attention.rel[:, :, -k:])) for step in cache.prepared]  # rel (B*H, Dh, K)
+            cache.step_contexts = (k, contexts)
+        return cache.step_contexts[1]
+
+    def _forward_cached(self, tokens: Tensor, *, cache: KVCache, span: Span | None, memory: Memory | None,
+                        targets: Tensor | None, last_only: bool, return_hidden: bool) -> ModelOutput:
+        """forward() against a key/value cache: T new positions, after the cache's memory. No gradients: the
+        cache keeps values, not a graph (it serves generation; training takes whole segments and a memory)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
+                                            last_only=last_only, return_hidden=return_hidden)
+        if memory is not None or targets is not None:
+            raise ValueError("with a cache, pass no memory (the cache holds it) and no targets")
+        if span is not None and span != cache.span:
+            raise ValueError(f"the cache was built for {cache.span}, not {span}")
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
+            raise ValueError(f"tokens must be (batch, time) with the cache's {cache.batch_size} rows, "
+                             f"got shape {tuple(tokens.shape)}")
+        if cache.model is not self:
+            cache.bind(self)
+        b, t = tokens.shape
+        h = self.embedding(tokens)  # (B, T, D)
+        cache.make_room(t)
+        if t == 1 and not self.training:  # one query: the lean path, rows (B, D), the distance table ahead
+            contexts = self._step_contexts(cache)
+            h = h[:, 0]  # (B, D)
+            inputs = []
+            for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
+                inputs.append(h)
+                h = layer.step(h, prepared=context, cache=layer_cache)
+            cache.store_inputs(inputs)
+            cache.advance(1)
+            if self.norm is not None:
+                h = self.norm(h)
+            logits = self._cached_log_probs(h, cache)[:, None]  # (B, 1, V)
+            return ModelOutput(logits=logits, loss=None, memory=None, hidden=h[:, None] if return_hidden else None)
+        h = self.drop(h)
+        cache.view_start = cache.start
+        contexts = self._relative_contexts(t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype)
+        for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
+            layer_cache.store_input(h)
+            h = layer(h, context=context, cache=layer_cache)
+        cache.advance(t)
+        h = self.drop(h if self.norm is None else self.norm(h))
+        last = h[:, -1] if last_only else h.reshape(b * t, -1)  # (B, D) or (B*T, D)
+        logits = self._cached_log_probs(last, cache).view(b, -1, self.config.vocab_size)  # (B, T', V)
+        return ModelOutput(logits=logits, loss=None, memory=None, hidden=h if return_hidden else None)
+
+    def _cached_log_probs(self, hidden: Tensor, cache: KVCache) -> Tensor:
+        """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
+        if cache.output_t is None:
+            return self.softmax.log_prob(hidden)
+        # The plain softmax of log_prob, its weight transposed ahead (see KVCache.output_t).
+        weight_t, bias, proj = cache.output_t
+        scores = torch.addmm(bias, hidden if proj is None else hidden @ proj, weight_t)  # (N, V)
+        return torch.log_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)

@@ -1,0 +1,224 @@
+"""Generation speed: txl's key/value-cached decoding against Hugging Face ``TransfoXLLMHeadModel.generate``
+(transformers 4.35.2, the last release with TransfoXL), same sizes, alternated in one process; prints one JSON
+line per memory length.
+
+    python3 -m venv --system-site-packages /work/venv-hf && /work/venv-hf/bin/pip install transformers==4.35.2
+    PYTHONPATH=src /work/venv-hf/bin/python benchmarks/generate.py                  # memory 64, 512, 1600
+    PYTHONPATH=src python3 benchmarks/generate.py --no-hf --memory 64 --repeats 2    # txl only (no transformers)
+
+Sizes: vocab 10k (plain softmax), 4 layers, d_model 128, 4 heads x 32, d_inner 512, batch 1, a 64-token
+prompt, 200 new tokens, greedy, 2 threads. Random weights: greedy decoding of random weights is the same
+amount of work as of trained ones (Hugging Face is told there is no end-of-sequence token, so both always
+produce 200 tokens).
+
+Two txl figures per memory length M:
+- ``txl_fresh``: the prompt starts with an empty memory, as the issue specifies, so txl attends over at most
+  64 + 200 positions even when M is larger. Hugging Face starts from a memory of M zero vectors and attends
+  over all M of them from the first step, so at M > 264 this compares unequal work.
+- ``txl_full``: txl starts with a full memory of M positions (a segment of M random tokens fed before, not
+  timed), so every step attends over M keys as Hugging Face's does: the like-for-like figure.
+
+Peak memory: a fresh subprocess builds one model, runs one generation to warm up, resets the kernel's peak
+RSS counter (``/proc/self/clear_refs``), and runs one more: ``peak_rss_mib`` is the peak resident set size
+(VmHWM) during that generation, ``peak_rss_growth_mib`` that peak minus the RSS just before it (what the
+generation itself allocates), ``process_max_rss_mib`` the whole process's ``ru_maxrss`` (imports included).
+Per-token split: wall time inside each layer's one-position attention (projections, cache append, scores,
+softmax, output projection), the feed-forward blocks and the output layer with its log-softmax, over one
+txl_full decode (timers wrapped around those calls, the 64-token prompt included in the total), divided by
+the 200 new tokens; ``other_us`` is the rest (embedding, layer norms, residuals, cache bookkeeping, argmax,
+the generation loop in Python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from txl import Span, TransformerXL, TransformerXLConfig
+from txl.generate import generate
+from txl.model.layers import FeedForward
+
+SIZES = dict(vocab=10_000, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, prompt=64, new=200)
+
+
+def txl_model(mem_len: int) -> TransformerXL:
+    config = TransformerXLConfig(vocab_size=SIZES["vocab"], n_layer=SIZES["n_layer"], d_model=SIZES["d_model"],
+                                 n_head=SIZES["n_head"], d_head=SIZES["d_head"], d_inner=SIZES["d_inner"],
+                                 mem_len=mem_len)
+    return TransformerXL(config).eval()
+
+
+def hf_model(mem_len: int):
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    config = TransfoXLConfig(vocab_size=SIZES["vocab"], cutoffs=[], d_model=SIZES["d_model"], d_embed=SIZES["d_model"],
+                             n_head=SIZES["n_head"], d_head=SIZES["d_head"], d_inner=SIZES["d_inner"],
+                             n_layer=SIZES["n_layer"], mem_len=mem_len, tgt_len=SIZES["prompt"], div_val=1,
+                             adaptive=False, same_length=False, clamp_len=-1, dropout=0.0, dropatt=0.0,
+                             eos_token_id=None, pad_token_id=0)
+    return TransfoXLLMHeadModel(config).eval()
+
+
+def full_memory(model: TransformerXL, mem_len: int):
+    """A memory of mem_len positions (a segment of random tokens), so that decoding starts at full length."""
+    tokens = torch.randint(0, SIZES["vocab"], (1, mem_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model(tokens, span=Span(mem_len=mem_len), last_only=True).memory
+
+
+def run_txl(model: TransformerXL, prompt: torch.Tensor, mem_len: int, memory=None) -> torch.Tensor:
+    return generate(model, prompt, max_new_tokens=SIZES["new"], temperature=0, span=Span(mem_len=mem_len),
+                    memory=memory).new_tokens
+
+
+def run_hf(model, prompt: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=SIZES["new"], do_sample=False)
+    new = out[:, prompt.shape[1]:]
+    assert new.shape[1] == SIZES["new"], new.shape
+    return new
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def split_per_token(model: TransformerXL, prompt: torch.Tensor, mem_len: int, memory) -> dict[str, float]:
+    """Microseconds per new token inside attention, feed-forward and the output softmax (see the header)."""
+    spent = {"attention": 0.0, "feed_forward": 0.0, "softmax": 0.0}
+    patched = []
+
+    def wrap(obj, name: str, key: str) -> None:
+        original = getattr(obj, name)
+
+        def timed_call(*args, **kwargs):
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            spent[key] += time.perf_counter() - start
+            return out
+
+        setattr(obj, name, timed_call)
+        patched.append((obj, name))
+
+    for layer in model.layers:
+        wrap(layer.attn, "forward_one", "attention")  # one position against the cache, projections included
+    wrap(model, "_cached_log_probs", "softmax")  # the output layer and the log-softmax
+    feed_forward = FeedForward.__dict__["forward_one"]  # a staticmethod, called through the class
+    wrap(FeedForward, "forward_one", "feed_forward")
+    patched.pop()  # restored below, as the staticmethod it was
+    try:
+        total = timed(lambda: run_txl(model, prompt, mem_len, memory))
+    finally:
+        for obj, name in patched:
+            delattr(obj, name)  # back to the class's method
+        FeedForward.forward_one = feed_forward
+    n = SIZES["new"]
+    split = {f"{k}_us": round(1e6 * v / n, 1) for k, v in spent.items()}
+    split["other_us"] = round(1e6 * (total - sum(spent.values())) / n, 1)
+    split["total_us"] = round(1e6 * total / n, 1)
+    return split
+
+
+def peak_rss(kind: str, mem_len: int) -> dict[str, float]:
+    """Run one generation in a fresh subprocess and return its peak RSS figures (MiB)."""
+    out = subprocess.run([sys.executable, __file__, "--peak-child", kind, "--memory", str(mem_len)],
+                         capture_output=True, text=True, check=True, env=os.environ.copy())
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _status_mib(field: str) -> float:
+    """VmRSS or VmHWM (the peak RSS) of this process from /proc/self/status, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def peak_child(kind: str, mem_len: int) -> None:
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    prompt = torch.randint(0, SIZES["vocab"], (1, SIZES["prompt"]))
+    if kind == "hf":
+        model = hf_model(mem_len)
+        fn = lambda: run_hf(model, prompt)  # noqa: E731
+    else:
+        model = txl_model(mem_len)
+        memory = full_memory(model, mem_len) if kind == "txl_full" else None
+        fn = lambda: run_txl(model, prompt, mem_len, memory)  # noqa: E731
+    fn()  # warm up: the libraries' one-time allocations are not the generation's
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (Linux)
+    before = _status_mib("VmRSS")
+    fn()
+    peak = _status_mib("VmHWM")
+    print(json.dumps({"peak_rss_mib": round(peak, 1), "peak_rss_growth_mib": round(peak - before, 1),
+                      "process_max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+
+
+def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict:
+    torch.manual_seed(0)
+    prompt = torch.randint(0, SIZES["vocab"], (1, SIZES["prompt"]))
+    model = txl_model(mem_len)
+    memory = full_memory(model, mem_len)
+    runners: dict[str, Callable[[], object]] = {
+        "txl_fresh": lambda: run_txl(model, prompt, mem_len),
+        "txl_full": lambda: run_txl(model, prompt, mem_len, memory),
+    }
+    if with_hf:
+        hf = hf_model(mem_len)
+        runners["hf"] = lambda: run_hf(hf, prompt)
+    for fn in runners.values():  # warm up
+        fn()
+    seconds: dict[str, list[float]] = {name: [] for name in runners}
+    for r in range(repeats):
+        names = list(runners) if r % 2 == 0 else list(reversed(runners))  # alternate the order
+        for name in names:
+            seconds[name].append(timed(runners[name]))
+    n = SIZES["new"]
+    record: dict = {"memory": mem_len, "repeats": repeats, "threads": torch.get_num_threads(),
+                    "new_tokens": n, "prompt": SIZES["prompt"]}
+    for name, times in seconds.items():
+        record[f"{name}_tokens_per_s"] = round(n / statistics.median(times), 1)
+    if with_hf:
+        for name in ("txl_fresh", "txl_full"):
+            ratios = [h / t for h, t in zip(seconds["hf"], seconds[name], strict=True)]  # tokens/s txl over hf
+            record[f"ratio_{name}_over_hf"] = round(statistics.median(ratios), 2)
+    record["split_txl_full"] = split_per_token(model, prompt, mem_len, memory)
+    if with_peak:
+        for name in runners:
+            record[f"peak_{name}"] = peak_rss(name, mem_len)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memory", type=int, action="append", help="memory length(s) (default 64, 512, 1600)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-hf", action="store_true", help="txl only (transformers not installed)")
+    parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--peak-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peak_child:
+        peak_child(args.peak_child, args.memory[0])
+        return
+    torch.set_num_threads(2)
+    for mem_len in args.memory or [64, 512, 1600]:
+        print(json.dumps(bench(mem_len, repeats=args.repeats, with_hf=not args.no_hf, with_peak=not args.no_peak)),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
