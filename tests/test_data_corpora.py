@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -206,3 +207,16 @@ def test_non_utf8_text_names_file_and_offset(tmp_path):
     with pytest.raises(CorpusError) as err:
         c.text("valid")
     assert str(bad) in str(err.value) and "byte offset 14" in str(err.value)
+
+
+def test_data_list_names_every_corpus_a_config_accepts(capsys):
+    from txl.cli import main
+
+    assert main(["data", "list"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["corpora"] == list(CORPUS_NAMES)
+    assert listed["generated"] == ["synthetic-recall"]
+    for name in listed["generated"]:  # generated in memory: loads with no data folder at all
+        assert load_corpus(name, data_dir=Path("/nonexistent")).splits["train"]
+    with pytest.raises(CorpusError, match="synthetic-recall"):  # the error lists it among the known names
+        load_corpus("no-such-corpus")

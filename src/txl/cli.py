@@ -240,14 +240,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from .data import CORPUS_NAMES, DOWNLOADS, data_search_dirs, download_corpus
+    from .data import CORPUS_NAMES, DOWNLOADS, GENERATED_CORPUS_NAMES, data_search_dirs, download_corpus
 
     if args.data_command == "download":
         folder = download_corpus(args.name, dest=Path(args.dest) if args.dest else None, url=args.url,
                                  sha256=args.sha256, progress=not args.quiet)
         print(folder)
     else:
-        print(json.dumps({"corpora": list(CORPUS_NAMES), "downloadable": sorted(DOWNLOADS),
+        print(json.dumps({"corpora": list(CORPUS_NAMES), "generated": list(GENERATED_CORPUS_NAMES),
+                          "downloadable": sorted(DOWNLOADS),
                           "search_dirs": [str(p) for p in data_search_dirs()]}, indent=1))
     return 0
 

@@ -10,7 +10,6 @@ here and fits the steps to the time, so its result follows the machine and its l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .analysis.baseline import vanilla_baseline
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig
 from .generate import generate_text
 from .runs import load_run
@@ -70,12 +70,6 @@ def _steps_for(config: RunConfig, minutes: float) -> int:
     return max(20, int(0.85 * minutes * 60 / per_step))  # 15% for the loop's own work (logging, batches)
 
 
-def _vanilla(config: RunConfig) -> RunConfig:
-    """The vanilla baseline of ``config``: absolute positions, no memory, same sizes and training."""
-    model = dataclasses.replace(config.model, attention="absolute", mem_len=0)
-    return dataclasses.replace(config, model=model, eval=dataclasses.replace(config.eval, mem_len=None))
-
-
 def _choose_steps(steps: int | None, minutes: float | None) -> int:
     """The steps to train each model: ``steps``, :data:`DEFAULT_STEPS`, or as many as fit ``minutes`` here."""
     if steps is not None and minutes is not None:
@@ -114,7 +108,7 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     steps = _choose_steps(steps, minutes)
     xl_config = demo_config(steps)
     # No time limit: both models always train exactly ``steps`` steps, whatever the machine.
-    configs = {"transformer-xl": xl_config, "vanilla": _vanilla(xl_config)}
+    configs = {"transformer-xl": xl_config, "vanilla": vanilla_baseline(xl_config)}
     results: dict[str, dict[str, Any]] = {}
     for name, config in configs.items():
         if not results:

@@ -3,6 +3,7 @@
 from txl.data.cache import default_cache_dir, encode_split, token_dtype
 from txl.data.corpora import (
     CORPUS_NAMES,
+    GENERATED_CORPUS_NAMES,
     Corpus,
     CorpusError,
     cache_root,
@@ -24,6 +25,7 @@ from txl.data.vocab import (
 
 __all__ = [
     "CORPUS_NAMES",
+    "GENERATED_CORPUS_NAMES",
     "DOWNLOADS",
     "BPEVocab",
     "Batch",

@@ -450,7 +450,8 @@ def load_corpus(spec: str, *, data_dir: Path | None = None) -> Corpus:
     if os.sep in spec or "/" in spec or "." in spec:
         raise CorpusError(f"corpus path {path} does not exist; give an existing file or folder")
     raise CorpusError(
-        f"unknown corpus '{spec}': not a known name ({', '.join(CORPUS_NAMES)}) and no such path"
+        f"unknown corpus '{spec}': not a known name ({', '.join(CORPUS_NAMES + GENERATED_CORPUS_NAMES)}) "
+        "and no such path"
     )
 
 
