@@ -153,7 +153,11 @@ def test_resuming_a_finished_run_asks_for_more_steps(trained_run, capsys):
     assert _snapshot(trained_run) == before
     _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "model.d_model=64"], "model")
     assert main(["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=12"]) == 0
-    assert json.loads(capsys.readouterr().out)["steps"] == 12
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 12
+    # The schedule changes under the resumed run: said in one line, not a Python warning with its source line
+    assert captured.err.startswith("txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate")
+    assert len(captured.err.splitlines()) == 1
     finals = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
 

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
-from .errors import TxlError
+from .errors import TxlError, TxlWarning
 
 __all__ = ["main", "build_parser"]
 
@@ -172,7 +172,7 @@ def _generate_prompt(args: argparse.Namespace) -> str:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import UnknownTokensWarning, generate_from_run
+    from .generate import generate_from_run
     from .runs import load_run
 
     prompt = _generate_prompt(args)
@@ -199,24 +199,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             shown = index
         print(piece, end="", flush=True)
 
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UnknownTokensWarning)
-            result = generate_from_run(run, prompt, max_new_tokens=args.max_new_tokens,
-                                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                       greedy=args.greedy, mem_len=args.mem_len, seed=args.seed, stop=args.stop,
-                                       num_samples=args.num_samples, unknown="unk",
-                                       on_text=show if args.stream else None)
+    try:  # unknown words are read as <unk> with a warning (once: main shows each warning once)
+        result = generate_from_run(run, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, mem_len=args.mem_len,
+                                   seed=args.seed, stop=args.stop, num_samples=args.num_samples, unknown="unk",
+                                   on_text=show if args.stream else None)
     except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad sampling settings in the run
         raise TxlError(f"generate: {exc}") from None
-    said = set()
-    for warning in caught:  # once per sample: say it once
-        if issubclass(warning.category, UnknownTokensWarning):
-            if str(warning.message) not in said:
-                said.add(str(warning.message))
-                print(f"txl: warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     for index, text in enumerate(result.texts):
         if args.stream and index <= shown:
             continue
@@ -570,6 +559,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints txl's own warnings as one ``txl: warning:`` line on stderr and
+    passes the others to ``show``."""
+
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, TxlWarning):
+            print(f"txl: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return show_warning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -578,7 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"txl: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", TxlWarning)  # each message once per place, even when seen before
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return args.func(args)
     except TxlError as exc:
         from .train.trainer import Interrupted
 

@@ -3,7 +3,7 @@ what to do; the CLI prints it and exits with a non-zero status."""
 
 from __future__ import annotations
 
-__all__ = ["TxlError", "CheckpointError", "RunError"]
+__all__ = ["TxlError", "CheckpointError", "RunError", "TxlWarning"]
 
 
 class TxlError(ValueError):
@@ -16,3 +16,8 @@ class CheckpointError(TxlError):
 
 class RunError(TxlError):
     """A run folder that cannot be used as asked (it holds another run, it has no checkpoint, ...)."""
+
+
+class TxlWarning(UserWarning):
+    """Base of txl's warnings: something was done differently from what was asked, or may surprise; the CLI
+    prints each as one ``txl: warning:`` line."""

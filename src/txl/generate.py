@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import Span
+from .errors import TxlWarning
 from .model import KVCache, Memory
 
 if TYPE_CHECKING:
@@ -440,7 +441,7 @@ def generate(model: nn.Module, prompt: Tensor | Sequence[Tensor], *, max_new_tok
 # ---------------------------------------------------------------------------------------------------------
 
 
-class UnknownTokensWarning(UserWarning):
+class UnknownTokensWarning(TxlWarning):
     """A prompt held tokens the vocabulary does not know; they were read as ``<unk>``."""
 
 

@@ -22,13 +22,14 @@ from types import MappingProxyType
 
 from tqdm import tqdm
 
-from txl.data.corpora import CorpusError, data_search_dirs
+from ..errors import TxlWarning
+from .corpora import CorpusError, data_search_dirs
 
 CHUNK = 1 << 16
 TIMEOUT_S = 60
 
 
-class UnverifiedDownloadWarning(UserWarning):
+class UnverifiedDownloadWarning(TxlWarning):
     """A file was downloaded without a pinned SHA-256 to check it against."""
 
 

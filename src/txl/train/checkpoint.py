@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, TxlWarning
 from ..model import Memory
 
 __all__ = [
@@ -56,7 +56,7 @@ class DamagedCheckpoint(CheckpointError):
     """A checkpoint whose files are missing, truncated or fail their checksum (an older one may be intact)."""
 
 
-class ResumeWarning(UserWarning):
+class ResumeWarning(TxlWarning):
     """A resumed run that is not exact, or that changes course (another checkpoint, another schedule)."""
 
 
