@@ -385,3 +385,20 @@ def test_generate_text_with_no_new_tokens_returns_the_prompt():
     assert generate_text(model, vocab, "hello", max_new_tokens=0, include_prompt=True) == "hello"
     with pytest.raises(ValueError, match="Z"):  # the prompt is still checked
         generate_text(model, vocab, "heZlo", max_new_tokens=0)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0 (0 is greedy), got -0.5"),
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0 (0 is greedy), got inf"),
+    ({"top_k": 0}, "top_k must be a positive integer or None, got 0"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1] or None, got 1.5"),
+    ({"top_p": True}, "top_p must be in (0, 1] or None, got True"),
+])
+def test_sampling_settings_are_checked_by_one_rule_in_config_and_generate(settings, message):
+    from txl.config import GenerateConfig
+
+    with pytest.raises(ValueError) as from_config:
+        GenerateConfig(**settings)
+    with pytest.raises(ValueError) as from_generate:
+        generate(_model(), _prompt(), max_new_tokens=2, **settings)
+    assert str(from_config.value) == str(from_generate.value) == message

@@ -393,12 +393,20 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "max_new_tokens")
-        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0, "temperature",
-               "must be >= 0")
-        if self.top_k is not None:
-            _positive_int(self, "top_k")
-        if self.top_p is not None:
-            _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        check_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None) -> None:
+    """Validate sampling settings (the one place: :class:`GenerateConfig` and :mod:`txl.generate` use it).
+    Raises ConfigError (a ValueError) naming the setting."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or temperature < 0):
+        raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ConfigError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ The model, its memory and the cache are left to :mod:`txl.model`; vocabularies t
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from .config import Span
+from .config import Span, check_sampling
 from .errors import TxlWarning
 from .model import KVCache, Memory
 
@@ -44,23 +44,6 @@ DEFAULT_CONTEXT = 512
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _check_top_k(top_k: Any) -> None:
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-
-
-def _check_top_p(top_p: Any) -> None:
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-
-
-def _check_temperature(temperature: Any) -> None:
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature) or temperature < 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
-
-
 def _ranks(logits: Tensor) -> tuple[Tensor, Tensor]:
     """Sort descending with ties broken by the lower token id; returns (sorted values, rank of every entry)."""
     values, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (..., V)
@@ -73,8 +56,7 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
     ``top_k`` keeps the k highest scores. ``top_p`` keeps the smallest set of most likely tokens whose
     probability (softmax of the top-k-filtered scores) reaches p, and always at least the most likely token.
     Ties are broken deterministically in favour of the lower token id. The input is not modified."""
-    _check_top_k(top_k)
-    _check_top_p(top_p)
+    check_sampling(top_k=top_k, top_p=top_p)
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits must be (..., V) with V >= 1, got shape {tuple(logits.shape)}")
     out = logits.clone()
@@ -99,9 +81,7 @@ def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None =
     ``temperature`` 0 is greedy (argmax, the lower id on ties; top-k/top-p cannot change it). Otherwise the
     scores are divided by the temperature, filtered by :func:`filter_logits`, and one token is drawn with
     ``generator`` (the global generator when None)."""
-    _check_temperature(temperature)
-    _check_top_k(top_k)
-    _check_top_p(top_p)
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     if logits.dim() != 2 or logits.shape[-1] == 0:
         raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
     return _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -251,9 +231,7 @@ class _Decoding:
         self.rows = _prepare_rows(prompt, vocab_size=config.vocab_size, device=device)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        _check_temperature(temperature)
-        _check_top_k(top_k)
-        _check_top_p(top_p)
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         for name, value in (("prompt_chunk", prompt_chunk), ("context", context)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
@@ -633,15 +611,13 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
     generator seeded with ``seed`` (so streamed and collected output are the same). ``on_text(i, piece)`` is
     called once per generated token of sample i with the text it made printable (see :class:`TextStream`).
     ``max_new_tokens=0`` generates nothing. Bad settings and unknown prompt tokens raise ValueError."""
-    defaults = run.config.generate
-    max_new_tokens = defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
     if greedy:
         if temperature not in (None, 0):
             raise ValueError(f"greedy decoding has temperature 0, not {temperature}")
         temperature = 0.0
-    temperature = defaults.temperature if temperature is None else temperature
-    top_k = defaults.top_k if top_k is None else top_k
-    top_p = defaults.top_p if top_p is None else top_p
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    sampling = dataclasses.replace(run.config.generate, **{k: v for k, v in given.items() if v is not None})
+    max_new_tokens = sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -669,8 +645,8 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
 
         start = time.perf_counter()
         generate_text(model, run.vocab, prompt, stop=stop, on_text=collect, unknown=unknown,
-                      max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, span=span)
+                      max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+                      top_p=sampling.top_p, generator=generator, span=span)
         seconds += time.perf_counter() - start
         count += len(pieces)
         texts.append("".join(pieces))
