@@ -136,7 +136,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     config = run.config
-    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None)
+    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None,
+                         text_field=config.data.text_field)
     tokens = encode_split(corpus, args.split, run.vocab,
                           cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
     settings = _eval_settings(args, config)
