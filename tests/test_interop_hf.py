@@ -127,6 +127,9 @@ def test_config_mapping_and_refusals(tmp_path):
     assert (cfg.mem_len, cfg.clamp_len, cfg.same_length, cfg.d_embed, cfg.tie_projs) == (8, 6, True, 64, True)
     assert config_from_hf({**data, "clamp_len": -1}).clamp_len is None
     assert config_from_hf({**data, "mem_len": 0}).same_length is False
+    older = {k: v for k, v in data.items() if k not in ("vocab_size", "tie_projs")}  # pytorch-pretrained-bert's keys
+    assert config_from_hf({**older, "n_token": 120, "proj_share_all_but_first": True}) == cfg
+    assert load_hf(folder / "model.safetensors").config == cfg  # a file inside the folder names the folder
     with pytest.raises(CheckpointError, match="attn_type"):
         config_from_hf({**data, "attn_type": 2})
     with pytest.raises(CheckpointError, match="tie_projs"):

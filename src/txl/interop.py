@@ -275,7 +275,7 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
     d_model, d_embed = int(hf["d_model"]), int(hf.get("d_embed", hf["d_model"]))
     try:
         return TransformerXLConfig(
-            vocab_size=int(hf["vocab_size"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]),
+            vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]),
             d_head=int(hf["d_head"]), d_model=d_model, d_inner=int(hf["d_inner"]),
             d_embed=None if d_embed == d_model else d_embed, dropout=float(hf.get("dropout", 0.0)),
             dropatt=float(hf.get("dropatt", 0.0)), attention="relative", mem_len=mem_len,
