@@ -61,8 +61,11 @@ def export_model(model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len
                           "has none")
     if mem_len <= 0 or tgt_len <= 0:
         raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ExportError("export a float32 model (this one has other parameter types)")
     span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
-    step = SegmentStep(model.float().eval(), span=span)
+    was_training = model.training
+    step = SegmentStep(model.eval(), span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
     memory = tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer))
     inputs, outputs = _names(cfg.n_layer)
@@ -77,6 +80,8 @@ def export_model(model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len
                               dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False)
         except ImportError as exc:
             raise ExportError(f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})") from None
+        finally:
+            model.train(was_training)
     return out
 
 
@@ -101,10 +106,11 @@ def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len:
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len), generator=generator)
     span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
     memory = Memory(tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer)))
-    feeds_memory = [m.numpy() for m in memory.states]
+    feeds_memory = [m.numpy() for m in memory.states]  # float32, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
-    model = model.float().eval()
+    was_training = model.training
+    model.eval()
     with torch.no_grad():
         for s in range(segments):
             seg = tokens[:, s * tgt_len:(s + 1) * tgt_len]
@@ -114,6 +120,7 @@ def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len:
             for mine, theirs in zip(got[1:], expected.memory.states, strict=True):
                 worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
             memory, feeds_memory = expected.memory, got[1:]
+    model.train(was_training)
     if not worst <= atol:
         raise ExportError(f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "
                           f"{segments} segments")
