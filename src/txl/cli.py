@@ -136,7 +136,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     config = run.config
-    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None)
+    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None,
+                         text_field=config.data.text_field)
     tokens = encode_split(corpus, args.split, run.vocab,
                           cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
     settings = _eval_settings(args, config)
@@ -240,6 +241,62 @@ def _cmd_data(args: argparse.Namespace) -> int:
                           "downloadable": sorted(DOWNLOADS),
                           "search_dirs": [str(p) for p in data_search_dirs()]}, indent=1))
     return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .analysis.common import parse_ints
+    from .convert import convert
+
+    cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
+    folder = convert(Path(args.src), Path(args.dst), source=args.source, vocab=args.vocab, corpus=args.corpus,
+                     tgt_len=args.tgt_len, mem_len=args.mem_len, clamp_len=args.clamp_len,
+                     same_length=args.same_length, pre_norm=args.pre_norm, cutoffs=cutoffs,
+                     overwrite=args.overwrite)
+    print(folder)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_onnx
+
+    _device(args.device)
+    result = export_onnx(Path(args.run_dir), Path(args.out), tgt_len=args.tgt_len, mem_len=args.mem_len,
+                         checkpoint=args.checkpoint, opset=args.opset, check=not args.no_check)
+    print(json.dumps(result))
+    return 0
+
+
+def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="a pretrained checkpoint (the authors' or Hugging Face's) as a txl run")
+    p.add_argument("src", help="a Hugging Face TransfoXL folder (config.json + weights + vocab.pkl) or the "
+                               "authors' state_dict file")
+    p.add_argument("dst", help="the run folder to write")
+    p.add_argument("--from", dest="source", choices=("original", "hf"),
+                   help="the checkpoint's layout (default: hf for a folder with config.json, else original)")
+    p.add_argument("--vocab", help="vocab.pkl, vocab.txt or vocab.json (default: the one next to SRC)")
+    p.add_argument("--corpus", default="wikitext-103", help="the run's data.corpus, which txl eval reads "
+                                                             "(default: wikitext-103)")
+    p.add_argument("--tgt-len", type=_positive_int, help="evaluation segment length (default: the config's, else 128)")
+    p.add_argument("--mem-len", type=_non_negative_int, help="memory length (required --from original)")
+    p.add_argument("--clamp-len", type=_positive_int, help="clamp of relative distances")
+    p.add_argument("--same-length", action=argparse.BooleanOptionalAction, default=None,
+                   help="every query sees the same number of keys")
+    p.add_argument("--pre-norm", action="store_true", help="--from original: the model was trained with pre_lnorm")
+    p.add_argument("--cutoffs", help="--from original, div_val 1: the adaptive softmax cutoffs, e.g. 20000,40000,200000")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in DST")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("export", help="a run's model as ONNX, with the memory as inputs and outputs")
+    p.add_argument("run_dir")
+    p.add_argument("--format", choices=("onnx",), default="onnx", help="onnx (the only format)")
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--tgt-len", type=_positive_int, help="segment length traced (default: the run's eval tgt_len)")
+    p.add_argument("--mem-len", type=_positive_int, help="memory length M (default: the model's mem_len)")
+    p.add_argument("--opset", type=_positive_int, default=18, help="ONNX opset (default: 18)")
+    p.add_argument("--checkpoint", default="best", help="best (default), latest, a step or a folder")
+    p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of the exported file")
+    p.set_defaults(func=_cmd_export)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -556,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_data)
 
     _add_analysis_commands(sub)
+    _add_interop_commands(sub)
     return parser
 
 

@@ -240,8 +240,11 @@ class DataConfig:
     """Which text to model and how to turn it into tokens."""
 
     corpus: str = "python-stdlib"
-    """A corpus name (tinyshakespeare, books, wikitext-2, wikitext-103, enwik8, text8, ptb, python-stdlib)
-    or a path to a text file or folder."""
+    """A corpus name (tinyshakespeare, books, wikitext-2, wikitext-103, enwik8, text8, ptb, python-stdlib),
+    a path to a text file or folder, or a Hugging Face dataset: ``hf:NAME[:CONFIG]`` (from the hub, e.g.
+    ``hf:wikitext:wikitext-2-raw-v1``) or ``hf-disk:PATH`` (written by ``save_to_disk``); needs ``txl[datasets]``."""
+    text_field: str = "text"
+    """Hugging Face datasets: the column that holds the text (one line per row)."""
     vocab: VocabKind | None = None
     """Vocabulary kind; None picks the corpus's natural level (word, char or byte)."""
     min_freq: int = 1
@@ -259,6 +262,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
+        _check(isinstance(self.text_field, str) and bool(self.text_field), "text_field", "must be a column name")
         if self.vocab is not None:
             _one_of(self, "vocab", typing.get_args(VocabKind))
         _positive_int(self, "min_freq")

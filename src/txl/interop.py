@@ -4,23 +4,32 @@
 PyTorch ``MemTransformerLM`` (attention type 0, the relative attention of the paper), safely
 (``weights_only=True``), infers every size from the tensor shapes and returns an equivalent
 :class:`~txl.model.TransformerXL`. Their tensors are laid out time-major inside; weights are not.
+
+``load_hf`` reads a Hugging Face ``TransfoXLLMHeadModel`` folder (``config.json`` and ``model.safetensors``
+or ``pytorch_model.bin``, the latter with ``weights_only=True``) and ``load_hf_vocab`` its word vocabulary
+(``vocab.pkl`` through :mod:`txl.safe_pickle`, never running pickle code; or ``vocab.txt`` / ``vocab.json``).
+Writing a txl run folder from either is :mod:`txl.convert`'s job.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .config import TransformerXLConfig
+from .config import ConfigError, TransformerXLConfig
+from .data.vocab import WordVocab
 from .errors import CheckpointError
 from .model import TransformerXL
 from .model.positional import inverse_frequencies
+from .safe_pickle import UnsafePickleError, safe_load_file
 
-__all__ = ["CheckpointError", "load_original", "original_to_txl", "txl_to_original", "config_from_original"]
+__all__ = ["CheckpointError", "load_original", "original_to_txl", "txl_to_original", "config_from_original",
+           "load_hf", "load_hf_vocab", "config_from_hf", "hf_to_txl", "read_hf_state", "vocab_from_symbols"]
 
 
 def _count(keys: Mapping[str, Tensor], pattern: str) -> int:
@@ -185,3 +194,252 @@ def load_original(path: str | Path, *, pre_norm: bool = False, mem_len: int, sam
     config = config_from_original(state, pre_norm=pre_norm, mem_len=mem_len, same_length=same_length,
                                   clamp_len=clamp_len, cutoffs=cutoffs)
     return original_to_txl(state, config).eval()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face TransfoXL (transformers <= 4.35)
+# ---------------------------------------------------------------------------------------------------------
+
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json")
+"""The weight files of a Hugging Face checkpoint folder, in the order they are looked for."""
+
+
+def _hf_folder(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    folder = path.parent if path.is_file() else path
+    if not folder.is_dir():
+        raise CheckpointError(f"Hugging Face checkpoint folder not found: {path}")
+    return folder
+
+
+def _read_weight_file(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
+        raise CheckpointError(f"{path}: not readable weights ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
+    return dict(state)
+
+
+def read_hf_state(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a Hugging Face checkpoint folder: ``model.safetensors``, else ``pytorch_model.bin``
+    (``weights_only=True``), or the shards their ``.index.json`` lists."""
+    folder = _hf_folder(path)
+    for name in HF_WEIGHT_FILES:
+        file = folder / name
+        if not file.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return _read_weight_file(file)
+        try:
+            shards = sorted(set(json.loads(file.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{file}: not a weight index ({exc})") from None
+        state: dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(_read_weight_file(folder / shard))
+        return state
+    raise CheckpointError(f"{folder}: no weights ({', '.join(HF_WEIGHT_FILES)})")
+
+
+def config_from_hf(hf: Mapping) -> TransformerXLConfig:
+    """The TransformerXLConfig of a Hugging Face ``TransfoXLConfig`` (its ``config.json`` as a dict).
+
+    ``untie_r`` gives one pair of biases per layer, ``clamp_len <= 0`` no clamp, ``tie_projs`` (or
+    ``proj_share_all_but_first``) the tied tail projections; ``mem_len``, ``same_length`` and ``clamp_len``
+    become the model's default span (the paper's evaluation settings for ``transfo-xl-wt103``)."""
+    model_type = hf.get("model_type", "transfo-xl")
+    if model_type != "transfo-xl":
+        raise CheckpointError(f"not a TransfoXL config: model_type is {model_type!r}")
+    if hf.get("attn_type", 0) != 0:
+        raise CheckpointError(f"attn_type {hf.get('attn_type')} is not supported: txl implements the relative "
+                              "attention of the paper (attn_type 0)")
+    if (hf.get("sample_softmax") or -1) > 0:
+        raise CheckpointError("sample_softmax > 0 (a sampled softmax) is not supported")
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if abs(eps - 1e-5) > 1e-12:
+        raise CheckpointError(f"layer_norm_epsilon {eps} is not supported: txl's LayerNorms use 1e-5")
+    cutoffs = tuple(int(c) for c in hf.get("cutoffs", ()))
+    tails = [bool(t) for t in hf.get("tie_projs", [False] + [bool(hf.get("proj_share_all_but_first", True))]
+                                                * len(cutoffs))][1:]
+    if len(set(tails)) > 1:
+        raise CheckpointError(f"tie_projs {hf.get('tie_projs')}: txl ties all tail projections or none")
+    mem_len = int(hf.get("mem_len", 0) or 0)
+    clamp_len = hf.get("clamp_len", -1)
+    d_model, d_embed = int(hf["d_model"]), int(hf.get("d_embed", hf["d_model"]))
+    try:
+        return TransformerXLConfig(
+            vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]),
+            d_head=int(hf["d_head"]), d_model=d_model, d_inner=int(hf["d_inner"]),
+            d_embed=None if d_embed == d_model else d_embed, dropout=float(hf.get("dropout", 0.0)),
+            dropatt=float(hf.get("dropatt", 0.0)), attention="relative", mem_len=mem_len,
+            same_length=bool(hf.get("same_length", False)) and mem_len > 0,
+            clamp_len=int(clamp_len) if clamp_len is not None and clamp_len > 0 else None,
+            pre_norm=bool(hf.get("pre_lnorm", False)), tie_weights=bool(hf.get("tie_word_embeddings", True)),
+            share_rel_bias=not hf.get("untie_r", True), cutoffs=cutoffs, div_val=int(hf.get("div_val", 1)),
+            tie_projs=all(tails) if cutoffs else True, init_std=float(hf.get("init_std", 0.02)),
+            proj_init_std=float(hf.get("proj_init_std", 0.01)),
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"the TransfoXL config has no {exc.args[0]!r}") from None
+    except ConfigError as exc:
+        raise CheckpointError(f"the TransfoXL config cannot be expressed in txl: {exc}") from None
+
+
+def _hf_candidates(config: TransformerXLConfig) -> dict[str, list[str]]:
+    """Our parameter name -> the Hugging Face names that may hold it (several where HF shares a tensor
+    and a safetensors file keeps only one of the names)."""
+    names: dict[str, list[str]] = {}
+    for ours, theirs in _name_map(config).items():
+        if ours in ("u", "v"):
+            continue
+        names[ours] = [theirs if theirs.startswith("crit.") else f"transformer.{theirs}"]
+    for i in range(1 if config.div_val == 1 else len(config.cutoffs) + 1):
+        if config.tie_weights:  # tied output weights are saved under the embedding's name
+            names[f"softmax.out_layers.{i}.weight"].append(f"transformer.word_emb.emb_layers.{i}.weight")
+    if config.tie_projs:
+        for i in range(1, len(config.cutoffs) + 1):
+            names[f"softmax.out_projs.{i}"].append(f"transformer.word_emb.emb_projs.{0 if config.div_val == 1 else i}")
+    return names
+
+
+def _hf_biases(state: Mapping[str, Tensor], config: TransformerXLConfig) -> dict[str, Tensor]:
+    """u (r_w_bias) and v (r_r_bias): (H, Dh) shared, or (N, H, Dh) stacked from every layer's own."""
+    found = {}
+    for ours, theirs in (("u", "r_w_bias"), ("v", "r_r_bias")):
+        per_layer = [f"transformer.layers.{i}.dec_attn.{theirs}" for i in range(config.n_layer)]
+        if config.share_rel_bias:
+            name = next((n for n in [f"transformer.{theirs}", *per_layer] if n in state), None)
+            if name is None:
+                raise CheckpointError(f"the checkpoint has no transformer.{theirs} (shared, untie_r false)")
+            found[ours] = state[name]
+        else:
+            missing = [n for n in per_layer if n not in state]
+            if missing:
+                raise CheckpointError(f"the checkpoint has no {missing[0]} (one per layer, untie_r true)")
+            found[ours] = torch.stack([state[n] for n in per_layer])
+    return found
+
+
+def hf_to_txl(state: Mapping[str, Tensor], config: TransformerXLConfig) -> TransformerXL:
+    """Build a TransformerXL from ``config`` and copy the Hugging Face tensors into it (shapes checked).
+
+    The head's cluster logits are stored in the opposite order: Hugging Face scores tail cluster i with row
+    i - 1 of ``cluster_weight``, the authors' PyTorch code and txl with row ``n_clusters - i``."""
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    dtype = torch.float64 if any(v.dtype == torch.float64 for v in state.values()) else torch.float32
+    model = TransformerXL(config).to(dtype)
+    candidates = _hf_candidates(config)
+    sources = dict(_hf_biases(state, config))
+    for name in ("softmax.cluster_weight", "softmax.cluster_bias"):
+        if name in candidates and candidates[name][0] in state:
+            sources[name] = state[candidates[name][0]].flip(0)
+    with torch.no_grad():
+        done: dict[int, tuple[str, Tensor]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            options = [n for n in candidates.get(name, []) if n in state]
+            tensor = sources.get(name, state[options[0]] if options else None)
+            if tensor is None:
+                if id(param) in done:  # tied to a parameter already filled
+                    continue
+                raise CheckpointError(f"the checkpoint has no tensor for {name} (expected "
+                                      f"{' or '.join(candidates.get(name, ['?']))})")
+            if tensor.shape != param.shape:
+                raise CheckpointError(f"{options[0] if options else name} has shape {tuple(tensor.shape)}, the "
+                                      f"model of config.json needs {tuple(param.shape)}")
+            if id(param) in done and not torch.equal(done[id(param)][1], tensor):
+                raise CheckpointError(f"{name} and {done[id(param)][0]} differ in the checkpoint, but config.json "
+                                      "ties them (tie_word_embeddings / tie_projs)")
+            param.copy_(tensor.to(param.dtype))
+            done[id(param)] = (name, tensor)
+    return model
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The ``config.json`` of a Hugging Face checkpoint folder, as a dict."""
+    file = _hf_folder(path) / "config.json"
+    try:
+        hf = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{file.parent}: no config.json (not a Hugging Face checkpoint folder)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return hf
+
+
+def load_hf(path_or_dir: str | Path) -> TransformerXL:
+    """Load a Hugging Face TransfoXL checkpoint folder (``config.json`` + ``model.safetensors`` or
+    ``pytorch_model.bin``, read with ``weights_only=True``) as an equivalent TransformerXL in eval mode.
+
+    The model gives Hugging Face's log-probabilities for the same tokens and the same memory. Hugging Face
+    starts a sequence from ``mem_len`` zero vectors when given no memory, txl from an empty memory: pass
+    ``Memory`` of zeros (B, mem_len, D) per layer to start as it does."""
+    config = config_from_hf(read_hf_config(path_or_dir))
+    return hf_to_txl(read_hf_state(path_or_dir), config).eval()
+
+
+def vocab_from_symbols(symbols: Sequence[str], *, eos_per_line: bool = True) -> WordVocab:
+    """A whitespace-tokenised word vocabulary with these symbols at these ids (``<unk>`` and ``<eos>`` where
+    they are), as imported with a pretrained model."""
+    if not symbols or not all(isinstance(s, str) for s in symbols):
+        raise CheckpointError("a vocabulary must be a non-empty list of strings")
+    try:
+        return WordVocab(list(symbols), tokenizer="whitespace", eos_per_line=eos_per_line, as_given=True)
+    except ValueError as exc:
+        raise CheckpointError(f"not a usable vocabulary: {exc}") from None
+
+
+def _symbols_from_pickled(data: object, path: Path) -> list[str]:
+    """idx2sym of the dict TransfoXLTokenizer (or the authors' Vocab) pickles, checked."""
+    if not isinstance(data, Mapping):
+        raise CheckpointError(f"{path}: expected the pickled dict of a TransfoXL vocabulary, got {type(data).__name__}")
+    if data.get("lower_case"):
+        raise CheckpointError(f"{path}: a lower-casing vocabulary (lower_case true) is not supported")
+    if data.get("delimiter") not in (None, "", " "):
+        raise CheckpointError(f"{path}: a vocabulary split on {data.get('delimiter')!r} is not supported "
+                              "(txl splits on whitespace)")
+    symbols = data.get("idx2sym")
+    if symbols is None and isinstance(data.get("sym2idx"), Mapping):
+        symbols = [s for s, _ in sorted(data["sym2idx"].items(), key=lambda item: item[1])]
+    if not isinstance(symbols, (list, tuple)):
+        raise CheckpointError(f"{path}: the pickled vocabulary has no idx2sym list")
+    return list(symbols)
+
+
+def load_hf_vocab(path_or_dir: str | Path) -> WordVocab:
+    """The word vocabulary of a Hugging Face TransfoXL folder (or the vocabulary file itself): ``vocab.pkl``
+    (read by :func:`txl.safe_pickle.safe_load_file`: plain containers only, no pickle code runs), else
+    ``vocab.txt`` (one symbol per line, the first field as TransfoXLTokenizer reads it) or ``vocab.json``
+    (a list of symbols, ``{"idx2sym": [...]}`` or ``{symbol: id}``). Ids are kept as they are."""
+    path = Path(path_or_dir).expanduser()
+    if path.is_dir():
+        found = [path / n for n in ("vocab.pkl", "vocab.txt", "vocab.json") if (path / n).is_file()]
+        if not found:
+            raise CheckpointError(f"{path}: no vocab.pkl, vocab.txt or vocab.json")
+        path = found[0]
+    if not path.is_file():
+        raise CheckpointError(f"vocabulary not found: {path}")
+    if path.suffix == ".txt":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return vocab_from_symbols([line.split()[0] for line in lines if line.strip()])
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+        if isinstance(data, Mapping) and "idx2sym" not in data and "sym2idx" not in data:
+            data = {"sym2idx": data}
+        return vocab_from_symbols(data if isinstance(data, list) else _symbols_from_pickled(data, path))
+    try:
+        data = safe_load_file(path)
+    except UnsafePickleError as exc:
+        raise CheckpointError(f"{exc} (export the vocabulary as vocab.txt, one symbol per line, instead)") from None
+    return vocab_from_symbols(_symbols_from_pickled(data, path))

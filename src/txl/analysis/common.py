@@ -26,7 +26,7 @@ def split_tokens(config: RunConfig, vocab: Vocab, split: str, *, max_tokens: int
     """Token ids of one split of the run's corpus under its vocabulary (the cached encoding); with
     ``max_tokens``, the first ``max_tokens + 1`` (so that ``max_tokens`` targets are predicted)."""
     data = config.data
-    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None)
+    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None, text_field=data.text_field)
     tokens = encode_split(corpus, split, vocab, cache_dir=Path(data.cache_dir) if data.cache_dir else None)
     return tokens if max_tokens is None else tokens[: max_tokens + 1]
 

@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..errors import TxlError
+from .hf_datasets import is_hf_spec, load_hf_corpus
 
 CORPUS_NAMES = (
     "tinyshakespeare",
@@ -430,7 +431,7 @@ def _load_path(path: Path) -> Corpus:
     return _make(name, "char", False, _split_by_file(files))
 
 
-def load_corpus(spec: str, *, data_dir: Path | None = None) -> Corpus:
+def load_corpus(spec: str, *, data_dir: Path | None = None, text_field: str = "text") -> Corpus:
     """Load a corpus by name (one of CORPUS_NAMES) or by path (a text file or a folder).
 
     Names are looked up as `<dir>/<name>/` in `data_dir` if given, else in `data_search_dirs()`.
@@ -438,7 +439,13 @@ def load_corpus(spec: str, *, data_dir: Path | None = None) -> Corpus:
     train/valid/test files if it has them, else assigns its files to splits by a hash of their path.
     A split missing on disk is absent from `Corpus.splits`; callers fail when they need it.
     `synthetic-recall[:distance=D,seed=S]` is generated in memory (see `synthetic_recall`).
+    `hf:NAME[:CONFIG]` and `hf-disk:PATH` are Hugging Face datasets, one line of text per row taken from the
+    column `text_field` (see `txl.data.hf_datasets`); WikiText and PTB ones are word level with `<eos>` per line.
     """
+    if is_hf_spec(spec):
+        name, parts = load_hf_corpus(spec, text_field=text_field)
+        words = any(key in name.lower() for key in ("wikitext", "ptb", "penn"))
+        return _make(name, "word" if words else "char", words, parts)
     if spec.split(":", 1)[0] in GENERATED_CORPUS_NAMES:
         return synthetic_recall(**_recall_options(spec))
     if spec in CORPUS_NAMES:

@@ -133,12 +133,21 @@ class WordVocab(_TableVocab):
     eos_id = 1
     unknown_as_unk = True
 
-    def __init__(self, words: Sequence[str], *, tokenizer: str = "whitespace", eos_per_line: bool = False):
+    def __init__(self, words: Sequence[str], *, tokenizer: str = "whitespace", eos_per_line: bool = False,
+                 as_given: bool = False):
+        """``as_given``: keep ``words`` in their order, specials wherever they are (a vocabulary imported
+        with a pretrained model, whose ids must not move); a missing ``<unk>`` makes unknown words an error."""
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
-        super().__init__([UNK, EOS, *(w for w in words if w not in (UNK, EOS))])
+        if as_given:
+            super().__init__(words)
+            self.unk_id, self.eos_id = self.index.get(UNK), self.index.get(EOS)
+            self.unknown_as_unk = self.unk_id is not None
+        else:
+            super().__init__([UNK, EOS, *(w for w in words if w not in (UNK, EOS))])
         self.tokenizer = tokenizer
         self.eos_per_line = eos_per_line
+        self.as_given = as_given
 
     @staticmethod
     def split_words(line: str, tokenizer: str) -> list[str]:
@@ -188,11 +197,11 @@ class WordVocab(_TableVocab):
     def encode(self, text: str | bytes, *, strict: bool = False) -> np.ndarray:
         toks = list(self.tokens(_as_text(text)))
         get = self.index.get
-        if strict:
+        if strict or self.unk_id is None:
             unknown = [t for t in toks if t not in self.index]
             if unknown:
                 raise _unknown_error(unknown, self.kind)
-        return np.fromiter((get(t, 0) for t in toks), dtype=np.int64, count=len(toks))
+        return np.fromiter((get(t, self.unk_id) for t in toks), dtype=np.int64, count=len(toks))
 
     def unknown_tokens(self, text: str | bytes) -> list[str]:
         return [t for t in dict.fromkeys(self.tokens(_as_text(text))) if t not in self.index]
@@ -212,13 +221,16 @@ class WordVocab(_TableVocab):
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "format": FORMAT_VERSION,
             "kind": self.kind,
             "tokenizer": self.tokenizer,
             "eos_per_line": self.eos_per_line,
             "symbols": list(self.symbols),
         }
+        if self.as_given:  # written only then, so that other vocabularies keep their fingerprints
+            d["as_given"] = True
+        return d
 
 
 class CharVocab(_TableVocab):
@@ -354,7 +366,8 @@ def vocab_from_dict(d: dict[str, Any]) -> Vocab:
     if d.get("format", FORMAT_VERSION) != FORMAT_VERSION:
         raise ValueError(f"unsupported vocabulary format {d.get('format')!r} (expected {FORMAT_VERSION})")
     if kind == "word":
-        return WordVocab(d["symbols"], tokenizer=d["tokenizer"], eos_per_line=bool(d["eos_per_line"]))
+        return WordVocab(d["symbols"], tokenizer=d["tokenizer"], eos_per_line=bool(d["eos_per_line"]),
+                         as_given=bool(d.get("as_given", False)))
     if kind == "char":
         return CharVocab(d["symbols"])
     if kind == "byte":

@@ -93,7 +93,7 @@ class PreparedData:
 def prepare_data(config: RunConfig, *, vocab: Vocab | None = None) -> PreparedData:
     """Load the corpus, build (or reuse) the vocabulary and encode every split that exists."""
     data = config.data
-    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None)
+    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None, text_field=data.text_field)
     if vocab is None:
         vocab = build_vocab(data.vocab or corpus.level, corpus, min_freq=data.min_freq, max_size=data.max_size,
                             bpe_vocab_size=data.bpe_vocab_size, tokenizer=data.tokenizer)

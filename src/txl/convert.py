@@ -1,0 +1,108 @@
+"""``txl convert``: a pretrained checkpoint (the authors' PyTorch state_dict, or a Hugging Face TransfoXL
+folder) written as a txl run folder (config.json, vocab.json, checkpoints/best/ in safetensors) that
+``txl eval`` and ``txl generate`` accept. Reading the checkpoints is :mod:`txl.interop`'s job, the run
+folder's layout :mod:`txl.runs`' and :mod:`txl.train.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Literal
+
+from .config import (
+    ConfigError,
+    DataConfig,
+    EvalConfig,
+    RunConfig,
+    TrainConfig,
+    TransformerXLConfig,
+    config_to_dict,
+)
+from .data.vocab import Vocab
+from .errors import CheckpointError
+from .interop import load_hf, load_hf_vocab, load_original, read_hf_config
+from .runs import check_new_run_dir, clear_run
+from .train.checkpoint import TrainingState, atomic_write_text, save_checkpoint
+
+__all__ = ["Source", "convert", "detect_source"]
+
+Source = Literal["original", "hf"]
+
+
+def detect_source(src: Path) -> Source:
+    """``hf`` for a folder with a config.json (or a file inside one), ``original`` for a state_dict file."""
+    folder = src if src.is_dir() else src.parent
+    if (folder / "config.json").is_file() and not (src.is_file() and src.suffix in (".pt", ".pth")):
+        return "hf"
+    if src.is_file():
+        return "original"
+    raise CheckpointError(f"{src}: neither a Hugging Face folder (with config.json) nor a state_dict file")
+
+
+def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
+    if vocab is not None:
+        return load_hf_vocab(vocab)
+    folder = src if src.is_dir() else src.parent
+    if any((folder / n).is_file() for n in ("vocab.pkl", "vocab.txt", "vocab.json")):
+        return load_hf_vocab(folder)
+    raise CheckpointError(f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass --vocab PATH")
+
+
+def convert(src: str | Path, dst: str | Path, *, source: Source | None = None, vocab: str | Path | None = None,
+            corpus: str = "wikitext-103", tgt_len: int | None = None, mem_len: int | None = None,
+            clamp_len: int | None = None, same_length: bool | None = None, pre_norm: bool = False,
+            cutoffs: tuple[int, ...] | None = None, overwrite: bool = False) -> Path:
+    """Write the checkpoint ``src`` as a run folder ``dst`` and return it.
+
+    ``source``: ``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file), detected
+    when None. The vocabulary is ``vocab`` or the vocab.pkl / vocab.txt / vocab.json next to ``src``; its ids
+    are kept. ``corpus`` is what ``txl eval`` evaluates on (``data.corpus``). ``tgt_len`` becomes the run's
+    evaluation segment length (default: the Hugging Face config's ``tgt_len``, else 128). The original's
+    state_dict stores no ``mem_len``, ``clamp_len``, ``same_length``, ``pre_norm`` or div_val-1 ``cutoffs``:
+    they are given here (``mem_len`` is required); for a Hugging Face folder they override its config."""
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    if not src.exists():
+        raise CheckpointError(f"checkpoint not found: {src}")
+    source = source or detect_source(src)
+    paths = check_new_run_dir(dst, overwrite=overwrite)
+    words = _load_vocab(src, None if vocab is None else Path(vocab).expanduser())
+    if source == "hf":
+        model = load_hf(src)
+        tgt_len = tgt_len or read_hf_config(src).get("tgt_len") or 128
+    else:
+        if mem_len is None:
+            raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
+        model = load_original(src, pre_norm=pre_norm, mem_len=mem_len, same_length=bool(same_length),
+                              clamp_len=clamp_len, cutoffs=cutoffs)
+        tgt_len = tgt_len or 128
+    model = model.float()
+    if len(words) != model.config.vocab_size:
+        raise CheckpointError(f"the vocabulary has {len(words)} symbols, the model {model.config.vocab_size}")
+    config = RunConfig(model=_with_span(model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length),
+                       data=DataConfig(corpus=corpus, vocab="word", tokenizer="whitespace"),
+                       train=TrainConfig(tgt_len=int(tgt_len)), eval=EvalConfig(tgt_len=int(tgt_len)))
+    if paths.holds_run():
+        clear_run(paths)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    words.save(paths.vocab)
+    atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+    meta = {"config": config_to_dict(config), "model": config_to_dict(config.model),
+            "vocab_fingerprint": words.fingerprint, "converted_from": {"source": source, "path": str(src)}}
+    save_checkpoint(paths.checkpoints / "best", model=model, optimizer=None, memory=None, state=TrainingState(),
+                    meta=meta)
+    return paths.root
+
+
+def _with_span(config: TransformerXLConfig, **lengths: int | bool | None) -> TransformerXLConfig:
+    """The config with the default lengths that were given changed (they are not architecture: the weights
+    stay as they are); same_length is dropped with no memory."""
+    changes = {k: v for k, v in lengths.items() if v is not None}
+    try:
+        config = dataclasses.replace(config, **changes)
+    except ConfigError as exc:
+        raise ConfigError(f"convert: {exc}") from None
+    if config.mem_len == 0 and config.same_length:
+        config = dataclasses.replace(config, same_length=False)
+    return config

@@ -1,0 +1,91 @@
+"""Hugging Face ``datasets`` as a corpus source (the optional extra ``datasets``): ``hf:NAME[:CONFIG]`` from
+the hub (or its local cache) and ``hf-disk:PATH`` for a dataset written with ``save_to_disk``.
+
+Each row's ``text_field`` is one line of text (a newline is added to rows that have none, as WikiText's rows
+already end with one); the splits ``train``, ``validation`` (or ``valid``, ``dev``) and ``test`` become txl's
+train, valid and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and
+:mod:`txl.data.cache`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HF_PREFIX", "HF_DISK_PREFIX", "is_hf_spec", "load_hf_corpus", "SPLIT_NAMES"]
+
+HF_PREFIX = "hf:"
+HF_DISK_PREFIX = "hf-disk:"
+SPLIT_NAMES = {"train": "train", "validation": "valid", "valid": "valid", "dev": "valid", "test": "test"}
+"""Dataset split name -> txl split name; other splits are left out."""
+
+
+def is_hf_spec(spec: str) -> bool:
+    """Whether ``data.corpus`` names a Hugging Face dataset."""
+    return spec.startswith((HF_PREFIX, HF_DISK_PREFIX))
+
+
+def _datasets() -> Any:
+    from .corpora import CorpusError
+
+    try:
+        import datasets
+    except ImportError:
+        raise CorpusError("hf: and hf-disk: corpora need Hugging Face datasets: pip install 'txl[datasets]'") from None
+    return datasets
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _open(spec: str) -> tuple[Any, str]:
+    """The DatasetDict (or Dataset) that ``spec`` names, and the corpus name."""
+    from .corpora import CorpusError
+
+    datasets = _datasets()
+    if spec.startswith(HF_DISK_PREFIX):
+        path = Path(spec[len(HF_DISK_PREFIX):]).expanduser()
+        if not path.exists():
+            raise CorpusError(f"corpus {spec}: {path} does not exist (a folder written by save_to_disk)")
+        try:
+            return datasets.load_from_disk(str(path)), f"{HF_DISK_PREFIX}{path.name}"
+        except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad folder
+            raise CorpusError(f"corpus {spec}: not a dataset saved with save_to_disk ({_one_line(exc)})") from None
+    name, _, config = spec[len(HF_PREFIX):].partition(":")
+    if not name:
+        raise CorpusError(f"corpus {spec!r}: expected hf:NAME or hf:NAME:CONFIG, e.g. hf:wikitext:wikitext-2-raw-v1")
+    try:
+        return datasets.load_dataset(name, config or None), spec
+    except Exception as exc:  # noqa: BLE001 - network, hub and script errors all end here
+        raise CorpusError(
+            f"cannot load the Hugging Face dataset {spec[len(HF_PREFIX):]!r} ({_one_line(exc)}): the hub cannot be "
+            "reached or has no such dataset; on a machine with network run datasets.load_dataset(...)"
+            ".save_to_disk(PATH) and use data.corpus=\"hf-disk:PATH\"") from None
+
+
+def load_hf_corpus(spec: str, *, text_field: str = "text") -> tuple[str, dict[str, list[tuple[bytes, str, None]]]]:
+    """The corpus name and its splits as pieces (UTF-8 bytes, source, None), for :func:`corpora._make`."""
+    from .corpora import CorpusError
+
+    data, name = _open(spec)
+    datasets = _datasets()
+    splits = {"train": data} if isinstance(data, datasets.Dataset) else dict(data)
+    parts: dict[str, list[tuple[bytes, str, None]]] = {}
+    for split, dataset in splits.items():
+        ours = SPLIT_NAMES.get(split)
+        if ours is None:
+            continue
+        if text_field not in dataset.column_names:
+            raise CorpusError(f"corpus {spec}: split {split!r} has no column {text_field!r} (columns: "
+                              f"{', '.join(dataset.column_names)}); set data.text_field")
+        rows = dataset[text_field]
+        if not all(isinstance(row, str) for row in rows):
+            raise CorpusError(f"corpus {spec}: column {text_field!r} must hold text")
+        text = "".join(row if row.endswith("\n") else row + "\n" for row in rows)
+        parts.setdefault(ours, []).append((text.encode("utf-8"), f"{spec}[{split}]", None))
+    if not parts:
+        raise CorpusError(f"corpus {spec}: no train, validation or test split (splits: {', '.join(splits) or 'none'})")
+    return name, parts

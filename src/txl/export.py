@@ -1,0 +1,147 @@
+"""``txl export``: a run's model as an ONNX graph that runs one segment with its memory, so that any ONNX
+runtime can do segment-by-segment inference:
+
+    (tokens (B, T) int64, memory_0 .. memory_{N-1} (B, M, D)) -> (log_probs (B, T, V), new_memory_0 .. new_memory_{N-1})
+
+N = n_layer, one memory per layer (the input of that layer on the last M positions, as txl's ``Memory``).
+The batch is dynamic; T and M are fixed when exporting. The graph always reads a memory of M positions: start
+from zeros (as Hugging Face's TransfoXL does), or from the memory of a txl run. Loading the run is
+:mod:`txl.runs`' job; the check against ``onnxruntime`` (the optional extra ``export``) is here.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .config import Span
+from .errors import TxlError
+from .model import Memory, TransformerXL
+
+__all__ = ["ExportError", "SegmentStep", "export_model", "export_onnx", "check_onnx", "onnxruntime_session"]
+
+
+class ExportError(TxlError):
+    """A model that cannot be exported as asked, or an export that does not match the model."""
+
+
+class SegmentStep(nn.Module):
+    """One segment with memory, as plain tensors in and out (the exported function): ``forward(tokens,
+    *memory) -> (log_probs, *new_memory)``, with the memory length ``span.mem_len`` kept constant."""
+
+    def __init__(self, model: TransformerXL, *, span: Span) -> None:
+        super().__init__()
+        self.model, self.span = model, span
+
+    def forward(self, tokens: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
+        out = self.model(tokens, memory=Memory(tuple(memory)), span=self.span)
+        return (out.logits, *out.memory.states)
+
+
+def _names(n_layer: int) -> tuple[list[str], list[str]]:
+    inputs = ["tokens", *(f"memory_{i}" for i in range(n_layer))]
+    outputs = ["log_probs", *(f"new_memory_{i}" for i in range(n_layer))]
+    return inputs, outputs
+
+
+def export_model(model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len: int, batch_size: int = 2,
+                 opset: int = 18) -> Path:
+    """Write ``model`` (relative attention, with memory) as ONNX to ``out``: segments of ``tgt_len`` tokens
+    after a memory of ``mem_len`` positions (its clamp and same-length setting are the model's)."""
+    cfg = model.config
+    if cfg.attention != "relative":
+        raise ExportError("only the Transformer-XL (relative attention) exports with memory; the vanilla baseline "
+                          "has none")
+    if mem_len <= 0 or tgt_len <= 0:
+        raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ExportError("export a float32 model (this one has other parameter types)")
+    span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
+    was_training = model.training
+    step = SegmentStep(model.eval(), span=span)
+    tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
+    memory = tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer))
+    inputs, outputs = _names(cfg.n_layer)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    dynamic = {"tokens": {0: batch}, "memory": tuple({0: batch} for _ in range(cfg.n_layer))}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(step, (tokens, *memory), str(out), input_names=inputs, output_names=outputs,
+                              dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False)
+        except ImportError as exc:
+            raise ExportError(f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})") from None
+        finally:
+            model.train(was_training)
+    return out
+
+
+def onnxruntime_session(path: str | Path) -> Any:
+    """An ``onnxruntime`` CPU session of the file (ExportError when onnxruntime is not installed)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError("checking the export needs onnxruntime: pip install 'txl[export]' "
+                          "(or pass --no-check)") from None
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len: int, segments: int = 3,
+               batch_size: int = 3, atol: float = 1e-4, seed: int = 0) -> float:
+    """Run ``segments`` segments with memory carried through the exported file (onnxruntime) and through
+    ``model``, from the same zero memory, on random tokens; returns the largest log-probability difference and
+    raises ExportError when it exceeds ``atol``."""
+    cfg = model.config
+    session = onnxruntime_session(path)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len), generator=generator)
+    span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
+    memory = Memory(tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer)))
+    feeds_memory = [m.numpy() for m in memory.states]  # float32, as exported
+    inputs, _ = _names(cfg.n_layer)
+    worst = 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for s in range(segments):
+            seg = tokens[:, s * tgt_len:(s + 1) * tgt_len]
+            expected = model(seg, memory=memory, span=span)
+            got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
+            worst = max(worst, float(np.abs(got[0] - expected.logits.numpy()).max()))
+            for mine, theirs in zip(got[1:], expected.memory.states, strict=True):
+                worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
+            memory, feeds_memory = expected.memory, got[1:]
+    model.train(was_training)
+    if not worst <= atol:
+        raise ExportError(f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "
+                          f"{segments} segments")
+    return worst
+
+
+def export_onnx(run_dir: Path, out: Path, *, tgt_len: int | None = None, mem_len: int | None = None,
+                checkpoint: str = "best", opset: int = 18, check: bool = True) -> dict[str, Any]:
+    """``txl export``: the run's model as ONNX in ``out``; with ``check`` the file is run by onnxruntime over
+    3 segments against txl. ``tgt_len`` defaults to the run's evaluation segment length, ``mem_len`` to the
+    model's. Returns what was written (a JSON-able record)."""
+    from .runs import load_run
+
+    run = load_run(Path(run_dir), checkpoint=checkpoint)
+    config = run.config
+    tgt_len = next(v for v in (tgt_len, config.eval.tgt_len, config.train.tgt_len) if v is not None)
+    mem_len = mem_len if mem_len is not None else config.model.mem_len
+    path = export_model(run.model, out, tgt_len=tgt_len, mem_len=mem_len, opset=opset)
+    record: dict[str, Any] = {"out": str(path), "format": "onnx", "tgt_len": tgt_len, "mem_len": mem_len,
+                              "n_layer": config.model.n_layer, "d_model": config.model.d_model,
+                              "vocab_size": config.model.vocab_size, "opset": opset}
+    if check:
+        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, mem_len=mem_len)
+    return record
