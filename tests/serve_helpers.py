@@ -16,13 +16,13 @@ from txl.cli import main
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
-def train_char_run(folder: Path) -> Path:
-    """A run trained for a few steps on two copies of textwrap.py, character vocabulary."""
+def train_char_run(folder: Path, *, steps: int = 12) -> Path:
+    """A run trained for ``steps`` steps on two copies of textwrap.py, character vocabulary."""
     corpus = folder / "corpus.txt"
     corpus.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 2, encoding="utf-8")
     run_dir = folder / "run"
     code = main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet", "--set", "data.vocab=\"char\"",
-                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", "train.steps=12"])
+                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", f"train.steps={steps}"])
     assert code == 0
     return run_dir
 

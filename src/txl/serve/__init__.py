@@ -68,8 +68,8 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
           checkpoint: str = "best", settings: ServeSettings | None = None, log_level: str = "info",
           out: Any = None) -> None:
-    """Load ``run_dir`` and serve it until interrupted. Prints where it listens (to ``out``, default stdout)
-    and whether other machines can reach it."""
+    """Load ``run_dir`` and serve it until Ctrl-C (then return) or SIGTERM. Prints where it listens (to ``out``,
+    default stdout) and whether other machines can reach it."""
     require_server_packages()
     import uvicorn
 
@@ -94,5 +94,8 @@ def serve(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8000, device: s
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then passes Ctrl-C on: that is how one stops it
+        pass
     finally:
         sock.close()
+    print("txl: server stopped", file=out, flush=True)
