@@ -338,3 +338,33 @@ def test_a_client_that_disconnects_stops_its_generation(run_dir):
         assert health["admitted"] == 0
         done = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5}).json()
         assert done["usage"]["completion_tokens"] == 5
+
+
+def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
+    run = load_run(run_dir)
+    gate = _Gate(run.model, open_=False)
+    app = create_app(run, run_dir=run_dir)
+    answered = {}
+
+    def running() -> None:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            answered["tokens"] = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).json()["usage"]
+
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        first = threading.Thread(target=running)
+        first.start()
+        wait_for(lambda: gate.calls >= 1, what="the first request to reach the model")
+        with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 50, "stream": True}) as response:
+            assert response.status_code == 200  # the headers come at once; the tokens would follow
+            wait_for(lambda: c.get("/v1/health").json()["admitted"] == 2, what="the streaming request to wait")
+        with pytest.raises(httpx.ReadTimeout):  # a plain request whose client gives up after a second
+            httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 50}, timeout=1.0)
+        # Both left while waiting. The server notices within a second (a keep-alive comment to the streaming
+        # client fails; the plain request's connection is polled), so when the model is free neither runs.
+        time.sleep(2.5)
+        gate.open.set()
+        first.join(timeout=60)
+        wait_for(lambda: c.get("/v1/health").json()["admitted"] == 0, what="the queue to empty")
+        health = c.get("/v1/health").json()
+        assert answered["tokens"]["completion_tokens"] == 4
+        assert health["cancelled"] == 2 and health["tokens_generated"] == 4
