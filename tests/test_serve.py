@@ -368,3 +368,50 @@ def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
         health = c.get("/v1/health").json()
         assert answered["tokens"]["completion_tokens"] == 4
         assert health["cancelled"] == 2 and health["tokens_generated"] == 4
+
+
+# -- the command line, a word vocabulary -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--port", "70000"], "--port must be a port number"),
+    (["--queue-size", "-1"], "--queue-size must be an integer >= 0"),
+    (["--max-tokens-limit", "0"], "--max-tokens-limit must be a positive integer"),
+    (["--max-prompt-chars", "x"], "--max-prompt-chars must be a positive integer"),
+    (["--checkpoint", "step-99999999"], "no checkpoint 'step-99999999'"),
+])
+def test_bad_serve_flags_give_one_line(run_dir, capsys, flags, fragment):
+    assert main(["serve", str(run_dir), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("txl: error: ") and fragment in err[0], err
+
+
+def test_serve_refuses_a_missing_run_and_a_busy_port(run_dir, tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nothing")]) == 2
+    assert "run folder not found" in capsys.readouterr().err
+    from txl.serve import bind
+
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        taken_twice = main(["serve", str(run_dir), "--port", str(port)])
+    finally:
+        taken.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert taken_twice == 2 and len(err) == 1 and f"--port {port}: cannot listen there" in err[0], err
+
+
+def test_a_word_vocabulary_reads_unknown_words_as_unk(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat .\nthe dog sat on the log .\n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--config", "tiny", "--out", str(run), "--quiet", "--set", "data.vocab=\"word\"",
+                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", "train.steps=3"]) == 0
+    with TestClient(create_app(load_run(run), run_dir=run)) as c:
+        body = c.post("/v1/completions", json={"prompt": "the zebra sat", "max_tokens": 4, "seed": 0}).json()
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        assert len(body["warnings"]) == 1 and "'zebra'" in body["warnings"][0]
+        scored = c.post("/v1/score", json={"text": "the zebra sat on the mat"}).json()
+        assert scored["scored_tokens"] == 5 and "'zebra'" in scored["warnings"][0]
+        assert [t["text"].strip() for t in scored["tokens"]] == ["the", "<unk>", "sat", "on", "the", "mat"]
+        assert c.get("/v1/model").json()["vocab"]["kind"] == "word"
