@@ -197,6 +197,7 @@ BAD = [
     ("/v1/completions", {"prompt": "def", "top_p": 0}, "top_p"),
     ("/v1/completions", {"prompt": "def", "top_k": 0}, "top_k"),
     ("/v1/completions", {"prompt": "def", "seed": 1.5}, "seed"),
+    ("/v1/completions", {"prompt": "def", "seed": 2**64}, "seed"),
     ("/v1/completions", {"prompt": "def", "stream": "yes"}, "stream"),
     ("/v1/completions", {"prompt": "def", "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": "def", "stop": [""]}, "stop"),
@@ -227,7 +228,7 @@ def test_bad_input_is_a_400_naming_the_field(client, path, body, param):
 
 
 def test_bad_bodies(client):
-    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b"[" * 20_000 + b"]" * 20_000):
         response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
         assert response.status_code == 400 and "error" in response.json()
     huge = client.post("/v1/score", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"})

@@ -82,7 +82,7 @@ class CompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(1, ge=1, le=1)
@@ -149,6 +149,8 @@ async def _json_body(request: Request, *, limit: int) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the request body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is nested too deeply") from None
 
 
 def _check_text(text: str, *, field_name: str, limit: int) -> None:
