@@ -136,6 +136,9 @@ def test_the_page_generates_streams_and_scores(server, browser, tmp_path):
                      json={"prompt": prompt, "max_tokens": 1000, "temperature": 0.8, "seed": 11}).json()
     assert new == api["choices"][0]["text"]
 
+    generating = tmp_path / "serve-page-generate.png"
+    assert browser.save_screenshot(str(generating)) and generating.stat().st_size > 10_000
+
     by_id(By.ID, "to-score").click()
     assert by_id(By.ID, "view-score").is_displayed() and not by_id(By.ID, "view-generate").is_displayed()
     assert browser.execute_script("return document.getElementById('score-text').value;") == text
@@ -170,4 +173,6 @@ def test_the_page_generates_streams_and_scores(server, browser, tmp_path):
     by_id(By.ID, "tab-model").click()
     card = by_id(By.ID, "card").text
     assert "parameters" in card and "char, " in card
-    print(json.dumps({"screenshots": [str(desktop), str(phone)]}))
+    model = tmp_path / "serve-page-model-phone.png"
+    assert browser.save_screenshot(str(model))
+    print(json.dumps({"screenshots": [str(generating), str(desktop), str(phone), str(model)]}))
