@@ -7,6 +7,7 @@ checkpoint, says so in a ``txl: note: ...`` line and exits with 128 + the signal
     txl train --resume runs/shakespeare
     txl eval runs/shakespeare --split test --mem-len 512
     txl generate runs/shakespeare --prompt "ROMEO:"
+    txl serve runs/shakespeare                   # http://127.0.0.1:8000/: completions API and a page
     txl data download wikitext-103
 """
 
@@ -73,6 +74,7 @@ _non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
 _temperature = _number(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0 (0 is greedy)")
 _top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+_port = _number(int, lambda v: 0 <= v <= 65535, "a port number in 0..65535")
 
 
 def _device(name: str) -> None:
@@ -170,6 +172,20 @@ def _generate_prompt(args: argparse.Namespace) -> str:
         raise ConfigError(f"--prompt-file {args.prompt_file}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({exc})") from None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import require_server_packages, serve
+
+    require_server_packages()
+    from .serve.app import ServeSettings
+
+    _device(args.device)
+    settings = ServeSettings(max_tokens=args.max_tokens_limit, max_prompt_chars=args.max_prompt_chars,
+                             queue_size=args.queue_size)
+    serve(Path(args.run_dir), host=args.host, port=args.port, device=args.device, checkpoint=args.checkpoint,
+          settings=settings, log_level=args.log_level)
+    return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -585,6 +601,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("serve", help="serve a run over HTTP: OpenAI-shaped completions, scores, a web page")
+    p.add_argument("run_dir")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: any free port)")
+    p.add_argument("--max-tokens-limit", type=_positive_int, default=1024,
+                   help="the largest max_tokens a request may ask for (default: 1024)")
+    p.add_argument("--max-prompt-chars", type=_positive_int, default=20_000,
+                   help="the longest prompt or scored text, in characters (default: 20000)")
+    p.add_argument("--queue-size", type=_non_negative_int, default=8,
+                   help="requests that may wait while one runs; more get 429 (default: 8)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info, one line per request)")
+    p.add_argument("--checkpoint", default="best", help=checkpoint_help)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("demo", help="train Transformer-XL and the vanilla baseline on Python's stdlib, compare")
     p.add_argument("--out", default="runs/demo",

@@ -1,0 +1,101 @@
+"""``txl serve``: a local HTTP server for a trained run, with OpenAI-shaped streaming completions, the
+model's per-token surprisal of a text with and without memory, the model card, and a static page.
+
+The application is :mod:`txl.serve.app` (needs FastAPI and uvicorn: ``pip install 'txl[serve]'``); scoring,
+which needs torch only, is :mod:`txl.serve.score`. :func:`serve` loads a run, binds, says where, and runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TxlError
+from .score import Scores, score_tokens, scoring_lengths, token_pieces
+
+if TYPE_CHECKING:
+    from .app import ServeSettings
+
+__all__ = ["serve", "require_server_packages", "Scores", "score_tokens", "scoring_lengths", "token_pieces",
+           "INSTALL_HINT"]
+
+INSTALL_HINT = "pip install 'txl[serve]'"
+
+
+def require_server_packages() -> None:
+    """Refuse, in one line naming the extra, when FastAPI or uvicorn is missing."""
+    missing = []
+    for module in ("fastapi", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise TxlError(f"txl serve needs {' and '.join(missing)}: {INSTALL_HINT}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port); one line naming the flag on failure."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TxlError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise TxlError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
+          checkpoint: str = "best", settings: ServeSettings | None = None, log_level: str = "info",
+          out: Any = None) -> None:
+    """Load ``run_dir`` and serve it until Ctrl-C (then return) or SIGTERM. Prints where it listens (to ``out``,
+    default stdout) and whether other machines can reach it."""
+    require_server_packages()
+    import uvicorn
+
+    from ..runs import load_run
+    from .app import create_app
+
+    out = sys.stdout if out is None else out
+    run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+    app = create_app(run, run_dir=Path(run_dir), settings=settings)
+    sock = bind(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    print(f"txl: serving {run_dir} (checkpoint {run.checkpoint.name}, step {run.step}) on "
+          f"http://{shown}:{bound_port}/", file=out, flush=True)
+    if _is_loopback(bound_host):
+        print(f"txl: listening on {bound_host} only: this machine can reach it, others cannot "
+              "(pass --host 0.0.0.0 to listen on every interface)", file=out, flush=True)
+    else:
+        print(f"txl: listening on {bound_host}: anyone who can reach this machine on port {bound_port} can use "
+              "the model (there is no authentication)", file=out, flush=True)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then passes Ctrl-C on: that is how one stops it
+        pass
+    finally:
+        sock.close()
+    print("txl: server stopped", file=out, flush=True)

@@ -1,0 +1,105 @@
+"""The model's surprisal at every token of a text: per-token log-probabilities, segment by segment, with the
+memory carried from one segment to the next (as ``txl eval`` reads a split) or without it; and the text
+each token stands for, for display. Needs torch only (the HTTP layer is :mod:`txl.serve.app`).
+
+Dimensions: N tokens of the text, T segment length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..config import RunConfig, Span
+
+__all__ = ["Scores", "score_tokens", "token_pieces", "scoring_lengths"]
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What :func:`score_tokens` returns."""
+
+    losses: Tensor
+    """(N - 1,) float64 negative log-likelihood in nats of tokens 1..N-1, each given all tokens before it
+    that the model sees (the first token has no context and is not scored)."""
+    tgt_len: int
+    """The segment length used."""
+    span: Span
+    """The memory length, clamp and same-length setting used (mem_len 0 without memory)."""
+
+    @property
+    def mean_loss(self) -> float:
+        return float(self.losses.mean()) if self.losses.numel() else float("nan")
+
+
+def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
+    """The segment length and span a run is evaluated with when ``txl eval`` is given no flags: the run's
+    ``[eval]`` settings, else its model's and training's. ``memory=False`` sets the memory length to 0 (and
+    same-length attention off, since it needs a memory). The vanilla baseline always has no memory."""
+    tgt_len = config.eval.tgt_len if config.eval.tgt_len is not None else config.train.tgt_len
+    span = config.model.span
+    if config.model.attention != "relative":
+        return tgt_len, span
+    settings = {k: v for k, v in (("mem_len", config.eval.mem_len), ("clamp_len", config.eval.clamp_len),
+                                  ("same_length", config.eval.same_length)) if v is not None}
+    span = span.replace(**settings)
+    if not memory or span.mem_len == 0:
+        span = span.replace(mem_len=0, same_length=False)
+    return tgt_len, span
+
+
+@torch.inference_mode()
+def score_tokens(model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span,
+                 should_stop: Callable[[], bool] | None = None) -> Scores:
+    """Per-token losses of ``ids`` (N,) int64: tokens 1..N-1 predicted segment by segment of ``tgt_len``
+    targets, each segment attending over the memory of the previous ones when ``span.mem_len > 0`` and over
+    itself only when it is 0. This is exactly ``txl eval`` on the same tokens with batch size 1.
+    ``should_stop`` is asked between segments; when it says True the losses so far are returned."""
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
+    if tgt_len < 1:
+        raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
+    device = next(model.parameters()).device
+    ids = ids.to(device=device, dtype=torch.long)
+    inputs, targets = ids[None, :-1], ids[None, 1:]  # (1, N - 1) each
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    losses: list[Tensor] = []
+    memory = None
+    try:
+        for start in range(0, inputs.shape[1], tgt_len):
+            if should_stop is not None and should_stop():
+                break
+            out = model(inputs[:, start:start + tgt_len], memory=memory, targets=targets[:, start:start + tgt_len],
+                        span=span)
+            losses.append(out.loss[0].double())  # (T,)
+            memory = out.memory if span.mem_len > 0 else None
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+    joined = torch.cat(losses).cpu() if losses else torch.zeros(0, dtype=torch.float64)
+    return Scores(losses=joined, tgt_len=tgt_len, span=span)
+
+
+def token_pieces(decode: Callable[[Sequence[int]], str], ids: Sequence[int], *, window: int = 8) -> list[str]:
+    """The text each token adds, for showing tokens one by one: the decoding of a few tokens up to it minus
+    the decoding of those before it (so word vocabularies get their spaces). A byte that only starts a
+    UTF-8 character shows nothing; the byte that completes it shows the character. Joined, the pieces are
+    the decoded text, up to vocabularies whose decoding of a token depends on more than ``window`` tokens."""
+    pieces = []
+    for i in range(len(ids)):
+        start = max(0, i - window)
+        before = decode(ids[start:i]).rstrip("\ufffd") if i > start else ""
+        upto = decode(ids[start:i + 1])
+        if i < len(ids) - 1:
+            upto = upto.rstrip("\ufffd")
+        common = 0
+        for a, b in zip(before, upto, strict=False):
+            if a != b:
+                break
+            common += 1
+        pieces.append(upto[common:])
+    return pieces
