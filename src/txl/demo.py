@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig
+from .files import atomic_write_text
 from .generate import generate_text
 from .runs import load_run
 from .train.trainer import prepare_data, train
@@ -147,5 +148,5 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     print("\nsample from the Transformer-XL (prompt 'def ', temperature 0.8, top-k 40):\n")
     print(prompt + sample)
     report = {"steps": steps, "results": results, "sample": prompt + sample}
-    (out / "demo.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(out / "demo.json", json.dumps(report, indent=1) + "\n")
     return report
