@@ -20,19 +20,19 @@ import torch
 from safetensors import SafetensorError
 
 from txl import TransformerXLConfig
-from txl.cli import main
-from txl.config import apply_overrides, load_config
-from txl.errors import CheckpointError
-from txl.model import TransformerXL
-from txl.runs import load_run
-from txl.train import checkpoint as ckpt
-from txl.train.checkpoint import (
+from txl import checkpoint as ckpt
+from txl.checkpoint import (
     DamagedCheckpoint,
     ResumeWarning,
     TrainingState,
     load_checkpoint,
     save_checkpoint,
 )
+from txl.cli import main
+from txl.config import apply_overrides, load_config
+from txl.errors import CheckpointError
+from txl.model import TransformerXL
+from txl.runs import load_run
 from txl.train.trainer import resume, train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -85,7 +85,7 @@ FORK_SERVER = textwrap.dedent("""
     plan = json.loads(Path(sys.argv[1]).read_text())
     import torch
     torch.set_num_threads(1)
-    import txl.train.checkpoint as ckpt
+    import txl.checkpoint as ckpt
     from txl.cli import main
 
     def slow(write):

@@ -24,18 +24,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from txl import checkpoint as ckpt
+from txl.checkpoint import ResumeWarning, TrainingState
 from txl.cli import main
 from txl.config import apply_overrides, load_config
+from txl.data import prepare_data
 from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
-from txl.runs import load_run
-from txl.train import checkpoint as ckpt
-from txl.train.checkpoint import ResumeWarning, TrainingState, latest_checkpoint
+from txl.runs import latest_checkpoint, load_run
 from txl.train.trainer import (
     Interrupted,
     Trainer,
     TrainingDiverged,
-    prepare_data,
     resume,
     train,
     train_stream,
@@ -284,7 +284,7 @@ def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkey
     common = ["train.batch_size=8", "train.tgt_len=32", "train.schedule=\"constant\"", "train.eval_every=0",
               "train.log_every=1", "model.dropout=0.1"]
     config = _config(_small_corpus(tmp_path), *common)
-    epoch = train_stream(config, prepare_data(config).splits).n_batches
+    epoch = train_stream(config, prepare_data(config.data).splits).n_batches
     assert 5 < epoch < 20
 
     calls = []

@@ -78,7 +78,7 @@ _top_p = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 def _device(name: str) -> None:
     """Refuse ``--device NAME`` when it names no device here; the library's message names the config field
     (``train.device: ...``), this one the flag."""
-    from .runs import resolve_device
+    from .device import resolve_device
 
     try:
         resolve_device(name)

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig
+from .data import prepare_data
 from .files import atomic_write_text
 from .generate import generate_text
 from .runs import load_run
-from .train.trainer import prepare_data, train
+from .train.trainer import train
 
 __all__ = ["DEFAULT_STEPS", "demo_config", "run_demo"]
 
@@ -108,7 +109,7 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     out = Path(out)
     print("txl demo: byte-level language modelling of this machine's Python standard library "
           "(no network needed)", flush=True)
-    data = prepare_data(demo_config(1))
+    data = prepare_data(demo_config(1).data)
     sizes = {s: len(v) for s, v in data.splits.items()}
     print(f"corpus: {sizes['train']:,} train / {sizes['valid']:,} validation bytes "
           f"({len(data.corpus.sources['train'])} train files)", flush=True)
