@@ -25,7 +25,7 @@ from .generate import generate_text
 from .runs import load_run
 from .train.trainer import train
 
-__all__ = ["DEFAULT_STEPS", "demo_config", "run_demo"]
+__all__ = ["DEFAULT_STEPS", "demo_config", "choose_steps", "run_demo"]
 
 DEFAULT_STEPS = 2600
 """Training steps of each model. On 2 quiet CPU cores the whole demo takes about 5 minutes (the
@@ -78,7 +78,7 @@ def _vanilla(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, model=model, eval=dataclasses.replace(config.eval, mem_len=None))
 
 
-def _choose_steps(steps: int | None, minutes: float | None) -> int:
+def choose_steps(steps: int | None, minutes: float | None) -> int:
     """The steps to train each model: ``steps``, :data:`DEFAULT_STEPS`, or as many as fit ``minutes`` here."""
     if steps is not None and minutes is not None:
         raise ValueError("give steps or minutes, not both")
@@ -113,7 +113,7 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     sizes = {s: len(v) for s, v in data.splits.items()}
     print(f"corpus: {sizes['train']:,} train / {sizes['valid']:,} validation bytes "
           f"({len(data.corpus.sources['train'])} train files)", flush=True)
-    steps = _choose_steps(steps, minutes)
+    steps = choose_steps(steps, minutes)
     xl_config = demo_config(steps)
     # No time limit: both models always train exactly ``steps`` steps, whatever the machine.
     configs = {"transformer-xl": xl_config, "vanilla": _vanilla(xl_config)}
