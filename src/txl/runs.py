@@ -41,6 +41,7 @@ from .config import ConfigError, RunConfig, config_from_dict, config_to_dict
 from .data import Vocab, load_vocab
 from .device import resolve_device
 from .errors import CheckpointError, RunError
+from .files import atomic_write_text
 from .model import TransformerXL
 
 __all__ = [
@@ -50,6 +51,9 @@ __all__ = [
     "lock_run",
     "new_run_folder",
     "load_run_config",
+    "save_run_config",
+    "read_metrics",
+    "truncate_metrics",
     "list_checkpoints",
     "latest_checkpoint",
     "best_checkpoint",
@@ -289,6 +293,36 @@ class LoadedRun:
     model: TransformerXL
     checkpoint: Path
     step: int
+
+
+def save_run_config(run_dir: Path, config: RunConfig) -> None:
+    """Write the run's effective config as config.json (atomically)."""
+    atomic_write_text(RunPaths(Path(run_dir)).config, json.dumps(config_to_dict(config), indent=1) + "\n")
+
+
+def _metric_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each line of a metrics.jsonl with its record; a line cut short by a kill is skipped."""
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            yield line, json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl."""
+    return [record for _, record in _metric_lines(RunPaths(Path(run_dir)).metrics)]
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop the metric lines logged after ``step`` (by a run killed after its last checkpoint) and the final
+    evaluations (they are made again when the resumed run ends)."""
+    path = RunPaths(Path(run_dir)).metrics
+    if path.exists():
+        kept = [line for line, record in _metric_lines(path) if record.get("step", 0) <= step and not record.get("final")]
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Plumbing shared by the analyses: the tokens of a run's split, training a run or continuing or reusing
-the one already in its folder, reading a run's metrics, and parsing comma-separated lists. The run-folder
-layout itself belongs to :mod:`txl.runs`, training to :mod:`txl.train.trainer`.
+the one already in its folder, and parsing comma-separated lists. The run folder (its layout, its metrics)
+belongs to :mod:`txl.runs`, training to :mod:`txl.train.trainer`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..errors import RunError
 from ..runs import RunPaths, latest_checkpoint, load_run_config
 from ..train.trainer import resume, train
 
-__all__ = ["split_tokens", "train_or_reuse", "read_metrics", "parse_ints", "parse_floats"]
+__all__ = ["split_tokens", "train_or_reuse", "parse_ints", "parse_floats"]
 
 
 def split_tokens(config: RunConfig, vocab: Vocab, split: str, *, max_tokens: int | None = None) -> np.ndarray:
@@ -62,20 +62,6 @@ def train_or_reuse(config: RunConfig, run_dir: Path, *, overwrite: bool = False,
         if summary.get("steps", -1) >= step:
             return summary, "reused"
     return resume(paths.root, progress=progress), "resumed"
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of a run's metrics.jsonl (a line cut short by a kill is skipped)."""
-    path = RunPaths(Path(run_dir)).metrics
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def _parse(text: str, kind: type, name: str) -> tuple:

@@ -32,10 +32,10 @@ from ..data import CorpusError, Vocab
 from ..evaluate import metrics_from_loss
 from ..files import atomic_write_text
 from ..generate import generate
-from ..runs import LoadedRun, load_run
+from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .baseline import vanilla_baseline
-from .common import read_metrics, split_tokens, train_or_reuse
+from .common import split_tokens, train_or_reuse
 from .context import sliding_losses
 from .report import format_table, new_figure
 

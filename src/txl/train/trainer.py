@@ -44,6 +44,8 @@ from ..runs import (
     newest_intact_checkpoint,
     prune_checkpoints,
     recover_checkpoints,
+    save_run_config,
+    truncate_metrics,
 )
 from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
@@ -203,7 +205,7 @@ class Trainer:
             self.stream.load_state_dict(state.stream)
         except ValueError as exc:
             raise RunError(f"{folder}: cannot resume the data stream ({exc})") from None
-        _truncate_metrics(self.run.metrics, state.step)
+        truncate_metrics(self.run.root, state.step)
 
     def _warn_schedule_change(self, document: dict[str, Any], step: int) -> None:
         """Warn when the new settings (train.steps, ...) move the learning rate of the step about to run."""
@@ -416,22 +418,6 @@ def _tensorboard(folder: Path):
     return SummaryWriter(str(folder))
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines logged after ``step`` (written by a run killed after its last checkpoint) and the
-    final evaluations (they are made again when the resumed run ends)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        if record.get("step", 0) <= step and not record.get("final"):
-            kept.append(line)
-    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Assembling a run: train() and resume()
 # ---------------------------------------------------------------------------------------------------------
@@ -462,7 +448,7 @@ def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bo
     trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
     with new_run_folder(paths, overwrite=overwrite), _sigterm_raises(paths):
         data.vocab.save(paths.vocab)
-        atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+        save_run_config(paths.root, config)
         return trainer.fit()
 
 
@@ -506,5 +492,5 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
         trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
         trainer.restore(folder)  # checks everything before anything in the run folder changes
         if overrides:
-            atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+            save_run_config(paths.root, config)
         return trainer.fit()
