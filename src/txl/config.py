@@ -447,8 +447,8 @@ def eval_span(config: RunConfig, *, mem_len: int | None = None, clamp_len: int |
         given = [name for name, value in (("mem_len", mem_len), ("clamp_len", clamp_len), ("same_length", same_length))
                  if value is not None]
         if given:
-            raise ConfigError(f"{', '.join(given)}: the vanilla baseline (attention='absolute') has no memory and "
-                              "no relative positions; these apply to the Transformer-XL only")
+            raise ConfigError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the Transformer-XL "
+                              "only (this run is the vanilla baseline: no memory, no relative positions)")
         return model.span
     try:
         return span_of(mem_len=first_set(mem_len, ev.mem_len, model.mem_len),

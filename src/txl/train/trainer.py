@@ -172,7 +172,7 @@ class Trainer:
         self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
         self._bar: tqdm | None = None
         self._clock = 0.0  # perf_counter() at the run's (resumed) start, minus the time already trained
-        self._window = [0, 0.0]  # tokens and seconds of optimizer steps since the last train record
+        self._window_tokens, self._window_seconds = 0, 0.0  # of optimizer steps since the last train record
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -275,8 +275,8 @@ class Trainer:
         self.state.step = step + 1
         self.state.tokens += batch.targets.numel()
         now = time.perf_counter()
-        self._window[0] += batch.targets.numel()
-        self._window[1] += now - started
+        self._window_tokens += batch.targets.numel()
+        self._window_seconds += now - started
         self.state.train_seconds += now - started
         self.state.elapsed = now - self._clock
         return loss, lr
@@ -309,7 +309,7 @@ class Trainer:
         self.tb = _tensorboard(self.run.tensorboard)
         self.model.train()
         self._clock = time.perf_counter() - self.state.elapsed
-        self._window = [0, 0.0]
+        self._window_tokens, self._window_seconds = 0, 0.0
         self._bar = tqdm(total=self.config.train.steps, initial=self.state.step, disable=not self.progress,
                          desc="train", dynamic_ncols=True)
 
@@ -328,9 +328,8 @@ class Trainer:
         """A train record every ``train.log_every`` steps and at the last; the progress bar."""
         tc, step = self.config.train, self.state.step
         if step % tc.log_every == 0 or step == tc.steps:
-            tokens, seconds = self._window
-            tokens_per_s = tokens / max(seconds, 1e-9)
-            self._window = [0, 0.0]
+            tokens_per_s = self._window_tokens / max(self._window_seconds, 1e-9)
+            self._window_tokens, self._window_seconds = 0, 0.0
             record = {"step": step, "split": "train", "loss": loss, **metrics_from_loss(loss), "lr": lr,
                       "tokens": self.state.tokens, "tokens_per_s": tokens_per_s, "elapsed_s": self.state.elapsed}
             self._log(record)
