@@ -1,16 +1,55 @@
-"""Shared fixtures: seeds, a tiny float64 model config, and where the real corpora live."""
+"""Shared fixtures and helpers: seeds, a tiny float64 model config, where the real corpora live, a text
+corpus found on every machine, and one trained tiny run for the tests that only read a run (a copy for
+those that change it)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from txl import TransformerXLConfig
+from txl import RunConfig, TransformerXLConfig
+from txl.config import apply_overrides, load_config
 
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SHARED_DATA = Path(os.environ.get("TXL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def shared_data_dirs() -> list[Path]:
+    """Where real corpora are looked for: the $TXL_DATA_DIR entries, then $TXL_SHARED_DATA or ../shared/data."""
+    env = [Path(p) for p in os.environ.get("TXL_DATA_DIR", "").split(os.pathsep) if p]
+    return [*env, SHARED_DATA]
+
+
+def write_text_corpus(path: Path) -> Path:
+    """Real text available on every machine: a few of Python's own source files, about 200 KB."""
+    parts = [(STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")]
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def run_config(corpus: Path, *overrides: str) -> RunConfig:
+    """The ``tiny`` preset on the text file ``corpus``, with ``section.field=value`` overrides."""
+    return apply_overrides(load_config("tiny"), [f"data.corpus={json.dumps(str(corpus))}", *overrides])
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """The train loss of each logged step of a run, from its metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file under ``folder``, by relative path (to show that nothing changed)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +63,41 @@ def tiny_config() -> TransformerXLConfig:
     return TransformerXLConfig(vocab_size=37, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=16)
 
 
+@pytest.fixture(scope="session")
+def shared_corpus() -> Callable[[str], Path]:
+    """``shared_corpus(name)``: the data folder that holds real corpus ``name`` (as ``<dir>/<name>/``); the
+    test is skipped when no folder has it."""
+
+    def find(name: str) -> Path:
+        for folder in shared_data_dirs():
+            if (folder / name).is_dir():
+                return folder
+        looked = ", ".join(str(d / name) for d in shared_data_dirs())
+        pytest.skip(f"real corpus '{name}' not available (looked in {looked}); set TXL_DATA_DIR or TXL_SHARED_DATA "
+                    "to the shared/data folder to run this test")
+
+    return find
+
+
 @pytest.fixture
-def shared_data() -> Path:
-    """../shared/data (or $TXL_SHARED_DATA); tests that need real text skip when it is absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real corpora not found at {SHARED_DATA} (set TXL_SHARED_DATA to the shared/data folder)")
-    return SHARED_DATA
+def text_corpus(tmp_path) -> Path:
+    """:func:`write_text_corpus` in this test's folder."""
+    return write_text_corpus(tmp_path / "corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """One tiny run trained once for the session (10 steps, byte level, on :func:`write_text_corpus`), for the
+    tests that only read a run; a test that changes it takes :func:`trained_run_copy`."""
+    from txl.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("trained")
+    torch.manual_seed(0)
+    train(run_config(write_text_corpus(folder / "corpus.txt"), "train.steps=10"), folder / "run", progress=False)
+    return folder / "run"
+
+
+@pytest.fixture
+def trained_run_copy(trained_run, tmp_path) -> Path:
+    """A copy of :func:`trained_run` in this test's folder, free to change."""
+    return Path(shutil.copytree(trained_run, tmp_path / "run"))

@@ -231,7 +231,7 @@ def test_attention_probabilities_are_what_each_layer_attends_with(tiny_config):
     handle.remove()
     module, h, memory, context, output = captured[-1]
     probs = torch.softmax(module.scores(h, memory=memory, context=context), dim=-1)  # (B, H, T, K)
-    _, _, v = module._project(h, memory)
+    _, _, v = module.project(h, memory)
     attended = (probs @ v).transpose(1, 2).reshape(h.shape[0], h.shape[1], -1)
     torch.testing.assert_close(module.out(attended), output)
     counted = 3 * (40 // 4 - 2)  # row-segments after the warm-up of ceil(8 / 4) = 2 segments

@@ -16,8 +16,7 @@ from txl.cli import main
 from txl.config import apply_overrides, load_config
 from txl.data import encode_split, load_corpus, load_vocab
 from txl.evaluate import evaluate
-from txl.runs import load_run
-from txl.train.checkpoint import latest_checkpoint
+from txl.runs import latest_checkpoint, load_run
 from txl.train.trainer import train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -16,6 +16,7 @@ NOTEBOOK = REPO / "examples" / "xl_vs_vanilla.ipynb"
 WHY = "the notebook check needs nbclient, nbformat, ipykernel and matplotlib: pip install -e '.[notebook]'"
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_on_a_small_budget(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason=WHY)
     nbclient = pytest.importorskip("nbclient", reason=WHY)

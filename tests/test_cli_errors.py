@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import signal
-import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -14,31 +12,9 @@ import pytest
 import torch
 
 import txl
+from conftest import snapshot
 from txl.cli import main
 from txl.train import trainer
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-
-
-@pytest.fixture
-def text_corpus(tmp_path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 3, encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def trained_run(tmp_path, text_corpus, capsys) -> Path:
-    run_dir = tmp_path / "run"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet", "--set",
-                 f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=10"]) == 0
-    capsys.readouterr()
-    return run_dir
-
-
-def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _fails(capsys, argv: list[str], *fragments: str) -> str:
@@ -93,44 +69,44 @@ def test_unknown_preset_field_and_invalid_values(tmp_path, capsys, text_corpus):
     assert not (tmp_path / "o").exists()
 
 
-def test_output_folder_with_another_run_is_refused(tmp_path, capsys, text_corpus, trained_run):
-    before = _snapshot(trained_run)
-    _fails(capsys, _train_args(trained_run, str(text_corpus), "train.steps=3"), "already holds a run", "--resume")
-    assert _snapshot(trained_run) == before
-    assert main(_train_args(trained_run, str(text_corpus), "train.steps=3") + ["--overwrite"]) == 0
-    assert json.loads((trained_run / "summary.json").read_text())["steps"] == 3
+def test_output_folder_with_another_run_is_refused(tmp_path, capsys, text_corpus, trained_run_copy):
+    before = snapshot(trained_run_copy)
+    _fails(capsys, _train_args(trained_run_copy, str(text_corpus), "train.steps=3"), "already holds a run", "--resume")
+    assert snapshot(trained_run_copy) == before
+    assert main(_train_args(trained_run_copy, str(text_corpus), "train.steps=3") + ["--overwrite"]) == 0
+    assert json.loads((trained_run_copy / "summary.json").read_text())["steps"] == 3
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncated"])
-def test_damaged_checkpoint(trained_run, capsys, damage):
-    for folder in (trained_run / "checkpoints").iterdir():
+def test_damaged_checkpoint(trained_run_copy, capsys, damage):
+    for folder in (trained_run_copy / "checkpoints").iterdir():
         weights = folder / "model.safetensors"
         data = weights.read_bytes()
         weights.write_bytes(b"\x00garbage" * 10 if damage == "corrupt" else data[: len(data) // 2])
-    before = _snapshot(trained_run)
-    _fails(capsys, ["eval", str(trained_run), "--quiet"], "model.safetensors")
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=20"], "model.safetensors")
-    assert _snapshot(trained_run) == before
+    before = snapshot(trained_run_copy)
+    _fails(capsys, ["eval", str(trained_run_copy), "--quiet"], "model.safetensors")
+    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"], "model.safetensors")
+    assert snapshot(trained_run_copy) == before
 
 
-def test_checkpoint_from_another_vocabulary(trained_run, capsys):
-    vocab = json.loads((trained_run / "vocab.json").read_text())
+def test_checkpoint_from_another_vocabulary(trained_run_copy, capsys):
+    vocab = json.loads((trained_run_copy / "vocab.json").read_text())
     assert vocab["kind"] == "byte"
     other = {"format": 1, "kind": "char", "symbols": [chr(c) for c in range(32, 32 + 255)]}
-    (trained_run / "vocab.json").write_text(json.dumps(other))
-    _fails(capsys, ["eval", str(trained_run), "--quiet"])
-    (trained_run / "vocab.json").write_text("{not json")
-    _fails(capsys, ["eval", str(trained_run), "--quiet"], "vocab")
-    (trained_run / "vocab.json").write_text(json.dumps(vocab))
-    assert main(["eval", str(trained_run), "--quiet"]) == 0
+    (trained_run_copy / "vocab.json").write_text(json.dumps(other))
+    _fails(capsys, ["eval", str(trained_run_copy), "--quiet"])
+    (trained_run_copy / "vocab.json").write_text("{not json")
+    _fails(capsys, ["eval", str(trained_run_copy), "--quiet"], "vocab")
+    (trained_run_copy / "vocab.json").write_text(json.dumps(vocab))
+    assert main(["eval", str(trained_run_copy), "--quiet"]) == 0
 
 
-def test_checkpoint_from_another_model_size(trained_run, capsys):
-    config = json.loads((trained_run / "config.json").read_text())
+def test_checkpoint_from_another_model_size(trained_run_copy, capsys):
+    config = json.loads((trained_run_copy / "config.json").read_text())
     config["model"]["d_model"] = 64
-    (trained_run / "config.json").write_text(json.dumps(config))
-    _fails(capsys, ["eval", str(trained_run), "--quiet"], "another model size", "d_model")
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=20"], "another model size")
+    (trained_run_copy / "config.json").write_text(json.dumps(config))
+    _fails(capsys, ["eval", str(trained_run_copy), "--quiet"], "another model size", "d_model")
+    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"], "another model size")
 
 
 def test_generate_with_unknown_prompt_tokens(tmp_path, capsys, text_corpus):
@@ -147,18 +123,18 @@ def test_runs_that_do_not_exist(tmp_path, capsys):
     _fails(capsys, ["train", "--config", "tiny"], "--out")
 
 
-def test_resuming_a_finished_run_asks_for_more_steps(trained_run, capsys):
-    before = _snapshot(trained_run)
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet"], "already finished 10 steps", "train.steps")
-    assert _snapshot(trained_run) == before
-    _fails(capsys, ["train", "--resume", str(trained_run), "--quiet", "--set", "model.d_model=64"], "model")
-    assert main(["train", "--resume", str(trained_run), "--quiet", "--set", "train.steps=12"]) == 0
+def test_resuming_a_finished_run_asks_for_more_steps(trained_run_copy, capsys):
+    before = snapshot(trained_run_copy)
+    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet"], "already finished 10 steps", "train.steps")
+    assert snapshot(trained_run_copy) == before
+    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "model.d_model=64"], "model")
+    assert main(["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=12"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 12
     # The schedule changes under the resumed run: said in one line, not a Python warning with its source line
     assert captured.err.startswith("txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate")
     assert len(captured.err.splitlines()) == 1
-    finals = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    finals = [json.loads(line) for line in (trained_run_copy / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
 
 
@@ -242,12 +218,12 @@ def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_unavailable_device_names_the_flag(trained_run, text_corpus, capsys):
+def test_unavailable_device_names_the_flag(trained_run, text_corpus, tmp_path, capsys):
     for command in ("eval", "generate"):
         assert _fails(capsys, [command, str(trained_run), "--device", "cuda"]) == \
             "txl: error: --device cuda: CUDA is not available on this machine"
     _fails(capsys, ["eval", str(trained_run), "--device", "gpu0"], "--device gpu0")
-    _fails(capsys, _train_args(trained_run.parent / "cuda", str(text_corpus), "train.device=\"cuda\""),
+    _fails(capsys, _train_args(tmp_path / "cuda", str(text_corpus), "train.device=\"cuda\""),
            "train.device: CUDA is not available")
 
 

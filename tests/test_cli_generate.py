@@ -143,6 +143,7 @@ def test_bad_generate_flags_give_one_line(char_run, capsys, tmp_path, flags, fra
     assert all(f in err[0] for f in fragments), err[0]
 
 
+@pytest.mark.slow
 def test_unknown_characters_from_the_command_line_without_traceback(char_run):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     result = subprocess.run([sys.executable, "-m", "txl", "generate", str(char_run), "--prompt", "caf\u00e9 \u2603",

@@ -20,10 +20,10 @@ from txl.config import (
     load_config,
     preset_names,
 )
-from txl.data import ByteVocab
+from txl.data import SegmentStream
 from txl.runs import RunPaths
 from txl.train.optim import configure_optimizer, lr_at
-from txl.train.trainer import PreparedData, Trainer
+from txl.train.trainer import Trainer
 
 
 def test_presets_load_and_round_trip():
@@ -97,6 +97,16 @@ def test_weight_decay_only_on_linear_matrices(tiny_config):
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
+    """A trainer given its parts: a float64 model of ``config``, its optimizer, a stream over ``tokens``."""
+    torch.manual_seed(config.train.seed)
+    model = TransformerXL(config.model).double()
+    tc = config.train
+    stream = SegmentStream(tokens, batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed, name="train")
+    return Trainer(config, model=model, optimizer=configure_optimizer(model, tc), stream=stream,
+                   run=RunPaths(folder), progress=False)
+
+
 def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
     """Splitting the batch rows into chunks (and their memory) gives the same gradients. The tokens are
     random so that every row, and so every row's memory, differs: a chunk fed another chunk's memory fails."""
@@ -106,15 +116,12 @@ def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
         config = apply_overrides(RunConfig(), ["train.batch_size=4", f"train.accum_steps={accum}",
                                                "train.tgt_len=8", "train.clip=null", "train.seed=3"])
         config = dataclasses.replace(config, model=dataclasses.replace(tiny_config, vocab_size=256))
-        data = PreparedData(corpus=None, vocab=ByteVocab(), splits={"train": tokens})
-        (tmp_path / str(accum)).mkdir()
-        trainer = Trainer(config, RunPaths(tmp_path / str(accum)), data, progress=False)
-        trainer.model.double()
+        trainer = _trainer(config, tokens, tmp_path / str(accum))
         batches = trainer.stream.batches()
         for _ in range(2):  # the second step reads memory split by rows
             batch = next(batches)
             trainer.optimizer.zero_grad()
-            loss = trainer._step(batch.inputs, batch.targets)
+            loss = trainer.compute_gradients(batch.inputs, batch.targets)
         grads.append((float(loss), [p.grad.clone() for p in trainer.model.parameters()]))
     (loss1, g1), (loss2, g2) = grads
     assert loss1 == pytest.approx(loss2, abs=1e-12)
@@ -129,13 +136,12 @@ def test_trainer_carries_memory_between_steps(tmp_path, tiny_config):
     config = apply_overrides(RunConfig(), ["train.batch_size=2", "train.tgt_len=8", "train.clip=null", "train.seed=1"])
     # init_std 0.3 makes the attention sharp, so that the memory changes the loss markedly
     config = dataclasses.replace(config, model=dataclasses.replace(tiny_config, vocab_size=256, init_std=0.3))
-    data = PreparedData(corpus=None, vocab=ByteVocab(), splits={"train": tokens})
-    trainer = Trainer(config, RunPaths(tmp_path), data, progress=False)
-    model = trainer.model.double()  # no optimizer step is taken below, so the weights stay as they are
+    trainer = _trainer(config, tokens, tmp_path)
+    model = trainer.model  # no optimizer step is taken below, so the weights stay as they are
     batches = trainer.stream.batches()
     first, second = next(batches), next(batches)
-    trainer._step(first.inputs, first.targets)
-    loss = float(trainer._step(second.inputs, second.targets))
+    trainer.compute_gradients(first.inputs, first.targets)
+    loss = float(trainer.compute_gradients(second.inputs, second.targets))
     with torch.no_grad():
         memory = model(first.inputs, targets=first.targets).memory
         carried = model(second.inputs, memory=memory, targets=second.targets)

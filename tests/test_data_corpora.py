@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest_data import shared_corpus_dir
 from txl.data import CORPUS_NAMES, CorpusError, data_search_dirs, load_corpus
 from txl.data.corpora import STDLIB_EXCLUDED_DIRS, strip_gutenberg
 
@@ -46,16 +45,16 @@ def test_env_var_is_used_to_find_named_corpora(monkeypatch, tmp_path):
 # -- real corpora ---------------------------------------------------------------------------------
 
 
-def test_tinyshakespeare_90_10_like_nanogpt():
-    root = shared_corpus_dir("tinyshakespeare")
+def test_tinyshakespeare_90_10_like_nanogpt(shared_corpus):
+    root = shared_corpus("tinyshakespeare")
     c = load_corpus("tinyshakespeare", data_dir=root)
     assert (len(c.text("train")), len(c.text("valid"))) == (1_003_854, 111_540)
     assert not c.has("test") and c.level == "char" and not c.eos_per_line
     assert c.splits["train"] + c.splits["valid"] == (root / "tinyshakespeare" / "input.txt").read_bytes()
 
 
-def test_wikitext2_without_train_loads_and_reports_absence_when_needed():
-    c = load_corpus("wikitext-2", data_dir=shared_corpus_dir("wikitext-2"))
+def test_wikitext2_without_train_loads_and_reports_absence_when_needed(shared_corpus):
+    c = load_corpus("wikitext-2", data_dir=shared_corpus("wikitext-2"))
     assert set(c.splits) == {"valid", "test"}
     assert c.level == "word" and c.eos_per_line
     assert c.text("valid").startswith(" \n = Homarus gammarus = \n")
@@ -63,8 +62,8 @@ def test_wikitext2_without_train_loads_and_reports_absence_when_needed():
         c.require("train")
 
 
-def test_books_split_by_novel_and_gutenberg_stripped():
-    root = shared_corpus_dir("books")
+def test_books_split_by_novel_and_gutenberg_stripped(shared_corpus):
+    root = shared_corpus("books")
     c = load_corpus("books", data_dir=root)
     names = {s: [Path(p).name for p in c.sources[s]] for s in c.sources}
     assert names["valid"] == ["emma.txt"]

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from conftest_data import shared_corpus_dir
 from txl.data import (
     BPEVocab,
     ByteVocab,
@@ -151,8 +150,8 @@ def test_word_vocab_on_non_utf8_names_file_and_offset(tmp_path):
     assert second in msg and "byte offset 5" in msg and "\n" not in msg
 
 
-def test_wikitext2_valid_tokens_with_eos_per_line():
-    c = load_corpus("wikitext-2", data_dir=shared_corpus_dir("wikitext-2"))
+def test_wikitext2_valid_tokens_with_eos_per_line(shared_corpus):
+    c = load_corpus("wikitext-2", data_dir=shared_corpus("wikitext-2"))
     text = c.text("valid")
     v = WordVocab.build(text, tokenizer="whitespace", eos_per_line=True)
     ids = v.encode(text)
@@ -162,8 +161,8 @@ def test_wikitext2_valid_tokens_with_eos_per_line():
     assert len(v) == 13_776 + 1  # its 13,776 types (<unk> among them) plus <eos>
 
 
-def test_tinyshakespeare_char_vocab():
-    c = load_corpus("tinyshakespeare", data_dir=shared_corpus_dir("tinyshakespeare"))
+def test_tinyshakespeare_char_vocab(shared_corpus):
+    c = load_corpus("tinyshakespeare", data_dir=shared_corpus("tinyshakespeare"))
     v = build_vocab("char", c)
     assert len(v) == 65 + 1  # 65 characters plus <unk>
     ids = v.encode(c.text("valid")[:5000], strict=True)

@@ -79,7 +79,7 @@ def test_minutes_times_the_machine_and_says_so(tmp_path, small_demo, monkeypatch
 
 def test_the_default_is_a_fixed_number_of_steps():
     assert isinstance(demo.DEFAULT_STEPS, int) and 2000 <= demo.DEFAULT_STEPS <= 3000
-    assert demo._choose_steps(None, None) == demo.DEFAULT_STEPS and demo._choose_steps(7, None) == 7
+    assert demo.choose_steps(None, None) == demo.DEFAULT_STEPS and demo.choose_steps(7, None) == 7
 
 
 def test_the_embedded_corpus_exists_here():

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import warnings
 from pathlib import Path
@@ -19,32 +18,23 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
+from conftest import run_config, train_losses
 from txl import TransformerXLConfig
-from txl.cli import main
-from txl.config import apply_overrides, load_config
-from txl.errors import CheckpointError
-from txl.model import TransformerXL
-from txl.runs import load_run
-from txl.train import checkpoint as ckpt
-from txl.train.checkpoint import (
+from txl import checkpoint as ckpt
+from txl.checkpoint import (
     DamagedCheckpoint,
     ResumeWarning,
     TrainingState,
     load_checkpoint,
     save_checkpoint,
 )
+from txl.cli import main
+from txl.errors import CheckpointError
+from txl.model import TransformerXL
+from txl.runs import load_run
 from txl.train.trainer import resume, train
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def text_corpus(tmp_path) -> Path:
-    parts = [(STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")]
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
 
 
 def _sets(corpus: Path, *extra: str) -> list[str]:
@@ -52,15 +42,6 @@ def _sets(corpus: Path, *extra: str) -> list[str]:
     for item in (f"data.corpus={json.dumps(str(corpus))}", *extra):
         out += ["--set", item]
     return out
-
-
-def _config(corpus: Path, *extra: str):
-    return apply_overrides(load_config("tiny"), [f"data.corpus={json.dumps(str(corpus))}", *extra])
-
-
-def _train_losses(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
 def _leftovers(run_dir: Path) -> list[str]:
@@ -85,7 +66,7 @@ FORK_SERVER = textwrap.dedent("""
     plan = json.loads(Path(sys.argv[1]).read_text())
     import torch
     torch.set_num_threads(1)
-    import txl.train.checkpoint as ckpt
+    import txl.checkpoint as ckpt
     from txl.cli import main
 
     def slow(write):
@@ -200,7 +181,7 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["reference"] == 0, (runs / "reference.err").read_text()
-    reference = _train_losses(runs / "reference")
+    reference = train_losses(runs / "reference")
     reference_summary = json.loads((runs / "reference" / "summary.json").read_text())
     assert sorted(reference) == list(range(1, 9))
 
@@ -222,7 +203,7 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
             else:
                 assert trial["resumed"] == 0, (trial, err)
                 resumed_from_checkpoint += 1
-            assert _train_losses(run) == reference, trial  # identical floats, every step
+            assert train_losses(run) == reference, trial  # identical floats, every step
             assert json.loads((run / "summary.json").read_text())["val_loss"] == reference_summary["val_loss"]
         else:
             assert trial["resumed"] == 2 and len(err) == 1 and err[0].startswith("txl: error: "), (trial, err)
@@ -278,9 +259,9 @@ def _flip_byte(path: Path) -> None:
 def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus, capsys):
     common = ("train.schedule=\"constant\"", "train.checkpoint_every=1", "train.eval_every=0", "train.log_every=1",
               "model.dropout=0.1")
-    reference = train(_config(text_corpus, "train.steps=6", *common), tmp_path / "reference", progress=False)
+    reference = train(run_config(text_corpus, "train.steps=6", *common), tmp_path / "reference", progress=False)
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=4", *common), run, progress=False)
+    train(run_config(text_corpus, "train.steps=4", *common), run, progress=False)
     for name in ("step-00000004", "best"):  # both at step 4
         _flip_byte(run / "checkpoints" / name / "model.safetensors")
     with pytest.raises(DamagedCheckpoint, match=r"step-00000004/model\.safetensors: checksum mismatch"):
@@ -291,7 +272,7 @@ def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus,
                       r"resuming from the newest intact checkpoint step-00000003 \(step 3\)"):
         summary = resume(run, overrides=("train.steps=6",), progress=False)
     assert summary["steps"] == 6 and summary["val_loss"] == reference["val_loss"]
-    assert _train_losses(run) == _train_losses(tmp_path / "reference")
+    assert train_losses(run) == train_losses(tmp_path / "reference")
 
     # nothing intact: a clear error, and nothing changes
     for folder in (run / "checkpoints").iterdir():
@@ -304,7 +285,7 @@ def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus,
 
 def test_checkpoints_without_checksums_still_load(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
+    train(run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
           progress=False)
     meta = run / "checkpoints" / "step-00000002" / "state.json"
     document = json.loads(meta.read_text())

@@ -87,8 +87,8 @@ def test_rel_shift_matches_index_formula():
 @pytest.mark.parametrize("m", [0, 3, 9], ids=["T=K, no memory", "T<K memory 3", "T<K memory 9"])
 def test_position_term_matches_naive_double_loop(tiny_config, m):
     model, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=5, m=m)
-    q, _, _ = attn._project(x, memory)
-    fast = attn._position_term(q, pos, v)  # (B, H, T, K)
+    q, _, _ = attn.project(x, memory)
+    fast = attn.position_term(q, pos, v)  # (B, H, T, K)
     w_r = attn.r_net.weight
     t, k = x.shape[1], m + x.shape[1]
     for i in range(t):

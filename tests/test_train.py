@@ -6,7 +6,6 @@ by name and only complete ones are read."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -16,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import warnings
 from pathlib import Path
@@ -24,47 +22,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import STDLIB, run_config, snapshot, train_losses
+from txl import checkpoint as ckpt
+from txl.checkpoint import ResumeWarning, TrainingState
 from txl.cli import main
-from txl.config import apply_overrides, load_config
+from txl.config import apply_overrides
+from txl.data import prepare_data
 from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
-from txl.runs import load_run
-from txl.train import checkpoint as ckpt
-from txl.train.checkpoint import ResumeWarning, TrainingState, latest_checkpoint
+from txl.runs import latest_checkpoint, load_run
 from txl.train.trainer import (
     Interrupted,
     Trainer,
     TrainingDiverged,
-    prepare_data,
     resume,
     train,
     train_stream,
 )
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-
-
-@pytest.fixture
-def text_corpus(tmp_path) -> Path:
-    """Real text available on every machine: a few of Python's own source files, about 200 KB."""
-    parts = [(STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")]
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
-
-
-def _config(corpus: Path, *extra: str):
-    return apply_overrides(load_config("tiny"), [f"data.corpus={json.dumps(str(corpus))}", *extra])
-
-
-def _train_losses(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
-
-
-def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _env() -> dict[str, str]:
@@ -74,13 +48,13 @@ def _env() -> dict[str, str]:
 
 
 def test_training_learns_and_writes_the_run(tmp_path, text_corpus):
-    config = _config(text_corpus, "train.steps=60", "train.eval_every=30", "train.log_every=10", "train.lr=5e-3")
+    config = run_config(text_corpus, "train.steps=60", "train.eval_every=30", "train.log_every=10", "train.lr=5e-3")
     summary = train(config, tmp_path / "run", progress=False)
     for key in ("best_val_loss", "val_loss", "val_ppl", "val_bpc", "test_loss", "steps", "tokens",
                 "train_tokens_per_s", "params"):
         assert key in summary, key
     assert summary["steps"] == 60 and summary["tokens"] == 60 * 4 * 16
-    losses = _train_losses(tmp_path / "run")
+    losses = train_losses(tmp_path / "run")
     assert losses[60] < losses[10] - 0.5  # it learns (byte entropy starts near ln 256 = 5.5)
     assert summary["val_loss"] < 4.0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -91,19 +65,19 @@ def test_training_learns_and_writes_the_run(tmp_path, text_corpus):
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(summary))
 
 
-def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, text_corpus):
-    train(_config(text_corpus, "train.steps=10"), tmp_path / "run", progress=False)
-    run = load_run(tmp_path / "run", checkpoint="latest")
-    again = load_run(tmp_path / "run", checkpoint="latest")
+def test_checkpoint_round_trip_gives_identical_outputs(trained_run):
+    run = load_run(trained_run, checkpoint="latest")
+    again = load_run(trained_run, checkpoint="latest")
     tokens = torch.randint(0, 256, (2, 12))
     assert torch.equal(run.model(tokens).logits, again.model(tokens).logits)
     assert run.step == 10
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
     common = ["train.schedule=\"constant\"", "train.log_every=1", "train.eval_every=0", "train.checkpoint_every=10",
               "train.batch_size=8", "train.tgt_len=32", "model.dropout=0.1", "train.varlen=true"]
-    reference = train(_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False)
+    reference = train(run_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False)
     assert reference["steps"] == 50
 
     killed = tmp_path / "killed"
@@ -126,12 +100,13 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert _train_losses(killed)  # it had logged steps (maybe beyond the checkpoint) before dying
+    assert train_losses(killed)  # it had logged steps (maybe beyond the checkpoint) before dying
     summary = resume(killed, overrides=("train.steps=50",), progress=False)
     assert summary["steps"] == 50
-    assert _train_losses(killed) == _train_losses(tmp_path / "reference")  # identical floats, every step
+    assert train_losses(killed) == train_losses(tmp_path / "reference")  # identical floats, every step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, signum):
     out = tmp_path / "run"
@@ -157,28 +132,23 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, sign
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_corpus):
-    config = _config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.checkpoint_every=1",
+    config = run_config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.checkpoint_every=1",
                      "train.eval_every=0", "train.schedule=\"constant\"", "train.warmup_steps=0", "train.log_every=1")
     with pytest.raises(TrainingDiverged, match="loss became"):
         train(config, tmp_path / "run", progress=False)
     folder = latest_checkpoint(tmp_path / "run")
     assert folder is not None
     state = json.loads((folder / "state.json").read_text())
-    losses = _train_losses(tmp_path / "run")
+    losses = train_losses(tmp_path / "run")
     assert all(v == v and abs(v) != float("inf") for v in losses.values())  # only finite losses were logged
     assert state["state"]["step"] == max(losses)
 
 
-def test_cli_eval_with_longer_memory_prints_one_json_line(tmp_path, text_corpus, capsys):
+def test_cli_eval_with_longer_memory_prints_one_json_line(trained_run, capsys):
     """The same split, the same segment length: a longer memory changes the loss of a model trained with
     memory, and asking for the memory it already has changes nothing."""
-    run_dir = tmp_path / "run"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=20"]) == 0
-    capsys.readouterr()
-
     def evaluate(*flags: str) -> dict:
-        assert main(["eval", str(run_dir), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
+        assert main(["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert len(lines) == 1
         return json.loads(lines[0])
@@ -192,12 +162,9 @@ def test_cli_eval_with_longer_memory_prints_one_json_line(tmp_path, text_corpus,
     assert evaluate("--mem-len", "16")["loss"] == default["loss"]
 
 
-def test_cli_generate_and_python_m(tmp_path, text_corpus, capsys):
-    run_dir = tmp_path / "run"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=5"]) == 0
-    capsys.readouterr()
-    assert main(["generate", str(run_dir), "--prompt", "def ", "--max-new-tokens", "20"]) == 0
+@pytest.mark.slow
+def test_cli_generate_and_python_m(trained_run, capsys):
+    assert main(["generate", str(trained_run), "--prompt", "def ", "--max-new-tokens", "20"]) == 0
     assert capsys.readouterr().out.startswith("def ")
     proc = subprocess.run([sys.executable, "-m", "txl", "--help"], env=_env(), capture_output=True, text=True)
     assert proc.returncode == 0 and "train" in proc.stdout and "demo" in proc.stdout
@@ -226,7 +193,7 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
         return EvalResult(loss=loss, ppl=math.exp(loss), bpc=loss / math.log(2), tokens=100)
 
     monkeypatch.setattr(Trainer, "evaluate", fake_evaluate)
-    config = _config(text_corpus, "train.steps=50", "train.eval_every=2", "train.patience=2")
+    config = run_config(text_corpus, "train.steps=50", "train.eval_every=2", "train.patience=2")
     summary = train(config, tmp_path / "run", progress=False)
     # evaluations at steps 2 (3.0), 4 (2.5, best), 6 (2.6), 8 (2.7: second without improvement -> stop)
     assert summary["status"] == "early_stopped" and summary["steps"] == 8
@@ -235,8 +202,9 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     assert best["state"]["step"] == 8
 
 
-def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_data, capsys):
+def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_corpus, capsys):
     """The real corpus by name, character level: train briefly, evaluate the whole validation split."""
+    shared_data = shared_corpus("tinyshakespeare")
     run_dir = tmp_path / "shakespeare"
     assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
                  "--set", "data.corpus=tinyshakespeare", "--set", f"data.data_dir={json.dumps(str(shared_data))}",
@@ -251,7 +219,7 @@ def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_data, capsys):
 
 @pytest.mark.parametrize("extra", [[], ["model.cutoffs=[64, 128]", "model.div_val=2"]], ids=["softmax", "adaptive"])
 def test_bf16_autocast_trains(tmp_path, text_corpus, extra):
-    summary = train(_config(text_corpus, "train.precision=\"bf16\"", "train.steps=4", *extra), tmp_path / "run",
+    summary = train(run_config(text_corpus, "train.precision=\"bf16\"", "train.steps=4", *extra), tmp_path / "run",
                     progress=False)
     assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
 
@@ -283,8 +251,8 @@ def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkey
     Resuming from a checkpoint taken right before the wrap keeps the run exact."""
     common = ["train.batch_size=8", "train.tgt_len=32", "train.schedule=\"constant\"", "train.eval_every=0",
               "train.log_every=1", "model.dropout=0.1"]
-    config = _config(_small_corpus(tmp_path), *common)
-    epoch = train_stream(config, prepare_data(config).splits).n_batches
+    config = run_config(_small_corpus(tmp_path), *common)
+    epoch = train_stream(config, prepare_data(config.data).splits).n_batches
     assert 5 < epoch < 20
 
     calls = []
@@ -304,14 +272,14 @@ def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkey
     train(apply_overrides(config, [f"train.steps={epoch}", f"train.checkpoint_every={epoch}"]), run, progress=False)
     resume(run, overrides=(f"train.steps={epoch + 2}",), progress=False)
     assert calls[epoch:] == [True, False]  # the restored memory (the end of the split) is dropped too
-    assert _train_losses(run) == _train_losses(tmp_path / "reference")
+    assert train_losses(run) == train_losses(tmp_path / "reference")
 
 
 def test_resume_applies_optimizer_overrides_and_refuses_what_it_cannot_change(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0",
+    train(run_config(text_corpus, "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0",
                   "train.schedule=\"constant\""), run, progress=False)
-    before = _snapshot(run)
+    before = snapshot(run)
     fixed = re.escape("train.batch_size: cannot be changed when resuming (the run has 4, asked 2)")
     with pytest.raises(RunError, match=f"^{fixed}$"):
         resume(run, overrides=("train.steps=5", "train.batch_size=2"), progress=False)
@@ -321,7 +289,7 @@ def test_resume_applies_optimizer_overrides_and_refuses_what_it_cannot_change(tm
     for field in ("model.d_model", "data.vocab", "train.seed", "train.tgt_len", "train.varlen"):
         assert f"{field}: cannot be changed when resuming" in str(refused.value)
     assert "\n" not in str(refused.value) and "(the run has 16, asked 8)" in str(refused.value)
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
     resume(run, overrides=("train.steps=5", "train.weight_decay=0.1", "train.beta1=0.8", "train.beta2=0.99",
                            "train.accum_steps=2", "train.clip=0.5"), progress=False)
@@ -334,12 +302,12 @@ def test_resume_applies_optimizer_overrides_and_refuses_what_it_cannot_change(tm
 
 def test_resume_warns_when_new_steps_move_the_learning_rate(tmp_path, text_corpus):
     cosine = tmp_path / "cosine"
-    train(_config(text_corpus, "train.steps=4", "train.eval_every=0"), cosine, progress=False)
+    train(run_config(text_corpus, "train.steps=4", "train.eval_every=0"), cosine, progress=False)
     with pytest.warns(ResumeWarning, match=r"resuming at step 4 with train\.steps 4 -> 8: the learning rate "
                                            r"jumps from 0 to 0\.00225 "):
         resume(cosine, overrides=("train.steps=8",), progress=False)
     constant = tmp_path / "constant"
-    train(_config(text_corpus, "train.steps=4", "train.eval_every=0", "train.schedule=\"constant\""), constant,
+    train(run_config(text_corpus, "train.steps=4", "train.eval_every=0", "train.schedule=\"constant\""), constant,
           progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResumeWarning)
@@ -352,13 +320,13 @@ def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
     out = tmp_path / "new" / "run"
     for _ in range(2):  # the same call fails the same way: nothing was left to say "already holds a run"
         with pytest.raises(RunError, match="fewer than one segment"):
-            train(_config(short), out, progress=False)
+            train(run_config(short), out, progress=False)
         assert not (tmp_path / "new").exists()
 
     mine = tmp_path / "mine"  # a folder the user made, with a file of theirs
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    diverges = _config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.eval_every=0",
+    diverges = run_config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.eval_every=0",
                        "train.checkpoint_every=0", "train.schedule=\"constant\"", "train.warmup_steps=0")
     with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
         train(diverges, mine, progress=False)
@@ -366,7 +334,7 @@ def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
     with pytest.raises(TrainingDiverged):  # the folders it made are removed too
         train(diverges, tmp_path / "fresh" / "run", progress=False)
     assert not (tmp_path / "fresh").exists()
-    assert train(_config(text_corpus, "train.steps=2"), mine, progress=False)["steps"] == 2
+    assert train(run_config(text_corpus, "train.steps=2"), mine, progress=False)["steps"] == 2
 
 
 def test_sigterm_outside_the_training_steps_stops_cleanly(tmp_path, text_corpus, monkeypatch):
@@ -379,7 +347,7 @@ def test_sigterm_outside_the_training_steps_stops_cleanly(tmp_path, text_corpus,
 
     monkeypatch.setattr(Trainer, "fit", terminated)
     with pytest.raises(Interrupted, match="SIGTERM outside the training steps") as info:
-        train(_config(text_corpus), tmp_path / "run", progress=False)
+        train(run_config(text_corpus), tmp_path / "run", progress=False)
     assert info.value.signum == signal.SIGTERM and not (tmp_path / "run").exists()
 
 
@@ -404,29 +372,29 @@ def test_an_empty_validation_slice_is_refused_before_anything_is_written(tmp_pat
     corpus.write_text("short line\n" * 50 + "x" * 1000 + "\n", encoding="utf-8")
     out = tmp_path / "run"
     with pytest.raises(RunError, match=r"split 'valid' of corpus .*long-last-line\.txt' is empty \(0 tokens\)"):
-        train(_config(corpus), out, progress=False)
+        train(run_config(corpus), out, progress=False)
     assert not out.exists()
     with pytest.raises(RunError, match=r"train\.patience=2 .* train\.eval_every=0"):
-        train(_config(text_corpus, "train.patience=2", "train.eval_every=0"), out, progress=False)
+        train(run_config(text_corpus, "train.patience=2", "train.eval_every=0"), out, progress=False)
     assert not out.exists()
 
 
 def test_one_process_at_a_time_trains_in_a_run_folder(tmp_path, text_corpus):
     run = tmp_path / "run"
-    config = _config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0")
+    config = run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0")
     train(config, run, progress=False)
     assert not (run / ".lock").exists()
     host = socket.gethostname()
     holder = subprocess.Popen(["sleep", "60"])
     try:
         (run / ".lock").write_text(json.dumps({"pid": holder.pid, "host": host, "since": 0.0}))
-        before = _snapshot(run)
+        before = snapshot(run)
         held = re.escape(f"another process (pid {holder.pid} on {host}) holds the run")
         with pytest.raises(RunError, match=held):
             resume(run, overrides=("train.steps=4",), progress=False)
         with pytest.raises(RunError, match=held):
             train(config, run, overwrite=True, progress=False)
-        assert _snapshot(run) == before
+        assert snapshot(run) == before
     finally:
         holder.kill()
         holder.wait()
@@ -443,7 +411,7 @@ def test_one_process_at_a_time_trains_in_a_run_folder(tmp_path, text_corpus):
 
 def test_checkpoints_are_found_by_name_and_only_complete_ones_are_read(tmp_path, text_corpus, capsys):
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=4", "train.checkpoint_every=1", "train.keep_last=3",
+    train(run_config(text_corpus, "train.steps=4", "train.checkpoint_every=1", "train.keep_last=3",
                   "train.eval_every=0"), run, progress=False)
     checkpoints = run / "checkpoints"
     shutil.copytree(checkpoints / "step-00000004", checkpoints / ".tmp-step-00000009-123")  # a write in progress
@@ -468,7 +436,7 @@ def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, t
     """Another process saves a new best while `txl eval` reads the old one: the half-old, half-new read is
     noticed and the new best is read whole."""
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=2", "train.eval_every=0"), run, progress=False)
+    train(run_config(text_corpus, "train.steps=2", "train.eval_every=0"), run, progress=False)
     best = run / "checkpoints" / "best"
     document = json.loads((best / "state.json").read_text())
     meta = {k: v for k, v in document.items() if k not in ("format", "state", "optimizer", "files")}
@@ -495,7 +463,7 @@ def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, t
 
 def test_flipped_byte_in_weights_is_a_clear_error(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
+    train(run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
           progress=False)
     weights = run / "checkpoints" / "step-00000002" / "model.safetensors"
     data = bytearray(weights.read_bytes())

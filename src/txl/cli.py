@@ -19,7 +19,8 @@ import math
 import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -80,7 +81,7 @@ _port = _number(int, lambda v: 0 <= v <= 65535, "a port number in 0..65535")
 def _device(name: str) -> None:
     """Refuse ``--device NAME`` when it names no device here; the library's message names the config field
     (``train.device: ...``), this one the flag."""
-    from .runs import resolve_device
+    from .device import resolve_device
 
     try:
         resolve_device(name)
@@ -88,18 +89,31 @@ def _device(name: str) -> None:
         raise ConfigError(f"--device {name}: {str(exc).removeprefix('train.device: ')}") from None
 
 
-def _same_length_needs_memory(settings: dict[str, Any], model_config, *, mem_flag: int | None,
-                              same_length_flag: bool | None) -> dict[str, Any]:
-    """With no memory, same_length would mask every key: turn it off with a note, or refuse --same-length."""
-    mem_len = settings.get("mem_len", model_config.mem_len)
-    if mem_len != 0 or not settings.get("same_length", model_config.same_length):
-        return settings
-    source = "--mem-len 0" if mem_flag == 0 else "mem_len 0"
-    if same_length_flag:
-        where = "" if mem_flag == 0 else " (this run's mem_len is 0; pass --mem-len N)"
-        raise ConfigError(f"--same-length needs a memory: it cannot be used with {source}{where}")
-    _note(f"{source}: same_length turned off (it needs a memory)")
-    return {**settings, "same_length": False}
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The settings given as flags (``--mem-len 64`` -> ``{"mem_len": 64}``); flags left out are not there, so
+    the library takes the run's own. The one way flags become settings."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+@contextmanager
+def _library_warnings(args: argparse.Namespace) -> Iterator[None]:
+    """Say what the library warned about, the CLI's way: same-length attention turned off for want of memory
+    as a note naming the flag; the others once each, as :func:`main` shows warnings."""
+    from .config import SameLengthOff
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SameLengthOff)
+        yield
+    said = set()
+    for warning in caught:
+        message = str(warning.message)
+        if message in said:  # the same warning for each sample: once
+            continue
+        said.add(message)
+        if issubclass(warning.category, SameLengthOff):
+            _note(message.replace("mem_len 0", "--mem-len 0", 1) if args.mem_len == 0 else message)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -118,44 +132,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_settings(args: argparse.Namespace, config) -> dict:
-    """Length settings for evaluation: the command line first, then the run's [eval] section."""
-    chosen = (("mem_len", args.mem_len, config.eval.mem_len), ("clamp_len", args.clamp_len, config.eval.clamp_len),
-              ("same_length", args.same_length, config.eval.same_length))
-    settings = {k: (flag if flag is not None else saved) for k, flag, saved in chosen
-                if flag is not None or saved is not None}
-    if config.model.attention != "relative":
-        return settings
-    return _same_length_needs_memory(settings, config.model, mem_flag=args.mem_len,
-                                     same_length_flag=args.same_length)
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .data import encode_split, load_corpus
-    from .evaluate import evaluate
-    from .runs import load_run
+    from .evaluate import evaluate_run
 
     _device(args.device)
-    run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
-    config = run.config
-    corpus = load_corpus(config.data.corpus, data_dir=Path(config.data.data_dir) if config.data.data_dir else None,
-                         text_field=config.data.text_field)
-    tokens = encode_split(corpus, args.split, run.vocab,
-                          cache_dir=Path(config.data.cache_dir) if config.data.cache_dir else None)
-    settings = _eval_settings(args, config)
-    if config.model.attention != "relative":
-        if any(v is not None for v in (args.mem_len, args.clamp_len, args.same_length)):
-            raise ConfigError("--mem-len, --clamp-len and --same-length apply to the Transformer-XL only "
-                              "(this run is the vanilla baseline)")
-        settings = {}
-    span = run.model.config.span.replace(**settings)
-    tgt_len = next(v for v in (args.tgt_len, config.eval.tgt_len, config.train.tgt_len) if v is not None)
-    batch_size = args.batch_size if args.batch_size is not None else config.eval.batch_size
-    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span, max_tokens=args.max_tokens,
-                      progress=not args.quiet, desc=args.split)
-    record = {"run": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint.name, "step": run.step,
-              **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size,
-              "mem_len": span.mem_len, "clamp_len": span.clamp_len, "same_length": span.same_length}
+    if args.mem_len == 0 and args.same_length:
+        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
+    with _library_warnings(args):
+        record = evaluate_run(args.run_dir, split=args.split, checkpoint=args.checkpoint, device=args.device,
+                              max_tokens=args.max_tokens, progress=not args.quiet,
+                              **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"))
     print(json.dumps(record))
     return 0
 
@@ -195,11 +181,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _generate_prompt(args)
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
-    if args.mem_len is not None:
-        if run.config.model.attention != "relative":
-            raise ConfigError("--mem-len applies to the Transformer-XL only (this run is the vanilla baseline)")
-        _same_length_needs_memory({"mem_len": args.mem_len}, run.model.config, mem_flag=args.mem_len,
-                                  same_length_flag=None)  # says so when same_length is turned off
     shown = -1  # the sample being streamed
 
     def header(index: int) -> None:
@@ -216,12 +197,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             shown = index
         print(piece, end="", flush=True)
 
-    try:  # unknown words are read as <unk> with a warning (once: main shows each warning once)
-        result = generate_from_run(run, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, mem_len=args.mem_len,
-                                   seed=args.seed, stop=args.stop, num_samples=args.num_samples, unknown="unk",
-                                   on_text=show if args.stream else None)
-    except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad sampling settings in the run
+    try:
+        with _library_warnings(args):
+            result = generate_from_run(run, prompt, greedy=args.greedy, seed=args.seed, stop=args.stop,
+                                       num_samples=args.num_samples, unknown="unk",
+                                       on_text=show if args.stream else None,
+                                       **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"))
+    except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
         raise TxlError(f"generate: {exc}") from None
     for index, text in enumerate(result.texts):
         if args.stream and index <= shown:
@@ -683,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + exc.signum
         print(f"txl: error: {exc}", file=sys.stderr)
         return 2
-    except (ConfigError, FileNotFoundError) as exc:
+    except FileNotFoundError as exc:
         print(f"txl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,18 +12,22 @@ import math
 import tomllib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import TxlError
+from .errors import TxlError, TxlWarning
 
 __all__ = [
     "TransformerXLConfig",
     "Span",
+    "SameLengthOff",
+    "span_of",
     "architecture_fields",
     "eval_span",
+    "first_set",
     "DataConfig",
     "TrainConfig",
     "EvalConfig",
@@ -115,6 +119,20 @@ class Span:
     def replace(self, **changes: Any) -> Span:
         """A new span with some lengths changed (validated)."""
         return dataclasses.replace(self, **changes)
+
+
+class SameLengthOff(TxlWarning):
+    """Same-length attention was turned off because the span has no memory (it would mask every key)."""
+
+
+def span_of(*, mem_len: int, clamp_len: int | None, same_length: bool, same_length_asked: bool = False) -> Span:
+    """The span of these lengths. Without memory, same-length attention would leave a query no key to attend
+    to: when it comes with the settings (it was not asked for with ``mem_len``) it is turned off, with a
+    :class:`SameLengthOff` warning; asked for with ``same_length_asked``, it is a ConfigError."""
+    if mem_len == 0 and same_length and not same_length_asked:
+        warnings.warn("mem_len 0: same_length turned off (it needs a memory)", SameLengthOff, stacklevel=3)
+        same_length = False
+    return Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -424,19 +442,31 @@ class RunConfig:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
-def eval_span(config: RunConfig) -> Span:
-    """The span to evaluate a run with: its ``[eval]`` lengths where set, else the model's (one place resolves
-    them for the trainer, ``txl eval`` and the analyses)."""
-    base = config.model.span
-    if config.model.attention != "relative":
-        return base
-    ev = config.eval
+def first_set(*values: Any) -> Any:
+    """The first value that is not None (a setting given, else the run's, else the default), or None: the
+    one way settings are merged."""
+    return next((v for v in values if v is not None), None)
+
+
+def eval_span(config: RunConfig, *, mem_len: int | None = None, clamp_len: int | None = None,
+              same_length: bool | None = None) -> Span:
+    """The span to evaluate a run with: the lengths given here, else its ``[eval]`` lengths where set, else
+    the model's (one place resolves them for the trainer, ``txl eval`` and the analyses). A memory of 0 turns
+    off same-length attention not given with it (see :func:`span_of`). The vanilla baseline has no memory:
+    giving it lengths is an error."""
+    model, ev = config.model, config.eval
+    if model.attention != "relative":
+        given = [name for name, value in (("mem_len", mem_len), ("clamp_len", clamp_len), ("same_length", same_length))
+                 if value is not None]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the Transformer-XL "
+                              "only (this run is the vanilla baseline: no memory, no relative positions)")
+        return model.span
     try:
-        return Span(
-            mem_len=base.mem_len if ev.mem_len is None else ev.mem_len,
-            clamp_len=base.clamp_len if ev.clamp_len is None else ev.clamp_len,
-            same_length=base.same_length if ev.same_length is None else ev.same_length,
-        )
+        return span_of(mem_len=first_set(mem_len, ev.mem_len, model.mem_len),
+                       clamp_len=first_set(clamp_len, ev.clamp_len, model.clamp_len),
+                       same_length=first_set(same_length, ev.same_length, model.same_length),
+                       same_length_asked=same_length is not None)
     except ConfigError as exc:
         raise ConfigError(f"eval.{exc}") from None
 

@@ -1,16 +1,16 @@
 """``txl convert``: a pretrained checkpoint (the authors' PyTorch state_dict, or a Hugging Face TransfoXL
 folder) written as a txl run folder (config.json, vocab.json, checkpoints/best/ in safetensors) that
 ``txl eval`` and ``txl generate`` accept. Reading the checkpoints is :mod:`txl.interop`'s job, the run
-folder's layout :mod:`txl.runs`' and :mod:`txl.train.checkpoint`'s.
+folder's layout :mod:`txl.runs`' and :mod:`txl.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Literal
 
+from .checkpoint import TrainingState, save_checkpoint
 from .config import (
     ConfigError,
     DataConfig,
@@ -23,8 +23,7 @@ from .config import (
 from .data.vocab import Vocab
 from .errors import CheckpointError
 from .interop import load_hf, load_hf_vocab, load_original, read_hf_config
-from .runs import check_new_run_dir, clear_run
-from .train.checkpoint import TrainingState, atomic_write_text, save_checkpoint
+from .runs import check_new_run_dir, clear_run, save_run_config
 
 __all__ = ["Source", "convert", "detect_source"]
 
@@ -87,10 +86,10 @@ def convert(src: str | Path, dst: str | Path, *, source: Source | None = None, v
         clear_run(paths)
     paths.root.mkdir(parents=True, exist_ok=True)
     words.save(paths.vocab)
-    atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+    save_run_config(paths.root, config)
     meta = {"config": config_to_dict(config), "model": config_to_dict(config.model),
             "vocab_fingerprint": words.fingerprint, "converted_from": {"source": source, "path": str(src)}}
-    save_checkpoint(paths.checkpoints / "best", model=model, optimizer=None, memory=None, state=TrainingState(),
+    save_checkpoint(paths.best, model=model, optimizer=None, memory=None, state=TrainingState(),
                     meta=meta)
     return paths.root
 

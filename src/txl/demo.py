@@ -19,11 +19,13 @@ import torch
 
 from .analysis.baseline import vanilla_baseline
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig
+from .data import prepare_data
+from .files import atomic_write_text
 from .generate import generate_text
 from .runs import load_run
-from .train.trainer import prepare_data, train
+from .train.trainer import train
 
-__all__ = ["DEFAULT_STEPS", "demo_config", "run_demo"]
+__all__ = ["DEFAULT_STEPS", "demo_config", "choose_steps", "run_demo"]
 
 DEFAULT_STEPS = 2600
 """Training steps of each model. On 2 quiet CPU cores the whole demo takes about 5 minutes (the
@@ -70,7 +72,7 @@ def _steps_for(config: RunConfig, minutes: float) -> int:
     return max(20, int(0.85 * minutes * 60 / per_step))  # 15% for the loop's own work (logging, batches)
 
 
-def _choose_steps(steps: int | None, minutes: float | None) -> int:
+def choose_steps(steps: int | None, minutes: float | None) -> int:
     """The steps to train each model: ``steps``, :data:`DEFAULT_STEPS`, or as many as fit ``minutes`` here."""
     if steps is not None and minutes is not None:
         raise ValueError("give steps or minutes, not both")
@@ -101,11 +103,11 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     out = Path(out)
     print("txl demo: byte-level language modelling of this machine's Python standard library "
           "(no network needed)", flush=True)
-    data = prepare_data(demo_config(1))
+    data = prepare_data(demo_config(1).data)
     sizes = {s: len(v) for s, v in data.splits.items()}
     print(f"corpus: {sizes['train']:,} train / {sizes['valid']:,} validation bytes "
           f"({len(data.corpus.sources['train'])} train files)", flush=True)
-    steps = _choose_steps(steps, minutes)
+    steps = choose_steps(steps, minutes)
     xl_config = demo_config(steps)
     # No time limit: both models always train exactly ``steps`` steps, whatever the machine.
     configs = {"transformer-xl": xl_config, "vanilla": vanilla_baseline(xl_config)}
@@ -141,5 +143,5 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
     print("\nsample from the Transformer-XL (prompt 'def ', temperature 0.8, top-k 40):\n")
     print(prompt + sample)
     report = {"steps": steps, "results": results, "sample": prompt + sample}
-    (out / "demo.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(out / "demo.json", json.dumps(report, indent=1) + "\n")
     return report

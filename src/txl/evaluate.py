@@ -1,23 +1,27 @@
 """Perplexity and bits per token over a whole split, carrying memory from segment to segment; every
 token of the split is predicted exactly once. Evaluation may use other lengths than training (a longer
 memory, another segment length, a clamp, same-length attention), given as a :class:`~txl.config.Span`.
+:func:`evaluate_run` evaluates a trained run folder (what ``txl eval`` does).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import Span
-from .data import SegmentStream
+from .config import Span, eval_span, first_set
+from .data import SegmentStream, prepare_data
 from .errors import TxlError
 from .model import TransformerXL
+from .runs import load_run
 
-__all__ = ["EvalResult", "evaluate", "metrics_from_loss"]
+__all__ = ["EvalResult", "evaluate", "evaluate_run", "metrics_from_loss"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,25 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
         model.train(was_training)
     mean = float(total) / max(count, 1)
     return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
+
+
+def evaluate_run(run_dir: Path, *, split: str = "valid", checkpoint: str = "best", device: str = "cpu",
+                 tgt_len: int | None = None, batch_size: int | None = None, mem_len: int | None = None,
+                 clamp_len: int | None = None, same_length: bool | None = None, max_tokens: int | None = None,
+                 progress: bool = False) -> dict[str, Any]:
+    """Evaluate a trained run over a whole split (its first ``max_tokens``) and return one record: the run,
+    split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint`` is
+    named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
+    ``[eval]`` section, else its training segment (``tgt_len``) or its model's lengths (see
+    :func:`~txl.config.eval_span`, which also says what a memory of 0 does to same-length attention)."""
+    run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+    config = run.config
+    span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
+    batch_size = first_set(batch_size, config.eval.batch_size)
+    tokens = prepare_data(config.data, vocab=run.vocab, splits=(split,)).splits[split]
+    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span, max_tokens=max_tokens,
+                      progress=progress, desc=split)
+    return {"run": str(run_dir), "split": split, "checkpoint": run.checkpoint.name, "step": run.step,
+            **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size, "mem_len": span.mem_len,
+            "clamp_len": span.clamp_len, "same_length": span.same_length}

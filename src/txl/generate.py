@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from .config import Span, check_sampling
+from .config import Span, check_sampling, first_set, span_of
 from .errors import TxlWarning
 from .model import KVCache, Memory
 
@@ -606,7 +606,8 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
     """Sample ``num_samples`` continuations of ``prompt`` from a loaded run (what ``txl generate`` does).
 
     Settings left as None come from the run's ``[generate]`` config; ``greedy`` means temperature 0;
-    ``mem_len`` replaces the model's memory length (0 also turns same-length attention off). Unknown prompt
+    ``mem_len`` replaces the model's memory length (0 also turns same-length attention off, with a
+    :class:`~txl.config.SameLengthOff` warning). Unknown prompt
     tokens: see ``unknown`` in :func:`generate_text`. The samples are drawn one after the other from one
     generator seeded with ``seed`` (so streamed and collected output are the same). ``on_text(i, piece)`` is
     called once per generated token of sample i with the text it made printable (see :class:`TextStream`).
@@ -617,7 +618,7 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
         temperature = 0.0
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     sampling = dataclasses.replace(run.config.generate, **{k: v for k, v in given.items() if v is not None})
-    max_new_tokens = sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
+    max_new_tokens = first_set(max_new_tokens, sampling.max_new_tokens)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -626,9 +627,8 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
     if mem_len is not None:
         if run.config.model.attention != "relative":
             raise ValueError("a memory length applies to the Transformer-XL only (this run is the vanilla baseline)")
-        # same-length attention needs a memory: off with mem_len 0 (the CLI says so when it turns it off)
-        span = run.config.model.span
-        span = span.replace(mem_len=mem_len, same_length=span.same_length and mem_len > 0)
+        base = run.config.model.span
+        span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
     model = run.model
     generator = torch.Generator(device=_model_device(model)).manual_seed(seed)
     texts, count, seconds = [], 0, 0.0

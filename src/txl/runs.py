@@ -1,45 +1,73 @@
-"""The run folder: its layout, refusing to clobber another run, the lock held by the process that trains
-in it, finding a checkpoint by name, and loading a trained model back.
+"""The run folder, the one owner of its layout: where each file lives, refusing to clobber another run,
+the lock held by the process that trains in it, the checkpoints' names and finding one (by name, the latest,
+the best, the newest intact), keeping the last few, and loading a trained model back. Reading and writing
+one checkpoint folder is :mod:`txl.checkpoint`'s.
 
-    RUN_DIR/config.json      the effective RunConfig (model.vocab_size set from the vocabulary)
-    RUN_DIR/vocab.json       the vocabulary (JSON, never pickled)
-    RUN_DIR/metrics.jsonl    one JSON object per log step / evaluation
-    RUN_DIR/summary.json     final figures
-    RUN_DIR/checkpoints/     step-XXXXXXXX/ folders and best/
-    RUN_DIR/.lock            {"pid", "host", "since"} of the process training in it, while it does
+    RUN_DIR/config.json                    the effective RunConfig (model.vocab_size set from the vocabulary)
+    RUN_DIR/vocab.json                     the vocabulary (JSON, never pickled)
+    RUN_DIR/metrics.jsonl                  one JSON object per log step / evaluation
+    RUN_DIR/summary.json                   final figures
+    RUN_DIR/checkpoints/step-XXXXXXXX/     a checkpoint per saved step (the last train.keep_last kept)
+    RUN_DIR/checkpoints/best/              the checkpoint with the best validation loss
+    RUN_DIR/tensorboard/                   TensorBoard logs, when TensorBoard is installed
+    RUN_DIR/.lock                          {"pid", "host", "since"} of the process training in it, while it does
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from .checkpoint import (
+    DamagedCheckpoint,
+    ResumeWarning,
+    checkpoint_step,
+    is_checkpoint,
+    load_weights,
+    tidy_interrupted_saves,
+    verify_checkpoint,
+)
 from .config import ConfigError, RunConfig, config_from_dict, config_to_dict
 from .data import Vocab, load_vocab
+from .device import resolve_device
 from .errors import CheckpointError, RunError
+from .files import atomic_write_text
 from .model import TransformerXL
-from .train.checkpoint import (
-    DamagedCheckpoint,
-    best_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-    load_weights,
-)
 
-__all__ = ["RunPaths", "check_new_run_dir", "clear_run", "lock_run", "load_run_config", "find_checkpoint",
-           "load_run", "resolve_device", "LoadedRun"]
+__all__ = [
+    "RunPaths",
+    "check_new_run_dir",
+    "clear_run",
+    "lock_run",
+    "new_run_folder",
+    "load_run_config",
+    "save_run_config",
+    "read_metrics",
+    "truncate_metrics",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "best_checkpoint",
+    "find_checkpoint",
+    "newest_intact_checkpoint",
+    "recover_checkpoints",
+    "prune_checkpoints",
+    "load_run",
+    "LoadedRun",
+]
 
 LOCK_YOUNG_S = 10.0  # an unreadable lock file younger than this is being written by its owner
+STEP_NAME = re.compile(r"step-\d{8}")
+BEST_NAME = "best"
 
 
 @dataclass(frozen=True)
@@ -67,6 +95,15 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        """The folder of the best checkpoint (it may not exist yet)."""
+        return self.checkpoints / BEST_NAME
+
+    def checkpoint_at(self, step: int) -> Path:
+        """The folder of the checkpoint taken after ``step`` steps (it may not exist yet)."""
+        return self.checkpoints / f"step-{step:08d}"
 
     @property
     def tensorboard(self) -> Path:
@@ -198,6 +235,40 @@ def lock_run(root: Path) -> Iterator[Path]:
             path.unlink(missing_ok=True)
 
 
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders ``path.mkdir(parents=True)`` would create, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+@contextmanager
+def new_run_folder(paths: RunPaths, *, overwrite: bool) -> Iterator[None]:
+    """Create the run folder (clearing an old run with ``overwrite``) and hold its lock for the block. If the
+    block fails before a checkpoint exists, remove what was written and the folders made, so that the same
+    command can run again."""
+    created = _missing_folders(paths.root)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    try:
+        with lock_run(paths.root):
+            check_new_run_dir(paths.root, overwrite=overwrite)  # again, now that no one else can start one
+            clear_run(paths)
+            try:
+                yield
+            except BaseException:
+                if latest_checkpoint(paths.root) is None and best_checkpoint(paths.root) is None:
+                    clear_run(paths)
+                raise
+    finally:
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run is there
+                break
+
+
 def load_run_config(run_dir: Path) -> RunConfig:
     """The RunConfig saved in a run folder."""
     paths = RunPaths(Path(run_dir))
@@ -213,19 +284,6 @@ def load_run_config(run_dir: Path) -> RunConfig:
         raise RunError(f"{paths.config}: {exc}") from None
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"train.device: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: CUDA is not available on this machine")
-    return device
-
-
 @dataclass
 class LoadedRun:
     """A trained model ready for evaluation or generation."""
@@ -237,17 +295,113 @@ class LoadedRun:
     step: int
 
 
+def save_run_config(run_dir: Path, config: RunConfig) -> None:
+    """Write the run's effective config as config.json (atomically)."""
+    atomic_write_text(RunPaths(Path(run_dir)).config, json.dumps(config_to_dict(config), indent=1) + "\n")
+
+
+def _metric_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each line of a metrics.jsonl with its record; a line cut short by a kill is skipped."""
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            yield line, json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl."""
+    return [record for _, record in _metric_lines(RunPaths(Path(run_dir)).metrics)]
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop the metric lines logged after ``step`` (by a run killed after its last checkpoint) and the final
+    evaluations (they are made again when the resumed run ends)."""
+    path = RunPaths(Path(run_dir)).metrics
+    if path.exists():
+        kept = [line for line, record in _metric_lines(path) if record.get("step", 0) <= step and not record.get("final")]
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: their names, finding one, keeping the last few
+# ---------------------------------------------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run (``step-XXXXXXXX`` folders holding a state.json), oldest first; never the
+    temporary folders of a write in progress or interrupted."""
+    root = RunPaths(Path(run_dir)).checkpoints
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and is_checkpoint(p)),
+                  key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest step checkpoint, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint with the best validation loss, if one was kept."""
+    best = RunPaths(Path(run_dir)).best
+    return best if is_checkpoint(best) else None
+
+
+def recover_checkpoints(run_dir: Path) -> None:
+    """Tidy the checkpoints folder after a killed writer (call it holding the run's lock)."""
+    tidy_interrupted_saves(RunPaths(Path(run_dir)).checkpoints)
+
+
+def prune_checkpoints(run_dir: Path, *, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` newest step checkpoints and leftovers of interrupted writes."""
+    recover_checkpoints(run_dir)
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def newest_intact_checkpoint(run_dir: Path) -> Path:
+    """The newest intact checkpoint (step folders and best, by step), to resume from. Damaged newer ones are
+    skipped with a ResumeWarning; DamagedCheckpoint when none is intact, RunError when there is none."""
+    root = Path(run_dir)
+    ranked, damaged = [], []
+    for folder in (*list_checkpoints(root), best_checkpoint(root)):
+        if folder is None:
+            continue
+        try:
+            ranked.append((checkpoint_step(folder), folder.name != BEST_NAME, folder))
+        except DamagedCheckpoint as exc:
+            damaged.append(str(exc))
+    if not ranked and not damaged:
+        raise RunError(f"{root} has no checkpoint to resume from; start it again with --overwrite")
+    for step, _, folder in sorted(ranked, key=lambda r: r[:2], reverse=True):
+        try:
+            verify_checkpoint(folder)
+        except DamagedCheckpoint as exc:
+            damaged.append(str(exc))
+            continue
+        if damaged:
+            warnings.warn(f"{'; '.join(damaged)}; resuming from the newest intact checkpoint {folder.name} "
+                          f"(step {step})", ResumeWarning, stacklevel=3)
+        return folder
+    raise DamagedCheckpoint(f"{'; '.join(damaged)}; no intact checkpoint to resume from")
+
+
 def find_checkpoint(run_dir: Path, name: str) -> Path:
     """A run's checkpoint by name: ``best`` (else the latest), ``latest``, a folder name inside
     ``checkpoints/`` (``step-00001750``), a step number (``1750``), or a path to a checkpoint folder."""
     paths = RunPaths(Path(run_dir))
     folder: Path | None
-    if name == "best":
+    if name == BEST_NAME:
         folder = best_checkpoint(paths.root) or latest_checkpoint(paths.root)
     elif name == "latest":
         folder = latest_checkpoint(paths.root)
     else:
-        inside = paths.checkpoints / (f"step-{int(name):08d}" if name.isdigit() else name)
+        inside = paths.checkpoint_at(int(name)) if name.isdigit() else paths.checkpoints / name
         path = Path(name).expanduser()
         if name and not name.startswith(".") and "/" not in name and os.sep not in name and inside.is_dir():
             folder = inside
@@ -255,7 +409,7 @@ def find_checkpoint(run_dir: Path, name: str) -> Path:
             folder = path
         else:
             steps = [p.name for p in list_checkpoints(paths.root)]
-            available = ", ".join((["best"] if best_checkpoint(paths.root) else []) + steps) or "none yet"
+            available = ", ".join(([BEST_NAME] if best_checkpoint(paths.root) else []) + steps) or "none yet"
             raise CheckpointError(f"no checkpoint {name!r} in {paths.checkpoints} (available: {available}; "
                                   "or 'best', 'latest', a step number, a path)")
     if folder is None:

@@ -1,6 +1,6 @@
 """Plumbing shared by the analyses: the tokens of a run's split, training a run or continuing or reusing
-the one already in its folder, reading a run's metrics, and parsing comma-separated lists. The run-folder
-layout itself belongs to :mod:`txl.runs`, training to :mod:`txl.train.trainer`.
+the one already in its folder, and parsing comma-separated lists. The run folder (its layout, its metrics)
+belongs to :mod:`txl.runs`, training to :mod:`txl.train.trainer`.
 """
 
 from __future__ import annotations
@@ -12,22 +12,20 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint import checkpoint_step
 from ..config import ConfigError, RunConfig, config_to_dict
-from ..data import Vocab, encode_split, load_corpus
+from ..data import Vocab, prepare_data
 from ..errors import RunError
-from ..runs import RunPaths, load_run_config
-from ..train.checkpoint import latest_checkpoint, read_checkpoint_meta
+from ..runs import RunPaths, latest_checkpoint, load_run_config
 from ..train.trainer import resume, train
 
-__all__ = ["split_tokens", "train_or_reuse", "read_metrics", "parse_ints", "parse_floats"]
+__all__ = ["split_tokens", "train_or_reuse", "parse_ints", "parse_floats"]
 
 
 def split_tokens(config: RunConfig, vocab: Vocab, split: str, *, max_tokens: int | None = None) -> np.ndarray:
     """Token ids of one split of the run's corpus under its vocabulary (the cached encoding); with
     ``max_tokens``, the first ``max_tokens + 1`` (so that ``max_tokens`` targets are predicted)."""
-    data = config.data
-    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None, text_field=data.text_field)
-    tokens = encode_split(corpus, split, vocab, cache_dir=Path(data.cache_dir) if data.cache_dir else None)
+    tokens = prepare_data(config.data, vocab=vocab, splits=(split,)).splits[split]
     return tokens if max_tokens is None else tokens[: max_tokens + 1]
 
 
@@ -58,26 +56,12 @@ def train_or_reuse(config: RunConfig, run_dir: Path, *, overwrite: bool = False,
     latest = latest_checkpoint(paths.root)
     if latest is None:
         return train(config, paths.root, overwrite=True, progress=progress), "trained"
-    step = read_checkpoint_meta(latest).get("state", {}).get("step", 0)
+    step = checkpoint_step(latest)
     if paths.summary.is_file():
         summary = json.loads(paths.summary.read_text(encoding="utf-8"))
         if summary.get("steps", -1) >= step:
             return summary, "reused"
     return resume(paths.root, progress=progress), "resumed"
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of a run's metrics.jsonl (a line cut short by a kill is skipped)."""
-    path = RunPaths(Path(run_dir)).metrics
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def _parse(text: str, kind: type, name: str) -> tuple:

@@ -30,11 +30,12 @@ import torch
 from ..config import ConfigError, RunConfig, eval_span
 from ..data import CorpusError, Vocab
 from ..evaluate import metrics_from_loss
+from ..files import atomic_write_text
 from ..generate import generate
-from ..runs import LoadedRun, load_run
+from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .baseline import vanilla_baseline
-from .common import read_metrics, split_tokens, train_or_reuse
+from .common import split_tokens, train_or_reuse
 from .context import sliding_losses
 from .report import format_table, new_figure
 
@@ -252,8 +253,8 @@ def compare(config: RunConfig, out: Path, *, config_name: str = "", overrides: S
                 f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
                 f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of {window}.")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "samples.md").write_text(samples_markdown(samples, title=f"Samples: {config_name or 'compare'}",
-                                                         note=note) + "\n", encoding="utf-8")
+        atomic_write_text(out / "samples.md", samples_markdown(samples, title=f"Samples: {config_name or 'compare'}",
+                                                               note=note) + "\n")
     return CompareResult(config=config_name, overrides=tuple(overrides), level=level, stride=stride, window=window,
                          models=models, relative=relative, throughput=throughput, actions=actions, samples=samples,
                          curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")})

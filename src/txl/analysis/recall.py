@@ -28,10 +28,10 @@ from ..config import (
     eval_span,
 )
 from ..data.corpora import RECALL_ALPHABET, load_corpus, recall_positions
-from ..runs import LoadedRun, load_run
+from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .baseline import vanilla_baseline
-from .common import read_metrics, split_tokens, train_or_reuse
+from .common import split_tokens, train_or_reuse
 from .context import sliding_predictions, stream_predictions
 from .report import format_table, new_figure
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TxlError
-from ..train.checkpoint import atomic_write_text
+from ..files import atomic_open, atomic_write_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -110,6 +110,7 @@ def write_report(out: Path, result: Reportable, *, plots: bool = True, dpi: int 
     if plots:
         for name, build in result.figures().items():
             figure = build()
-            figure.savefig(out / f"{name}.png", dpi=dpi)
+            with atomic_open(out / f"{name}.png", "wb") as fh:
+                figure.savefig(fh, dpi=dpi, format="png")
             written.append(out / f"{name}.png")
     return written

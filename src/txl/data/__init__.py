@@ -1,4 +1,5 @@
-"""txl.data: corpora, vocabularies, encoded-split cache, the ordered segment stream, downloads."""
+"""txl.data: corpora, vocabularies, encoded-split cache, a run's prepared data, the ordered segment stream,
+downloads."""
 
 from txl.data.cache import default_cache_dir, encode_split, token_dtype
 from txl.data.corpora import (
@@ -11,6 +12,7 @@ from txl.data.corpora import (
     load_corpus,
 )
 from txl.data.download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
+from txl.data.prepare import PreparedData, prepare_data
 from txl.data.stream import Batch, SegmentStream
 from txl.data.vocab import (
     BPEVocab,
@@ -34,6 +36,7 @@ __all__ = [
     "Corpus",
     "CorpusError",
     "DownloadSpec",
+    "PreparedData",
     "RemoteFile",
     "SegmentStream",
     "UnverifiedDownloadWarning",
@@ -47,6 +50,7 @@ __all__ = [
     "encode_split",
     "load_corpus",
     "load_vocab",
+    "prepare_data",
     "token_dtype",
     "vocab_from_dict",
 ]

@@ -1,6 +1,6 @@
 """Encoded-split cache: token ids of one corpus split under one vocabulary, as memory-mapped `.npy`.
 
-Owns the cache key, the dtype choice and atomic writes. Reading corpora and encoding text are left to
+Owns the cache key and the dtype choice; files are written with :func:`txl.files.atomic_open`. Reading corpora and encoding text are left to
 `corpora.py` and `vocab.py`.
 """
 
@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from txl.data.corpora import Corpus, cache_root
 from txl.data.vocab import Vocab
+from txl.files import atomic_open
 
 CACHE_FORMAT = 1
 
@@ -65,12 +64,6 @@ def encode_split(corpus: Corpus, split: str, vocab: Vocab, *, cache_dir: Path | 
         ids.setflags(write=False)
         return ids
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, ids, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as fh:
+        np.save(fh, ids, allow_pickle=False)
     return np.load(path, mmap_mode="r")

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from txl.data.corpora import Corpus, CorpusError
+from txl.files import atomic_write_text
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -87,17 +87,10 @@ class Vocab(ABC):
         return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write JSON atomically (temp file in the same folder, then os.replace)."""
+        """Write JSON atomically (:func:`txl.files.atomic_write_text`)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={len(self)})"

@@ -105,7 +105,7 @@ class MultiHeadAttention(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.scale = 1.0 / math.sqrt(config.d_head)
 
-    def _project(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries of the current positions and keys, values of [memory ; current]."""
         b, t, _ = x.shape
         cat = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, D)
@@ -127,9 +127,9 @@ class MultiHeadAttention(nn.Module):
         their keys and values are appended to the cache, and the memory's come from it."""
         b, t, _ = x.shape
         if cache is None:
-            q, k, v = self._project(x, memory)
+            q, k, v = self.project(x, memory)
         else:
-            q, k, v = self._project(x, None)
+            q, k, v = self.project(x, None)
             k, v = cache.append(k, v)  # (B, H, K, Dh): [memory ; current] as far as this query sees
         attn = self.attend(q, k, v, context)  # (B, H, T, Dh)
         attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
@@ -147,16 +147,16 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         """W_R R: sinusoids of distances (K, D) -> this layer's projected distances (H, Dh, K)."""
         return self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
 
-    def _position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
+    def position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
         """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
         by_distance = (q + v_bias[:, None, :]) @ self.project_distances(pos)  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
     def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
         """Scaled, masked attention scores (B, H, T, K) before the softmax (for inspection and tests)."""
-        q, k, _ = self._project(x, memory)
+        q, k, _ = self.project(x, memory)
         content = (q + context.u[:, None, :]) @ k.transpose(-1, -2)  # (B, H, T, K): terms (a) + (c)
-        score = (content + self._position_term(q, context.pos, context.v)) * self.scale
+        score = (content + self.position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
 
     def prepare_one(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> OneQueryContext:
@@ -192,7 +192,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
         # Terms (b)+(d) and the mask enter as an additive bias; the fused kernel adds terms (a)+(c) as
         # (q + u)·k scaled by 1/sqrt(Dh), so the bias is scaled the same way.
-        bias = self._position_term(q, context.pos, context.v) * self.scale  # (B, H, T, K)
+        bias = self.position_term(q, context.pos, context.v) * self.scale  # (B, H, T, K)
         bias = bias.masked_fill(context.mask, float("-inf"))
         return F.scaled_dot_product_attention(
             q + context.u[:, None, :], k, v, attn_mask=bias,

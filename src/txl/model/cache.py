@@ -169,7 +169,7 @@ class KVCache:
                              for layer, (u, v) in zip(model.layers, model._biases(), strict=True)]
             for index, layer in enumerate(model.layers):
                 state = self.hidden[index, :, self.start:self.end]  # (B, M, D)
-                _, k, v = layer.attn._project(layer.attention_input(state), None)  # (B, H, M, Dh) each
+                _, k, v = layer.attn.project(layer.attention_input(state), None)  # (B, H, M, Dh) each
                 self.kv[index, 0, :, :, self.start:self.end] = k
                 self.kv[index, 1, :, :, self.start:self.end] = v
             if model.softmax.n_clusters == 0 and param.device.type == "cpu":

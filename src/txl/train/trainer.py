@@ -1,8 +1,9 @@
-"""The training loop: ordered segment streams with memory carried from step to step (dropped when the
-stream wraps to a new epoch), AdamW with a pure schedule, accumulation, clipping, bf16 autocast, periodic
-evaluation with memory, early stopping, metrics, atomic checkpoints and exact resume. It knows the model only
-through ``forward(..., memory, targets)``. ``train`` and ``resume`` hold the run folder's lock; a start that
-fails before its first checkpoint leaves nothing behind.
+"""The training loop. A :class:`Trainer` is given its parts (model, optimizer, the train stream, the
+evaluation splits, the run folder) and knows the model only through ``forward(..., memory, targets)``: it
+carries memory from step to step (dropped when the stream wraps to a new epoch), applies the pure learning-rate
+schedule, accumulates, clips, autocasts to bf16, evaluates with memory, stops early, logs metrics, saves atomic
+checkpoints and resumes exactly. :func:`train` and :func:`resume` assemble the parts; they hold the run
+folder's lock, and a start that fails before its first checkpoint leaves nothing behind.
 
     summary = train(load_config("tiny"), Path("runs/tiny"))
     summary = resume(Path("runs/tiny"))
@@ -16,9 +17,8 @@ import math
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +26,30 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..checkpoint import ResumeWarning, TrainingState, checkpoint_step, load_checkpoint, save_checkpoint
 from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
-from ..data import (
-    CORPUS_NAMES,
-    Corpus,
-    SegmentStream,
-    Vocab,
-    build_vocab,
-    encode_split,
-    load_corpus,
-    load_vocab,
-)
+from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
+from ..device import resolve_device
 from ..errors import RunError
 from ..evaluate import EvalResult, evaluate, metrics_from_loss
+from ..files import atomic_write_text
 from ..model import Memory, TransformerXL
-from ..runs import RunPaths, check_new_run_dir, clear_run, load_run_config, lock_run, resolve_device
-from ..train.checkpoint import (
-    DamagedCheckpoint,
-    ResumeWarning,
-    TrainingState,
-    atomic_write_text,
-    best_checkpoint,
-    checkpoint_step,
+from ..runs import (
+    RunPaths,
+    check_new_run_dir,
     latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
+    load_run_config,
+    lock_run,
+    new_run_folder,
+    newest_intact_checkpoint,
     prune_checkpoints,
     recover_checkpoints,
-    save_checkpoint,
-    verify_checkpoint,
+    save_run_config,
+    truncate_metrics,
 )
 from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
-__all__ = ["train", "resume", "Trainer", "TrainingDiverged", "Interrupted", "PreparedData", "prepare_data",
+__all__ = ["train", "resume", "Trainer", "build_trainer", "TrainingDiverged", "Interrupted", "ResumeWarning",
            "check_data", "train_stream", "RESUME_FIXED_TRAIN_FIELDS"]
 
 RESUME_FIXED_TRAIN_FIELDS = ("batch_size", "tgt_len", "varlen", "seed")
@@ -67,6 +58,8 @@ its position, its segment lengths) or were used up at the start (the seed). Ever
 data field except the locations (data_dir, cache_dir: the corpus fingerprint is checked) are fixed too."""
 RESUME_MOVABLE_DATA_FIELDS = ("data_dir", "cache_dir")
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "schedule")
+
+Callback = Callable[[dict[str, Any]], None]
 
 
 class TrainingDiverged(RunError):
@@ -81,31 +74,10 @@ class Interrupted(RunError):
         self.signum = signum
 
 
-@dataclass
-class PreparedData:
-    """A corpus, its vocabulary and the encoded splits (memory-mapped)."""
-
-    corpus: Corpus
-    vocab: Vocab
-    splits: dict[str, np.ndarray]
-
-
-def prepare_data(config: RunConfig, *, vocab: Vocab | None = None) -> PreparedData:
-    """Load the corpus, build (or reuse) the vocabulary and encode every split that exists."""
-    data = config.data
-    corpus = load_corpus(data.corpus, data_dir=Path(data.data_dir) if data.data_dir else None, text_field=data.text_field)
-    if vocab is None:
-        vocab = build_vocab(data.vocab or corpus.level, corpus, min_freq=data.min_freq, max_size=data.max_size,
-                            bpe_vocab_size=data.bpe_vocab_size, tokenizer=data.tokenizer)
-    cache_dir = Path(data.cache_dir) if data.cache_dir else None
-    splits = {s: encode_split(corpus, s, vocab, cache_dir=cache_dir) for s in ("train", "valid", "test") if corpus.has(s)}
+def train_stream(config: RunConfig, splits: Mapping[str, np.ndarray]) -> SegmentStream:
+    """The ordered stream of the train split (RunError when there is none, or it is shorter than one segment)."""
     if "train" not in splits:
-        raise RunError(f"corpus {data.corpus!r} has no train split to train on")
-    return PreparedData(corpus=corpus, vocab=vocab, splits=splits)
-
-
-def train_stream(config: RunConfig, splits: dict[str, np.ndarray]) -> SegmentStream:
-    """The ordered stream of the train split (RunError when it is shorter than one segment)."""
+        raise RunError(f"corpus {config.data.corpus!r} has no train split to train on")
     tc = config.train
     try:
         return SegmentStream(splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen,
@@ -115,9 +87,9 @@ def train_stream(config: RunConfig, splits: dict[str, np.ndarray]) -> SegmentStr
 
 
 def check_data(config: RunConfig, data: PreparedData) -> None:
-    """Refuse, before anything is written, data a run cannot use: a train split shorter than one segment, an
-    evaluation split too short to evaluate (a file corpus is cut 90/5/5, so its validation slice can come out
-    empty), and early stopping that can never happen."""
+    """Refuse, before anything is written, data a run cannot use: no train split or one shorter than one
+    segment, an evaluation split too short to evaluate (a file corpus is cut 90/5/5, so its validation slice
+    can come out empty), and early stopping that can never happen."""
     train_stream(config, data.splits)
     corpus = config.data.corpus
     for split in ("valid", "test"):
@@ -179,63 +151,44 @@ def _catch_signals() -> Iterator[dict[str, int]]:
 
 
 class Trainer:
-    """One run: a model, its optimizer, the train stream and its memory, and the run folder."""
+    """One run's training, given its parts: ``model`` (on its device), its ``optimizer``, the train ``stream``,
+    the ``eval_splits`` (token ids of ``valid`` and ``test``, those the corpus has) and the ``run`` folder.
+    ``facts`` are saved with every checkpoint and checked when one is loaded (the vocabulary's and corpus's
+    fingerprints). :meth:`fit` runs the loop; :meth:`restore` first continues from a checkpoint."""
 
-    def __init__(self, config: RunConfig, paths: RunPaths, data: PreparedData, *, progress: bool = True,
-                 callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> None:
-        self.config, self.paths, self.data = config, paths, data
+    def __init__(self, config: RunConfig, *, model: TransformerXL, optimizer: torch.optim.Optimizer,
+                 stream: SegmentStream, run: RunPaths, eval_splits: Mapping[str, np.ndarray] | None = None,
+                 facts: Mapping[str, Any] | None = None, progress: bool = True,
+                 callbacks: tuple[Callback, ...] = ()) -> None:
+        self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
+        self.eval_splits = dict(eval_splits or {})
+        self.facts = dict(facts or {})
         self.progress = progress
         self.callbacks = callbacks
-        tc = config.train
-        self.device = resolve_device(tc.device)
-        torch.manual_seed(tc.seed)
-        self.model = TransformerXL(config.model).to(self.device)
-        self.optimizer = configure_optimizer(self.model, tc)
-        self.forward = torch.compile(self.model) if tc.compile else self.model
-        self.stream = train_stream(config, data.splits)
+        self.device = next(model.parameters()).device
+        self.forward = torch.compile(model) if config.train.compile else model
         self.memory: Memory | None = None
         self.state = TrainingState()
         self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
+        self._bar: tqdm | None = None
+        self._clock = 0.0  # perf_counter() at the run's (resumed) start, minus the time already trained
+        self._window_tokens, self._window_seconds = 0, 0.0  # of optimizer steps since the last train record
 
-    # -- bookkeeping ----------------------------------------------------------------------------------
-
-    def _tensorboard(self):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # noqa: BLE001 - TensorBoard is optional
-            return None
-        return SummaryWriter(str(self.paths.tensorboard))
+    # -- checkpoints ----------------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
-        return {
-            "config": config_to_dict(self.config),
-            "model": config_to_dict(self.config.model),
-            "vocab_fingerprint": self.data.vocab.fingerprint,
-            "corpus_fingerprint": self.data.corpus.fingerprint,
-        }
+        return {"config": config_to_dict(self.config), "model": config_to_dict(self.config.model), **self.facts}
 
-    def _log(self, record: dict[str, Any]) -> None:
-        with open(self.paths.metrics, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step",) and math.isfinite(value):
-                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
-        for callback in self.callbacks:
-            callback(record)
+    def _save_to(self, folder: Path) -> Path:
+        self.state.stream = self.stream.state_dict()
+        return save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=self.memory,
+                               state=self.state, meta=self._meta())
 
     def save(self) -> Path:
-        folder = self.paths.checkpoints / f"step-{self.state.step:08d}"
-        self.state.stream = self.stream.state_dict()
-        save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=self.memory, state=self.state,
-                        meta=self._meta())
-        prune_checkpoints(self.paths.root, keep_last=self.config.train.keep_last)
+        """Save the step's checkpoint and keep only the last ``train.keep_last``."""
+        folder = self._save_to(self.run.checkpoint_at(self.state.step))
+        prune_checkpoints(self.run.root, keep_last=self.config.train.keep_last)
         return folder
-
-    def _save_best(self) -> None:
-        self.state.stream = self.stream.state_dict()
-        save_checkpoint(self.paths.checkpoints / "best", model=self.model, optimizer=self.optimizer,
-                        memory=self.memory, state=self.state, meta=self._meta())
 
     def restore(self, folder: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, memory, RNG, stream position, counters. The
@@ -252,7 +205,7 @@ class Trainer:
             self.stream.load_state_dict(state.stream)
         except ValueError as exc:
             raise RunError(f"{folder}: cannot resume the data stream ({exc})") from None
-        _truncate_metrics(self.paths.metrics, state.step)
+        truncate_metrics(self.run.root, state.step)
 
     def _warn_schedule_change(self, document: dict[str, Any], step: int) -> None:
         """Warn when the new settings (train.steps, ...) move the learning rate of the step about to run."""
@@ -272,35 +225,12 @@ class Trainer:
                           f"{new:.6g} (the schedule is recomputed for the new settings)", ResumeWarning,
                           stacklevel=3)
 
-    # -- evaluation -----------------------------------------------------------------------------------
+    # -- one step --------------------------------------------------------------------------------------
 
-    def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
-        if split not in self.data.splits:
-            return None
-        ec, tc = self.config.eval, self.config.train
-        return evaluate(self.model, self.data.splits[split], batch_size=ec.batch_size,
-                        tgt_len=ec.tgt_len or tc.tgt_len, span=eval_span(self.config), device=self.device,
-                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split)
-
-    def _periodic_eval(self) -> bool:
-        """Evaluate on the validation split; keep the best checkpoint. Returns True to stop early."""
-        result = self.evaluate("valid", max_tokens=self.config.train.eval_tokens)
-        if result is None:
-            return False
-        self._log({"step": self.state.step, "split": "valid", **result.as_dict()})
-        if self.state.best_val_loss is None or result.loss < self.state.best_val_loss:
-            self.state.best_val_loss = result.loss
-            self.state.bad_evals = 0
-            self._save_best()
-        else:
-            self.state.bad_evals += 1
-        patience = self.config.train.patience
-        return patience is not None and self.state.bad_evals >= patience
-
-    # -- training -------------------------------------------------------------------------------------
-
-    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One optimizer step over a batch, carrying memory; returns the mean loss (a tensor)."""
+    def compute_gradients(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward over a batch (in ``train.accum_steps`` chunks of rows, each with its rows of
+        the memory), carrying memory to the next call, then clip; returns the mean loss (a tensor). The
+        optimizer step is the caller's."""
         tc = self.config.train
         chunks = tc.accum_steps
         rows = inputs.shape[0]
@@ -323,82 +253,140 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip)
         return loss_sum / total
 
-    def fit(self) -> dict[str, Any]:
+    def train_step(self, batch: Batch) -> tuple[float, float]:
+        """One optimizer step on ``batch`` at the schedule's learning rate; returns (loss, learning rate).
+        TrainingDiverged, before the step, when the loss is not finite."""
         tc = self.config.train
-        self.tb = self._tensorboard()
-        self.model.train()
+        started = time.perf_counter()
+        step = self.state.step
+        lr = schedule_lr(step, tc)
+        set_lr(self.optimizer, lr)
+        batch = batch.to(self.device)
+        if batch.new_epoch:  # the rows start the split again: the memory holds its end
+            self.memory = None
+        loss = float(self.compute_gradients(batch.inputs, batch.targets))
+        if not math.isfinite(loss):
+            last = latest_checkpoint(self.run.root)
+            where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+            raise TrainingDiverged(f"loss became {loss} at step {step + 1}; stopped without saving ({where}); "
+                                   "lower train.lr or set train.clip")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step = step + 1
+        self.state.tokens += batch.targets.numel()
+        now = time.perf_counter()
+        self._window_tokens += batch.targets.numel()
+        self._window_seconds += now - started
+        self.state.train_seconds += now - started
+        self.state.elapsed = now - self._clock
+        return loss, lr
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Train until ``train.steps`` (or an early stop, the time limit, SIGINT/SIGTERM: Interrupted after a
+        checkpoint), then evaluate on the whole splits, write summary.json and return the summary."""
+        self._start()
         batches = self.stream.batches()
-        start_time = time.perf_counter() - self.state.elapsed
-        window_tokens, window_seconds = 0, 0.0  # optimizer steps only: evaluations and saves excluded
-        status = "completed"
-        bar = tqdm(total=tc.steps, initial=self.state.step, disable=not self.progress, desc="train",
-                   dynamic_ncols=True)
-        with _catch_signals() as received:
-            while self.state.step < tc.steps:
-                step = self.state.step
-                step_start = time.perf_counter()
-                lr = schedule_lr(step, tc)
-                set_lr(self.optimizer, lr)
-                batch = next(batches).to(self.device)
-                if batch.new_epoch:  # the rows start the split again: the memory holds its end
-                    self.memory = None
-                loss = self._step(batch.inputs, batch.targets)
-                value = float(loss)
-                if not math.isfinite(value):
-                    last = latest_checkpoint(self.paths.root)
-                    where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-                    raise TrainingDiverged(f"loss became {value} at step {step + 1}; stopped without saving ({where}); "
-                                           "lower train.lr or set train.clip")
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.state.step = step + 1
-                self.state.tokens += batch.targets.numel()
-                window_tokens += batch.targets.numel()
-                now = time.perf_counter()
-                window_seconds += now - step_start
-                self.state.train_seconds += now - step_start
-                self.state.elapsed = now - start_time
-                if self.state.step % tc.log_every == 0 or self.state.step == tc.steps:
-                    train_tokens_per_s = window_tokens / max(window_seconds, 1e-9)
-                    window_tokens, window_seconds = 0, 0.0
-                    record = {"step": self.state.step, "split": "train", "loss": value, **metrics_from_loss(value),
-                              "lr": lr, "tokens": self.state.tokens, "tokens_per_s": train_tokens_per_s,
-                              "elapsed_s": self.state.elapsed}
-                    self._log(record)
-                    bar.set_postfix(loss=f"{value:.3f}", bpc=f"{record['bpc']:.3f}", ppl=f"{record['ppl']:.1f}",
-                                    tok_s=f"{train_tokens_per_s:.0f}", lr=f"{lr:.2e}")
-                bar.update(1)
-                done = self.state.step == tc.steps
-                out_of_time = tc.time_limit is not None and self.state.elapsed >= tc.time_limit * 60
-                stop = False
-                if (tc.eval_every and self.state.step % tc.eval_every == 0) and not done:
-                    stop = self._periodic_eval()
-                    self.model.train()
-                    if stop:
-                        status = "early_stopped"
-                if done or stop or out_of_time or received or (
-                        tc.checkpoint_every and self.state.step % tc.checkpoint_every == 0):
-                    self.save()
-                if received:
-                    bar.close()
-                    name = signal.Signals(received["signum"]).name
-                    raise Interrupted(f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                                      f"'txl train --resume {self.paths.root}'", signum=received["signum"])
-                if stop:
-                    break
-                if out_of_time:
-                    status = "time_limit"
-                    break
-        bar.close()
-        return self._finish(status)
+        status = None
+        try:
+            with _catch_signals() as received:
+                while status is None and self.state.step < self.config.train.steps:
+                    loss, lr = self.train_step(next(batches))
+                    self._log_train(loss, lr)
+                    status = self._should_stop(patience_exhausted=self._evaluate())
+                    if status or received or self._checkpoint_due():
+                        self.save()
+                    if received:
+                        name = signal.Signals(received["signum"]).name
+                        raise Interrupted(f"{name} at step {self.state.step}: checkpoint saved; continue with "
+                                          f"'txl train --resume {self.run.root}'", signum=received["signum"])
+        finally:
+            self._bar.close()
+        return self._finish(status or "completed")
+
+    def _start(self) -> None:
+        self.tb = _tensorboard(self.run.tensorboard)
+        self.model.train()
+        self._clock = time.perf_counter() - self.state.elapsed
+        self._window_tokens, self._window_seconds = 0, 0.0
+        self._bar = tqdm(total=self.config.train.steps, initial=self.state.step, disable=not self.progress,
+                         desc="train", dynamic_ncols=True)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        """Append a record to metrics.jsonl (and TensorBoard), and pass it to the callbacks."""
+        with open(self.run.metrics, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step",) and math.isfinite(value):
+                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
+        for callback in self.callbacks:
+            callback(record)
+
+    def _log_train(self, loss: float, lr: float) -> None:
+        """A train record every ``train.log_every`` steps and at the last; the progress bar."""
+        tc, step = self.config.train, self.state.step
+        if step % tc.log_every == 0 or step == tc.steps:
+            tokens_per_s = self._window_tokens / max(self._window_seconds, 1e-9)
+            self._window_tokens, self._window_seconds = 0, 0.0
+            record = {"step": step, "split": "train", "loss": loss, **metrics_from_loss(loss), "lr": lr,
+                      "tokens": self.state.tokens, "tokens_per_s": tokens_per_s, "elapsed_s": self.state.elapsed}
+            self._log(record)
+            self._bar.set_postfix(loss=f"{loss:.3f}", bpc=f"{record['bpc']:.3f}", ppl=f"{record['ppl']:.1f}",
+                                  tok_s=f"{tokens_per_s:.0f}", lr=f"{lr:.2e}")
+        self._bar.update(1)
+
+    def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
+        """Loss over ``split`` (its first ``max_tokens``) with the run's evaluation span; None without it."""
+        if split not in self.eval_splits:
+            return None
+        ec, tc = self.config.eval, self.config.train
+        return evaluate(self.model, self.eval_splits[split], batch_size=ec.batch_size,
+                        tgt_len=ec.tgt_len or tc.tgt_len, span=eval_span(self.config), device=self.device,
+                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split)
+
+    def _keep_if_best(self, loss: float) -> bool:
+        """Save the best checkpoint when ``loss`` is the best validation loss yet; whether it was."""
+        if self.state.best_val_loss is not None and loss >= self.state.best_val_loss:
+            return False
+        self.state.best_val_loss = loss
+        self._save_to(self.run.best)
+        return True
+
+    def _evaluate(self) -> bool:
+        """The periodic validation, when due (every ``train.eval_every`` steps, not at the last: the final
+        one follows); keeps the best checkpoint. Returns whether ``train.patience`` is exhausted."""
+        tc = self.config.train
+        if not tc.eval_every or self.state.step % tc.eval_every or self.state.step == tc.steps:
+            return False
+        result = self.evaluate("valid", max_tokens=tc.eval_tokens)
+        self.model.train()
+        if result is None:
+            return False
+        self._log({"step": self.state.step, "split": "valid", **result.as_dict()})
+        self.state.bad_evals = 0 if self._keep_if_best(result.loss) else self.state.bad_evals + 1
+        return tc.patience is not None and self.state.bad_evals >= tc.patience
+
+    def _should_stop(self, *, patience_exhausted: bool) -> str | None:
+        """Why the loop ends before ``train.steps``: "early_stopped", "time_limit", or None to go on."""
+        tc = self.config.train
+        if patience_exhausted:
+            return "early_stopped"
+        if tc.time_limit is not None and self.state.elapsed >= tc.time_limit * 60:
+            return "time_limit"
+        return None
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.train.checkpoint_every
+        return self.state.step == self.config.train.steps or bool(every and self.state.step % every == 0)
 
     def _finish(self, status: str) -> dict[str, Any]:
+        """The final evaluations over the whole splits, summary.json, and the summary."""
         valid = self.evaluate("valid")
         if valid is not None:
             self._log({"step": self.state.step, "split": "valid", **valid.as_dict(), "final": True})
-            if self.state.best_val_loss is None or valid.loss < self.state.best_val_loss:
-                self.state.best_val_loss = valid.loss
-                self._save_best()
+            self._keep_if_best(valid.loss)
         test = self.evaluate("test")  # reported in summary.json; metrics.jsonl holds train and valid only
         summary: dict[str, Any] = {
             "status": status,
@@ -407,81 +395,59 @@ class Trainer:
             "train_tokens_per_s": self.state.tokens / max(self.state.train_seconds, 1e-9),
             "elapsed_s": self.state.elapsed,
             "params": self.model.num_parameters(),
-            "vocab_size": len(self.data.vocab),
+            "vocab_size": self.config.model.vocab_size,
             "best_val_loss": self.state.best_val_loss,
         }
         if valid is not None:
             summary.update(valid.as_dict("val_"))
         if test is not None:
             summary.update(test.as_dict("test_"))
-        atomic_write_text(self.paths.summary, json.dumps(summary, indent=1) + "\n")
+        atomic_write_text(self.run.summary, json.dumps(summary, indent=1) + "\n")
         if self.tb is not None:
             self.tb.close()
         return summary
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines logged after ``step`` (written by a run killed after its last checkpoint) and the
-    final evaluations (they are made again when the resumed run ends)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
-        if record.get("step", 0) <= step and not record.get("final"):
-            kept.append(line)
-    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
-
-
-def _missing_folders(path: Path) -> list[Path]:
-    """The folders ``path.mkdir(parents=True)`` would create, deepest first."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
-@contextmanager
-def _new_run_folder(paths: RunPaths, *, overwrite: bool) -> Iterator[None]:
-    """Create the run folder (clearing an old run with ``overwrite``) and hold its lock. If anything fails
-    before a checkpoint exists, remove what was written and the folders made, so the same command can run
-    again."""
-    created = _missing_folders(paths.root)
-    paths.root.mkdir(parents=True, exist_ok=True)
+def _tensorboard(folder: Path):
+    """A TensorBoard writer into ``folder``, or None when TensorBoard is not installed."""
     try:
-        with lock_run(paths.root), _sigterm_raises(paths):
-            check_new_run_dir(paths.root, overwrite=overwrite)  # again, now that no one else can start one
-            clear_run(paths)
-            try:
-                yield
-            except BaseException:
-                if latest_checkpoint(paths.root) is None and best_checkpoint(paths.root) is None:
-                    clear_run(paths)
-                raise
-    finally:
-        for folder in created:
-            try:
-                folder.rmdir()
-            except OSError:  # not empty: the run is there
-                break
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # noqa: BLE001 - TensorBoard is optional
+        return None
+    return SummaryWriter(str(folder))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Assembling a run: train() and resume()
+# ---------------------------------------------------------------------------------------------------------
+
+
+def build_trainer(config: RunConfig, run: RunPaths, data: PreparedData, *, progress: bool = True,
+                  callbacks: tuple[Callback, ...] = ()) -> Trainer:
+    """A run's parts, assembled: the model (initialised from ``train.seed``) on ``train.device``, its
+    optimizer, the train stream and the evaluation splits of ``data``."""
+    device = resolve_device(config.train.device)
+    torch.manual_seed(config.train.seed)
+    model = TransformerXL(config.model).to(device)
+    return Trainer(config, model=model, optimizer=configure_optimizer(model, config.train),
+                   stream=train_stream(config, data.splits), run=run,
+                   eval_splits={s: t for s, t in data.splits.items() if s != "train"},
+                   facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
+                   progress=progress, callbacks=callbacks)
 
 
 def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bool = True,
-          callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
+          callbacks: tuple[Callback, ...] = ()) -> dict[str, Any]:
     """Train a new run in ``out`` and return its summary (also written to summary.json). The data is read
     and checked before anything is written; a start that fails before its first checkpoint leaves nothing."""
     paths = check_new_run_dir(out, overwrite=overwrite)
-    data = prepare_data(config)
+    data = prepare_data(config.data)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=len(data.vocab)))
     check_data(config, data)
-    trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
-    with _new_run_folder(paths, overwrite=overwrite):
+    trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
+    with new_run_folder(paths, overwrite=overwrite), _sigterm_raises(paths):
         data.vocab.save(paths.vocab)
-        atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+        save_run_config(paths.root, config)
         return trainer.fit()
 
 
@@ -502,34 +468,8 @@ def _resume_config(saved: RunConfig, overrides: tuple[str, ...]) -> RunConfig:
     return config
 
 
-def _resume_point(paths: RunPaths) -> Path:
-    """The newest intact checkpoint (step folders and best, by step). Damaged newer ones are skipped with a
-    ResumeWarning; DamagedCheckpoint when none is intact, RunError when there is none."""
-    ranked, damaged = [], []
-    for folder in (*list_checkpoints(paths.root), best_checkpoint(paths.root)):
-        if folder is None:
-            continue
-        try:
-            ranked.append((checkpoint_step(folder), folder.name != "best", folder))
-        except DamagedCheckpoint as exc:
-            damaged.append(str(exc))
-    if not ranked and not damaged:
-        raise RunError(f"{paths.root} has no checkpoint to resume from; start it again with --overwrite")
-    for step, _, folder in sorted(ranked, key=lambda r: r[:2], reverse=True):
-        try:
-            verify_checkpoint(folder)
-        except DamagedCheckpoint as exc:
-            damaged.append(str(exc))
-            continue
-        if damaged:
-            warnings.warn(f"{'; '.join(damaged)}; resuming from the newest intact checkpoint {folder.name} "
-                          f"(step {step})", ResumeWarning, stacklevel=3)
-        return folder
-    raise DamagedCheckpoint(f"{'; '.join(damaged)}; no intact checkpoint to resume from")
-
-
 def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = True,
-           callbacks: tuple[Callable[[dict[str, Any]], None], ...] = ()) -> dict[str, Any]:
+           callbacks: tuple[Callback, ...] = ()) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
     folder changes before every check has passed."""
@@ -539,17 +479,17 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
     with lock_run(paths.root), _sigterm_raises(paths):
         config = _resume_config(load_run_config(paths.root), tuple(overrides))
         recover_checkpoints(paths.root)
-        folder = _resume_point(paths)
+        folder = newest_intact_checkpoint(paths.root)
         done = checkpoint_step(folder)
         if paths.summary.exists() and done >= config.train.steps:
             raise RunError(f"{paths.root} already finished {done} steps; to train longer resume with "
                            f"--set train.steps=N (N > {done})")
         if not paths.vocab.is_file():
             raise RunError(f"{paths.root} has no vocab.json")
-        data = prepare_data(config, vocab=load_vocab(paths.vocab))
+        data = prepare_data(config.data, vocab=load_vocab(paths.vocab))
         check_data(config, data)
-        trainer = Trainer(config, paths, data, progress=progress, callbacks=callbacks)
+        trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
         trainer.restore(folder)  # checks everything before anything in the run folder changes
         if overrides:
-            atomic_write_text(paths.config, json.dumps(config_to_dict(config), indent=1) + "\n")
+            save_run_config(paths.root, config)
         return trainer.fit()

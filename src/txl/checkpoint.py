@@ -1,10 +1,12 @@
-"""Checkpoints: weights in safetensors, everything else (config, step, stream position, optimizer
-hyper-parameters) in JSON, tensors of state (optimizer moments, memory, RNG) in a second safetensors file.
+"""One checkpoint folder, given its path: weights in safetensors, everything else (config, step, stream
+position, optimizer hyper-parameters) in JSON, tensors of state (optimizer moments, memory, RNG) in a second
+safetensors file. Where a run keeps its checkpoints, their names and which one to use belong to
+:mod:`txl.runs`.
 
-A checkpoint is a folder ``checkpoints/step-00000100/`` written under a temporary name (``.tmp-*``) and
-renamed into place, so a killed run never leaves a half-written checkpoint; ``state.json`` records the
-SHA-256 of each tensor file, so a damaged one is detected before it is used. Only folders named ``best``
-or ``step-XXXXXXXX`` that hold a ``state.json`` are checkpoints; nothing here unpickles anything.
+A checkpoint folder is written under a temporary sibling name (``.tmp-NAME-PID``) and renamed into place, so
+a killed writer never leaves a half-written checkpoint (:func:`tidy_interrupted_saves` cleans up after one);
+``state.json`` records the SHA-256 of each tensor file, so a damaged one is detected before it is used.
+Nothing here unpickles anything.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -24,8 +25,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from ..errors import CheckpointError, TxlWarning
-from ..model import Memory
+from .config import architecture_fields
+from .errors import CheckpointError, TxlWarning
+from .model import Memory
 
 __all__ = [
     "DamagedCheckpoint",
@@ -33,23 +35,18 @@ __all__ = [
     "TrainingState",
     "save_checkpoint",
     "load_checkpoint",
-    "list_checkpoints",
-    "latest_checkpoint",
-    "best_checkpoint",
-    "prune_checkpoints",
     "load_weights",
-    "atomic_write_text",
+    "is_checkpoint",
     "read_checkpoint_meta",
     "verify_checkpoint",
     "checkpoint_step",
-    "recover_checkpoints",
+    "tidy_interrupted_saves",
 ]
 
 FORMAT_VERSION = 1
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"
 META_FILE = "state.json"
-STEP_NAME = re.compile(r"step-\d{8}")
 
 
 class DamagedCheckpoint(CheckpointError):
@@ -71,21 +68,6 @@ class TrainingState:
     elapsed: float = 0.0
     train_seconds: float = 0.0
     stream: dict[str, Any] = field(default_factory=dict)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file through a temporary file and a rename (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _fsync_dir(path: Path) -> None:
@@ -162,9 +144,10 @@ def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | No
 
 def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     memory: Memory | None, state: TrainingState, meta: dict[str, Any]) -> Path:
-    """Write a checkpoint folder atomically. ``meta`` holds JSON facts checked on load (``config``: the
-    model config dict, ``vocab_fingerprint``, ...). Returns the folder. A failed write (a full disk)
-    raises CheckpointError, removes the temporary folder and leaves every existing checkpoint as it was."""
+    """Write a checkpoint folder atomically (replacing one of that name). ``meta`` holds JSON facts checked on
+    load (``model``: the model config dict, ``vocab_fingerprint``, ...). Returns the folder. A failed write (a
+    full disk) raises CheckpointError, removes the temporary folder and leaves every existing checkpoint as it
+    was."""
     folder = Path(folder)
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
     old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
@@ -181,7 +164,7 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
         tmp.mkdir()
         _write(tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta)
         if folder.exists():  # re-saving the same name (best, or a step after a resume): swap, then clean up
-            os.rename(folder, old)  # a kill between the two renames is undone by recover_checkpoints
+            os.rename(folder, old)  # a kill between the two renames is undone by tidy_interrupted_saves
             os.rename(tmp, folder)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -195,6 +178,29 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
         undo()
         raise
     return folder
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` holds a complete checkpoint's JSON document (its files are checked on load)."""
+    return (Path(folder) / META_FILE).is_file()
+
+
+def tidy_interrupted_saves(parent: Path) -> None:
+    """Clean up after :func:`save_checkpoint` calls killed in the folder ``parent`` (call it while no other
+    process writes there): put back a checkpoint whose replacement was interrupted between its two renames
+    (``.old-NAME-PID`` without ``NAME``), and delete the ``.tmp-*`` folders of interrupted writes and the
+    ``.old-*`` ones already replaced."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return
+    for old in sorted(parent.glob(".old-*")):
+        name = old.name[len(".old-"):].rsplit("-", 1)[0]
+        if not (parent / name).exists() and is_checkpoint(old):
+            os.rename(old, parent / name)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in parent.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def read_checkpoint_meta(folder: Path) -> dict[str, Any]:
@@ -257,9 +263,7 @@ def _check_meta(folder: Path, document: dict[str, Any], expected: dict[str, Any]
                                   f"{str(expected[key])[:12]}...)")
     if "model" in expected:
         saved = document.get("model", {})
-        sizes = ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner", "d_embed", "attention",
-                 "cutoffs", "div_val", "share_rel_bias", "tie_weights", "tie_projs", "pre_norm", "final_norm")
-        diffs = [f"{k}={saved.get(k)!r} (expected {expected['model'].get(k)!r})" for k in sizes
+        diffs = [f"{k}={saved.get(k)!r} (expected {expected['model'].get(k)!r})" for k in architecture_fields()
                  if saved.get(k) != expected["model"].get(k)]
         if diffs:
             raise CheckpointError(f"{folder}: checkpoint is from another model size: {', '.join(diffs)}")
@@ -330,49 +334,3 @@ def load_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
         _restore_rng(folder, tensors)
     memory = Memory.from_state_dict(tensors)
     return TrainingState(**document["state"]), memory, document
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run (``step-XXXXXXXX`` folders holding a state.json), oldest first; never the
-    ``.tmp-*``/``.old-*`` folders of a write in progress or interrupted."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = (p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and (p / META_FILE).is_file())
-    return sorted(found, key=lambda p: p.name)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest step checkpoint, or None."""
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def best_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint with the best validation loss, if one was kept."""
-    best = Path(run_dir) / "checkpoints" / "best"
-    return best if (best / META_FILE).is_file() else None
-
-
-def recover_checkpoints(run_dir: Path) -> None:
-    """Tidy after a killed writer (call it holding the run's lock): put back a checkpoint whose replacement
-    was interrupted between its two renames (``.old-NAME-PID`` without ``NAME``), and delete the
-    ``.tmp-*`` folders of interrupted writes and the ``.old-*`` ones already replaced."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return
-    for old in sorted(root.glob(".old-*")):
-        name = old.name[len(".old-"):].rsplit("-", 1)[0]
-        if not (root / name).exists() and (old / META_FILE).is_file():
-            os.rename(old, root / name)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def prune_checkpoints(run_dir: Path, *, keep_last: int) -> None:
-    """Delete all but the ``keep_last`` newest step checkpoints and leftovers of interrupted writes."""
-    recover_checkpoints(run_dir)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
