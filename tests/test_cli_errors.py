@@ -233,7 +233,22 @@ def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, te
     capsys.readouterr()
     assert main(["generate", str(run_dir), "--prompt", "import zzyzx textwrap qwxq", "--max-new-tokens", "3"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith("import zzyzx textwrap qwxq ")  # the prompt as given, then the new words
+    assert captured.out.startswith("import <unk> textwrap <unk> ")  # the prompt as the model reads it, new words
     err = captured.err.splitlines()
     assert err[0] == "txl: warning: 2 prompt word(s) not in the vocabulary, read as <unk>: 'zzyzx', 'qwxq'"
     assert len(err) == 2 and err[1].startswith("txl: 3 tokens in")
+    # Words are spaced as one text: what is printed is the vocabulary's decoding of prompt and new ids together,
+    # streamed or not, with the warning once for two samples
+    from txl.runs import load_run
+
+    vocab = load_run(run_dir).vocab
+    argv = ["generate", str(run_dir), "--prompt", "import zzyzx textwrap", "--max-new-tokens", "6", "--greedy"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    new_words = plain.split()[3:]
+    assert len(new_words) >= 1 and plain == vocab.decode(vocab.encode("import zzyzx textwrap " + " ".join(new_words))) + "\n"
+    assert main([*argv, "--stream", "--num-samples", "2"]) == 0
+    captured = capsys.readouterr()
+    samples = captured.out.split("=== sample 2/2 ===\n")
+    assert samples[0] == "=== sample 1/2 ===\n" + plain and samples[1] == plain
+    assert captured.err.count("txl: warning:") == 1

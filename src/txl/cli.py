@@ -187,20 +187,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if args.num_samples > 1:
             print(f"=== sample {index + 1}/{args.num_samples} ===")
 
-    def show(index: int, piece: str) -> None:  # --stream: print each piece as it comes
+    def start(index: int, prompt_text: str) -> None:  # --stream: the prompt as the model reads it, then pieces
         nonlocal shown
-        if index != shown:
-            if shown >= 0:
-                print()
-            header(index)
-            print(prompt, end="")
-            shown = index
+        if shown >= 0:
+            print()
+        header(index)
+        print(prompt_text, end="", flush=True)
+        shown = index
+
+    def show(index: int, piece: str) -> None:
         print(piece, end="", flush=True)
 
     try:
         with _library_warnings(args):
             result = generate_from_run(run, prompt, greedy=args.greedy, seed=args.seed, stop=args.stop,
                                        num_samples=args.num_samples, unknown="unk",
+                                       on_start=start if args.stream else None,
                                        on_text=show if args.stream else None,
                                        **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"))
     except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
@@ -209,8 +211,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if args.stream and index <= shown:
             continue
         header(index)
-        print(prompt + text, end="")
-        print()
+        print(result.prompt_text + text)
     if args.stream and shown >= 0:
         print()
     if result.new_tokens:

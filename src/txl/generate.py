@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .runs import LoadedRun
 
 __all__ = ["Generation", "filter_logits", "sample_next", "generate", "stream", "generate_text", "TextStream",
-           "generate_from_run", "TextSamples", "UnknownTokensWarning", "DEFAULT_CONTEXT", "PAD_ID"]
+           "generate_from_run", "TextSamples", "UnknownTokensWarning", "encode_prompt", "DEFAULT_CONTEXT", "PAD_ID"]
 
 DEFAULT_CONTEXT = 512
 """Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
@@ -434,8 +434,9 @@ class _Vocab(Protocol):
     def decode(self, ids: Any) -> str: ...
 
 
-def _encode_prompt(vocab: _Vocab, prompt: str, unknown: str) -> Tensor:
-    """(P,) int64 ids of ``prompt``; unknown tokens as described in :func:`generate_text`."""
+def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"] = "unk") -> Tensor:
+    """(P,) int64 ids of ``prompt`` (unknown tokens as described in :func:`generate_text`); an empty prompt is
+    the vocabulary's ``eos_id`` (a document boundary) when it has one."""
     if unknown not in ("unk", "error"):
         raise ValueError(f"unknown must be 'unk' or 'error', got {unknown!r}")
     if unknown == "unk" and getattr(vocab, "unknown_as_unk", False):
@@ -449,7 +450,13 @@ def _encode_prompt(vocab: _Vocab, prompt: str, unknown: str) -> Tensor:
         ids = vocab.encode(prompt)
     else:
         ids = vocab.encode(prompt, strict=True)
-    return torch.as_tensor(ids, dtype=torch.long).reshape(-1)  # (P,)
+    ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)  # (P,)
+    if ids.numel() == 0:
+        eos = getattr(vocab, "eos_id", None)
+        if eos is None:
+            raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
+        ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+    return ids
 
 
 def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_prompt: bool = False,
@@ -473,12 +480,7 @@ def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_promp
     if len(vocab) != model.config.vocab_size:
         raise ValueError(f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size}: they must match")
-    ids = _encode_prompt(vocab, prompt, unknown)  # (P,)
-    if ids.numel() == 0:
-        eos = getattr(vocab, "eos_id", None)
-        if eos is None:
-            raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
-        ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+    ids = encode_prompt(vocab, prompt, unknown=unknown)  # (P,)
     max_new_tokens = kwargs.get("max_new_tokens")
     if type(max_new_tokens) is int and max_new_tokens == 0:  # not a bool: False is refused by generate
         return vocab.decode(ids.tolist()) if include_prompt else ""
@@ -586,6 +588,10 @@ class TextSamples:
 
     prompt: str
     """The prompt text as given."""
+    prompt_text: str
+    """The prompt as the vocabulary reads it back (``decode(encode(prompt))``: unknown words as ``<unk>``,
+    a word vocabulary's spacing): the text that ``texts`` continue, so ``prompt_text + texts[i]`` is the
+    whole sample as one text."""
     texts: list[str]
     """The new text of each sample (cut before a stop string)."""
     new_tokens: int
@@ -602,6 +608,7 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
                       temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                       greedy: bool = False, mem_len: int | None = None, seed: int = 0, stop: Sequence[str] = (),
                       num_samples: int = 1, unknown: Literal["unk", "error"] = "unk",
+                      on_start: Callable[[int, str], None] | None = None,
                       on_text: Callable[[int, str], None] | None = None) -> TextSamples:
     """Sample ``num_samples`` continuations of ``prompt`` from a loaded run (what ``txl generate`` does).
 
@@ -610,7 +617,8 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
     :class:`~txl.config.SameLengthOff` warning). Unknown prompt
     tokens: see ``unknown`` in :func:`generate_text`. The samples are drawn one after the other from one
     generator seeded with ``seed`` (so streamed and collected output are the same). ``on_text(i, piece)`` is
-    called once per generated token of sample i with the text it made printable (see :class:`TextStream`).
+    called once per generated token of sample i with the text it made printable (see :class:`TextStream`),
+    after ``on_start(i, prompt_text)`` (the prompt as the vocabulary reads it, which the new text continues).
     ``max_new_tokens=0`` generates nothing. Bad settings and unknown prompt tokens raise ValueError."""
     if greedy:
         if temperature not in (None, 0):
@@ -629,13 +637,17 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
             raise ValueError("a memory length applies to the Transformer-XL only (this run is the vanilla baseline)")
         base = run.config.model.span
         span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
-    model = run.model
+    model, vocab = run.model, run.vocab
+    ids = encode_prompt(vocab, prompt, unknown=unknown)  # (P,): once, so unknown words are reported once
+    prompt_text = vocab.decode(ids.tolist())
     generator = torch.Generator(device=_model_device(model)).manual_seed(seed)
     texts, count, seconds = [], 0, 0.0
     for index in range(num_samples):
         if max_new_tokens == 0:
             texts.append("")
             continue
+        if on_start is not None:
+            on_start(index, prompt_text)
         pieces: list[str] = []
 
         def collect(piece: str, index: int = index, pieces: list[str] = pieces) -> None:
@@ -644,10 +656,10 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
                 on_text(index, piece)
 
         start = time.perf_counter()
-        generate_text(model, run.vocab, prompt, stop=stop, on_text=collect, unknown=unknown,
-                      max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-                      top_p=sampling.top_p, generator=generator, span=span)
+        _text_from_ids(model, vocab, ids, include_prompt=False, stop=stop, on_text=collect,
+                       max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, generator=generator, span=span)
         seconds += time.perf_counter() - start
         count += len(pieces)
         texts.append("".join(pieces))
-    return TextSamples(prompt=prompt, texts=texts, new_tokens=count, seconds=seconds)
+    return TextSamples(prompt=prompt, prompt_text=prompt_text, texts=texts, new_tokens=count, seconds=seconds)
