@@ -1,8 +1,8 @@
 """txl.data: corpora, vocabularies, encoded-split cache, a run's prepared data, the ordered segment stream,
 downloads."""
 
-from txl.data.cache import default_cache_dir, encode_split, token_dtype
-from txl.data.corpora import (
+from .cache import default_cache_dir, encode_split, token_dtype
+from .corpora import (
     CORPUS_NAMES,
     GENERATED_CORPUS_NAMES,
     Corpus,
@@ -11,10 +11,10 @@ from txl.data.corpora import (
     data_search_dirs,
     load_corpus,
 )
-from txl.data.download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
-from txl.data.prepare import PreparedData, prepare_data
-from txl.data.stream import Batch, SegmentStream
-from txl.data.vocab import (
+from .download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
+from .prepare import PreparedData, prepare_data
+from .stream import Batch, SegmentStream
+from .vocab import (
     BPEVocab,
     ByteVocab,
     CharVocab,

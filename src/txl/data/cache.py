@@ -13,9 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from txl.data.corpora import Corpus, cache_root
-from txl.data.vocab import Vocab
-from txl.files import atomic_open
+from ..files import atomic_open
+from .corpora import Corpus, cache_root
+from .vocab import Vocab
+
+__all__ = [
+    "CACHE_FORMAT",
+    "default_cache_dir",
+    "token_dtype",
+    "cache_key",
+    "cache_path",
+    "encode_split",
+]
 
 CACHE_FORMAT = 1
 

@@ -22,6 +22,27 @@ import numpy as np
 from ..errors import TxlError
 from .hf_datasets import is_hf_spec, load_hf_corpus
 
+__all__ = [
+    "CORPUS_NAMES",
+    "GENERATED_CORPUS_NAMES",
+    "SPLITS",
+    "DOWNLOADABLE",
+    "STDLIB_EXCLUDED_DIRS",
+    "CorpusError",
+    "FileSpan",
+    "Corpus",
+    "cache_root",
+    "data_search_dirs",
+    "strip_gutenberg",
+    "stdlib_files",
+    "load_corpus",
+    "RECALL_ALPHABET",
+    "RECALL_DEFAULT_DISTANCE",
+    "recall_positions",
+    "synthetic_recall_text",
+    "synthetic_recall",
+]
+
 CORPUS_NAMES = (
     "tinyshakespeare",
     "books",

@@ -25,6 +25,16 @@ from tqdm import tqdm
 from ..errors import TxlWarning
 from .corpora import CorpusError, data_search_dirs
 
+__all__ = [
+    "UnverifiedDownloadWarning",
+    "RemoteFile",
+    "DownloadSpec",
+    "DOWNLOADS",
+    "default_download_dir",
+    "sha256_file",
+    "download_corpus",
+]
+
 CHUNK = 1 << 16
 TIMEOUT_S = 60
 

@@ -16,6 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
+__all__ = [
+    "Batch",
+    "SegmentStream",
+    "VARLEN_STD",
+    "VARLEN_MIN",
+    "VARLEN_MAX_DEV",
+]
+
 VARLEN_STD = 5.0  # as the original Transformer-XL: std of the segment length
 VARLEN_MIN = 5  # shortest variable segment
 VARLEN_MAX_DEV = 3  # longest variable segment is tgt_len + VARLEN_MAX_DEV * VARLEN_STD

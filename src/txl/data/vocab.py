@@ -18,8 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from txl.data.corpora import Corpus, CorpusError
-from txl.files import atomic_write_text
+from ..files import atomic_write_text
+from .corpora import Corpus, CorpusError
+
+__all__ = [
+    "UNK",
+    "EOS",
+    "TOKENIZERS",
+    "Vocab",
+    "WordVocab",
+    "CharVocab",
+    "ByteVocab",
+    "BPEVocab",
+    "vocab_from_dict",
+    "load_vocab",
+    "build_vocab",
+]
 
 UNK = "<unk>"
 EOS = "<eos>"
