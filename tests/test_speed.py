@@ -4,6 +4,11 @@ blocks, ignored targets, bf16 autocast), the adaptive softmax built on it, torch
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,3 +76,60 @@ def test_adaptive_nll_gradients_equal_those_of_the_log_probabilities(tiny_config
             assert got is None or torch.all(got == 0)
         else:
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def _two_segments(model: TransformerXL, tokens: torch.Tensor, *, forward=None) -> tuple[torch.Tensor, list]:
+    """Mean loss of two consecutive segments (the memory carried) and the gradients of the model's parameters."""
+    forward = model if forward is None else forward
+    model.zero_grad(set_to_none=True)
+    first = forward(tokens[:, :8], targets=tokens[:, 1:9])
+    second = forward(tokens[:, 8:16], memory=first.memory, targets=tokens[:, 9:17])
+    loss = torch.cat([first.loss, second.loss], dim=1)
+    loss.float().mean().backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_compiled_model_equals_eager(tiny_config):
+    """train.compile wraps the model in torch.compile (inductor, the machine's C++ compiler on the CPU, about a
+    minute): the same losses and gradients up to float32 reassociation inside fused kernels. The adaptive softmax
+    with two tail clusters, so the fused cross-entropy and the data-dependent tail rows are compiled too."""
+    model = TransformerXL(dataclasses.replace(tiny_config, cutoffs=(10, 20), div_val=2, d_embed=16)).train()
+    tokens = torch.randint(0, tiny_config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+    eager_loss, eager_grads = _two_segments(model, tokens)
+    compiled_loss, compiled_grads = _two_segments(model, tokens, forward=torch.compile(model))
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for got, expected in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_autocast_stays_within_bf16_rounding_of_float32(tiny_config):
+    """train.precision = "bf16" runs the matmuls in bfloat16 (8 significant bits: unit roundoff 2^-9 ~ 0.002 per
+    rounding) and normalises the softmax in float32. Every logit is then off by a few roundoffs relative to its
+    inputs' scale; across the 2 layers and the output layer of the tiny model that moves per-token losses of about
+    log(37) ~ 3.6 by a few roundoffs of that size, 0.007 each (measured: max 0.001), so: losses within 0.02 nats,
+    and the gradient of every parameter pointing the same way (cosine similarity > 0.99)."""
+    model = TransformerXL(tiny_config).train()
+    tokens = torch.randint(0, tiny_config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+    loss32, grads32 = _two_segments(model, tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss16, grads16 = _two_segments(model, tokens)
+    assert loss16.dtype == torch.float32
+    torch.testing.assert_close(loss16, loss32, rtol=0, atol=0.02)
+    for g16, g32 in zip(grads16, grads32, strict=True):
+        assert F.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) > 0.99
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_runs_on_the_cpu():
+    """benchmarks/gpu.sh --device cpu --steps 2: the GPU benchmark's code path (the wt103-base model, 151M
+    parameters, 2 x 16 tokens), TF32 (plain float32 on the CPU) then bf16, one JSON line each."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh"), "--device", "cpu", "--steps", "2"],
+                         capture_output=True, text=True, timeout=600, check=True,
+                         env={**os.environ, "PYTHON": sys.executable})
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["variant"] for r in records] == ["tf32", "bf16"]
+    for record in records:
+        assert record["steps"] == 2 and record["tokens_per_s"] > 0 and record["peak_memory_mib"] > 0
+        assert record["params"] > 150_000_000 and 0 < record["last_loss"] < 30
