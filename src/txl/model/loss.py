@@ -6,8 +6,9 @@ Dimensions: N rows (flattened positions), E input size, V classes, C classes per
 
 Forward, per block: logits (N, C) = hidden @ weight[block].T, folded into a running row maximum and sum of
 exponentials (the log-sum-exp over all V, as an online softmax), and the target's logit picked; the loss is
-``lse - logit[target]``. With gradients needed the blocks' logits are kept, and backward turns each in place into
-``grad * (softmax - onehot(target))`` and multiplies it into the gradients of hidden, weight[block] and bias[block]
+``lse - logit[target]``. With gradients needed each block's ``exp(logits - running maximum)`` is kept (computed in
+place: no extra buffer), and backward turns it in place into ``grad * (softmax - onehot(target))`` with one
+per-row factor ``exp(maximum - lse)`` and multiplies it into the gradients of hidden, weight[block] and bias[block]
 (every matmul has N or E as its inner size, so none degenerates). Compared with ``F.cross_entropy(F.linear(...))``:
 no log-softmax output kept beside the logits, no zero-filled (N, V) gradient from ``nll_loss``'s backward, no
 log-softmax backward pass, and no fresh (N, V) buffer at all (a buffer that size comes from ``mmap`` and is
@@ -44,14 +45,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         kept = []  # with keep (gradients needed), the logits of each block, for backward
         for s in range(0, v, cols):
             logits = _chunk_logits(hidden, weight[s:s + cols], None if bias is None else bias[s:s + cols])  # (N, C)
-            if keep:
-                kept.append(logits)
             inside = (target >= s) & (target < s + logits.shape[1])
             local = (target - s).clamp(0, logits.shape[1] - 1)
             picked += logits.gather(1, local[:, None])[:, 0] * inside
             new_top = torch.maximum(top, logits.amax(1, keepdim=True))
-            total = total * (top - new_top).exp_() + (logits - new_top).exp_().sum(1, keepdim=True)
+            total = total * (top - new_top).exp_() + logits.sub_(new_top).exp_().sum(1, keepdim=True)
             top = new_top
+            if keep:  # exp(logit - top_s): the softmax of the block up to a row factor exp(top_s - lse)
+                kept.append((logits, new_top))
         lse = (top + total.log_())[:, 0]  # (N,)
         ctx.save_for_backward(hidden, weight, bias, target, valid, lse)
         ctx.cols = cols
@@ -71,11 +72,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.empty(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.empty(v, dtype=acc, device=weight.device) if need_b else None
         for s in range(0, v, cols):
-            probs = ctx.kept[s // cols].sub_(lse[:, None]).exp_()  # (N, C): the softmax, in place
+            exps, block_top = ctx.kept[s // cols]
+            probs = exps.mul_((block_top - lse[:, None]).exp_().mul_(grad))  # (N, C): grad * softmax, in place
             inside = ((target >= s) & (target < s + probs.shape[1]))[:, None]
             local = (target - s).clamp(0, probs.shape[1] - 1)[:, None]
-            probs.scatter_add_(1, local, -inside.to(acc))  # minus the one-hot target
-            probs.mul_(grad)  # d loss / d logits
+            probs.scatter_add_(1, local, -(grad * inside))  # minus grad * the one-hot target: d loss / d logits
             if need_b:
                 torch.sum(probs, 0, out=grad_b[s:s + cols])
             if need_w:
