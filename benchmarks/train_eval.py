@@ -19,6 +19,9 @@ step time and the ratio is the median of the per-step ratios. Hugging Face shift
 B*T tokens per step. Hugging Face starts from a memory of M zeros, txl's fills in the warm-up: both attend over
 M + T keys in every timed step.
 
+``--variants bf16,compile`` times txl with bf16 autocast and with ``torch.compile`` (inductor) in the same rotation
+(``{mode}_txl_{variant}_tokens_per_s``; the warm-up steps include the compilation).
+
 Roofline: the model FLOPs of one training step (counted in :func:`step_flops`: forward x 3) over txl's median step
 time, divided by the FLOP/s of a large float32 matmul measured in this process with the same threads.
 
@@ -106,19 +109,22 @@ def _segments(shape: Shape, count: int) -> list[torch.Tensor]:
 
 
 class TxlRunner:
-    def __init__(self, shape: Shape, *, train: bool) -> None:
+    def __init__(self, shape: Shape, *, train: bool, variant: str = "eager") -> None:
         torch.manual_seed(0)
         self.model = TransformerXL(shape.config).train(train)
+        self.forward = torch.compile(self.model) if variant == "compile" else self.model
+        self.bf16 = variant == "bf16"
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4) if train else None
         self.train, self.memory = train, None
 
     def step(self, segment: torch.Tensor) -> None:
         inputs, targets = segment[:, :-1], segment[:, 1:]
         if not self.train:
-            with torch.no_grad():
-                self.memory = self.model(inputs, memory=self.memory, targets=targets).memory
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                self.memory = self.forward(inputs, memory=self.memory, targets=targets).memory
             return
-        out = self.model(inputs, memory=self.memory, targets=targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.forward(inputs, memory=self.memory, targets=targets)
         out.loss.mean().backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -148,7 +154,10 @@ class HfRunner:
 
 
 def _runner(kind: str, shape: Shape, *, train: bool):
-    return TxlRunner(shape, train=train) if kind == "txl" else HfRunner(shape, train=train)
+    """"txl", "hf", or a txl variant: "txl:bf16" (autocast), "txl:compile" (torch.compile)."""
+    if kind == "hf":
+        return HfRunner(shape, train=train)
+    return TxlRunner(shape, train=train, variant=kind.partition(":")[2] or "eager")
 
 
 def _run(runner, segments: list[torch.Tensor]) -> Callable[[], None]:
@@ -158,13 +167,16 @@ def _run(runner, segments: list[torch.Tensor]) -> Callable[[], None]:
     return go
 
 
-def compare(shape: Shape, *, train: bool, steps: int, repeats: int, with_hf: bool) -> dict[str, list[float]]:
-    """Seconds of each step, for txl (and hf), alternating the two step by step (the order flips every step),
-    so that a change in the machine's load reaches both alike. ``repeats * steps`` steps each."""
+def compare(shape: Shape, *, train: bool, steps: int, repeats: int, with_hf: bool,
+            variants: tuple[str, ...] = ()) -> dict[str, list[float]]:
+    """Seconds of each step, for txl (and hf, and txl's ``variants``), taking turns step by step (the order flips
+    every step), so that a change in the machine's load reaches all alike. ``repeats * steps`` steps each."""
     segments = _segments(shape, steps)
     runners = {"txl": _runner("txl", shape, train=train)}
     if with_hf:
         runners["hf"] = _runner("hf", shape, train=train)
+    for variant in variants:
+        runners[f"txl:{variant}"] = _runner(f"txl:{variant}", shape, train=train)
     for runner in runners.values():
         _run(runner, segments[:2])()  # warm up; fills txl's memory
     seconds: dict[str, list[float]] = {name: [] for name in runners}
@@ -208,15 +220,19 @@ def peak_rss(kind: str, name: str, mode: str, steps: int, threads: int) -> float
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
 
 
-def bench(name: str, *, steps: int, repeats: int, with_hf: bool, with_peak: bool, profile: bool) -> dict:
+def bench(name: str, *, steps: int, repeats: int, with_hf: bool, with_peak: bool, profile: bool,
+          variants: tuple[str, ...] = ()) -> dict:
     shape = _shape(name)
     tokens = shape.batch * shape.tgt_len
     record: dict = {"config": name, "batch": shape.batch, "tgt_len": shape.tgt_len, "mem_len": shape.config.mem_len,
                     "steps": steps, "repeats": repeats, "threads": torch.get_num_threads(),
                     "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
     for mode in ("train", "eval"):
-        seconds = compare(shape, train=mode == "train", steps=steps, repeats=repeats, with_hf=with_hf)
+        seconds = compare(shape, train=mode == "train", steps=steps, repeats=repeats, with_hf=with_hf,
+                          variants=variants)
         record[f"{mode}_txl_tokens_per_s"] = round(tokens / statistics.median(seconds["txl"]), 1)
+        for variant in variants:
+            record[f"{mode}_txl_{variant}_tokens_per_s"] = round(tokens / statistics.median(seconds[f"txl:{variant}"]), 1)
         if with_hf:
             record[f"{mode}_hf_tokens_per_s"] = round(tokens / statistics.median(seconds["hf"]), 1)
             ratios = [h / t for h, t in zip(seconds["hf"], seconds["txl"], strict=True)]
@@ -247,8 +263,13 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="txl only (transformers not installed)")
     parser.add_argument("--peak", action="store_true", help="peak RSS of each model and mode, in subprocesses")
     parser.add_argument("--profile", action="store_true", help="top-10 ops of txl's training step")
+    parser.add_argument("--variants", default="", help="txl variants timed alongside: bf16 (autocast), compile")
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    variants = tuple(v for v in args.variants.split(",") if v)
+    for variant in variants:
+        if variant not in ("bf16", "compile"):
+            parser.error(f"--variants: unknown variant {variant!r} (choose from bf16, compile)")
     torch.set_num_threads(args.threads)
     if args.peak_child:
         kind, name, mode = args.peak_child.split(",")
@@ -259,7 +280,7 @@ def main() -> None:
             parser.error(f"--configs: unknown config {name!r} (choose from {', '.join(SHAPES)})")
     for name in args.configs.split(","):
         print(json.dumps(bench(name, steps=args.steps, repeats=args.repeats, with_hf=not args.no_hf,
-                               with_peak=args.peak, profile=args.profile)), flush=True)
+                               with_peak=args.peak, profile=args.profile, variants=variants)), flush=True)
 
 
 if __name__ == "__main__":
