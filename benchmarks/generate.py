@@ -40,9 +40,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from _common import hf_config, reset_peak_rss, status_mib, timed
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.generate import generate
@@ -59,16 +59,9 @@ def txl_model(mem_len: int) -> TransformerXL:
 
 
 def hf_model(mem_len: int):
-    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
-    from transformers.utils import logging
+    from transformers import TransfoXLLMHeadModel
 
-    logging.set_verbosity_error()
-    config = TransfoXLConfig(vocab_size=SIZES["vocab"], cutoffs=[], d_model=SIZES["d_model"], d_embed=SIZES["d_model"],
-                             n_head=SIZES["n_head"], d_head=SIZES["d_head"], d_inner=SIZES["d_inner"],
-                             n_layer=SIZES["n_layer"], mem_len=mem_len, tgt_len=SIZES["prompt"], div_val=1,
-                             adaptive=False, same_length=False, clamp_len=-1, dropout=0.0, dropatt=0.0,
-                             eos_token_id=None, pad_token_id=0)
-    return TransfoXLLMHeadModel(config).eval()
+    return TransfoXLLMHeadModel(hf_config(txl_model(mem_len).config, tgt_len=SIZES["prompt"])).eval()
 
 
 def full_memory(model: TransformerXL, mem_len: int):
@@ -89,12 +82,6 @@ def run_hf(model, prompt: torch.Tensor) -> torch.Tensor:
     new = out[:, prompt.shape[1]:]
     assert new.shape[1] == SIZES["new"], new.shape
     return new
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def split_per_token(model: TransformerXL, prompt: torch.Tensor, mem_len: int, memory) -> dict[str, float]:
@@ -140,14 +127,6 @@ def peak_rss(kind: str, mem_len: int) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _status_mib(field: str) -> float:
-    """VmRSS or VmHWM (the peak RSS) of this process from /proc/self/status, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(field)
-
-
 def peak_child(kind: str, mem_len: int) -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -160,10 +139,10 @@ def peak_child(kind: str, mem_len: int) -> None:
         memory = full_memory(model, mem_len) if kind == "txl_full" else None
         fn = lambda: run_txl(model, prompt, mem_len, memory)  # noqa: E731
     fn()  # warm up: the libraries' one-time allocations are not the generation's
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (Linux)
-    before = _status_mib("VmRSS")
+    reset_peak_rss()
+    before = status_mib("VmRSS")
     fn()
-    peak = _status_mib("VmHWM")
+    peak = status_mib("VmHWM")
     print(json.dumps({"peak_rss_mib": round(peak, 1), "peak_rss_growth_mib": round(peak - before, 1),
                       "process_max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
+from .loss import linear_cross_entropy
 
 __all__ = ["AdaptiveEmbedding", "AdaptiveLogSoftmax", "cluster_bounds", "cluster_dims"]
 
@@ -164,33 +165,40 @@ class AdaptiveLogSoftmax(nn.Module):
             hidden = hidden @ proj  # (N, E_i)
         return F.linear(hidden, weight, bias)
 
-    def _head_logits(self, hidden: Tensor) -> Tensor:
+    def _head_params(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Weight (shortlist + n_clusters, E_0), bias and projection (D, E_0) or None of the head softmax."""
         weight, bias, proj = self._cluster_params(0)
         if self.n_clusters > 0:
             weight = torch.cat([weight, self.cluster_weight], dim=0)  # (shortlist + n_clusters, E_0)
             bias = torch.cat([bias, self.cluster_bias], dim=0)
-        return self._logits(hidden, weight, bias, proj)  # (N, shortlist + n_clusters)
+        return weight, bias, proj
+
+    def _head_logits(self, hidden: Tensor) -> Tensor:
+        return self._logits(hidden, *self._head_params())  # (N, shortlist + n_clusters)
 
     def nll(self, hidden: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
-        """Per-token negative log-likelihood (N,), in the order of ``target``; 0 where target == ignore_index."""
-        head = self._head_logits(hidden)  # (N, shortlist + n_clusters)
+        """Per-token negative log-likelihood (N,), in the order of ``target``; 0 where target == ignore_index.
+
+        -log p(t) = -log p_head(t) for a shortlist token, -log p_head(cluster i) - log p_i(t) for a token of tail
+        cluster i: the head's fused cross-entropy runs on every row with the target's head column (the token, or
+        its cluster's logit), each tail's on the rows whose target it holds (data-dependent, as the original)."""
+        weight, bias, proj = self._head_params()
+        head = hidden if proj is None else hidden @ proj  # (N, E_0)
         if self.n_clusters == 0:
-            return F.cross_entropy(_upcast(head), target, reduction="none", ignore_index=ignore_index)
-        head_logprob = F.log_softmax(_upcast(head), dim=-1)
-        nll = torch.zeros_like(target, dtype=head_logprob.dtype)
-        for i, (start, end) in enumerate(self.bounds):
+            return linear_cross_entropy(head, weight, bias, target, ignore_index=ignore_index)
+        head_target = target
+        for i, (start, end) in enumerate(self.bounds[1:], start=1):
+            column = self.shortlist + self.n_clusters - i
+            head_target = torch.where((target >= start) & (target < end), column, head_target)
+        nll = linear_cross_entropy(head, weight, bias, head_target, ignore_index=ignore_index)  # (N,)
+        for i, (start, end) in enumerate(self.bounds[1:], start=1):
             rows = ((target >= start) & (target < end)).nonzero().squeeze(1)  # data-dependent, as the original
             if rows.numel() == 0:
                 continue
-            local = (target.index_select(0, rows) - start).unsqueeze(1)  # (n_i, 1)
-            head_rows = head_logprob.index_select(0, rows)
-            if i == 0:
-                logprob = head_rows.gather(1, local).squeeze(1)
-            else:
-                weight, bias, proj = self._cluster_params(i)
-                tail = F.log_softmax(_upcast(self._logits(hidden.index_select(0, rows), weight, bias, proj)), dim=-1)
-                logprob = head_rows[:, self.shortlist + self.n_clusters - i] + tail.gather(1, local).squeeze(1)
-            nll = nll.index_copy(0, rows, -logprob)
+            weight, bias, proj = self._cluster_params(i)
+            tail = hidden.index_select(0, rows)  # (n_i, D)
+            tail = tail if proj is None else tail @ proj  # (n_i, E_i)
+            nll = nll.index_add(0, rows, linear_cross_entropy(tail, weight, bias, target.index_select(0, rows) - start))
         return nll
 
     def log_prob(self, hidden: Tensor) -> Tensor:

@@ -108,9 +108,13 @@ class MultiHeadAttention(nn.Module):
     def project(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries of the current positions and keys, values of [memory ; current]."""
         b, t, _ = x.shape
-        cat = x if memory is None else torch.cat([memory, x], dim=1)  # (B, K, D)
-        q, k, v = self.qkv(cat).chunk(3, dim=-1)  # 3 x (B, K, H*Dh)
-        q = q[:, -t:].reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        if memory is None:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, T, H*Dh)
+        else:  # queries of the current positions only; keys and values of [memory ; current]
+            inner = self.n_head * self.d_head
+            q = F.linear(x, self.qkv.weight[:inner])  # (B, T, H*Dh)
+            k, v = F.linear(torch.cat([memory, x], dim=1), self.qkv.weight[inner:]).chunk(2, dim=-1)  # 2 x (B, K, H*Dh)
+        q = q.reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
         k = k.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         return q, k, v
