@@ -599,7 +599,8 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
            callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
-    folder changes before every check has passed."""
+    folder changes before every check has passed. Under data parallelism every process calls it, on any
+    number of processes that divides train.batch_size; rank 0 holds the lock and writes."""
     paths = RunPaths(Path(run_dir))
     if not paths.root.is_dir():
         raise RunError(f"run folder not found: {paths.root}")
