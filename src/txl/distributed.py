@@ -154,18 +154,22 @@ def launch_command(nproc: int, argv: list[str]) -> list[str]:
 
 def launch(nproc: int, argv: list[str]) -> int:
     """Run ``txl <argv>`` under torchrun on ``nproc`` local processes; returns its exit status. SIGINT and
-    SIGTERM sent to this process are passed on to torchrun, which passes them on to every rank."""
+    SIGTERM sent to this process are passed on to torchrun, which passes them on to every rank; the status is
+    then 128 + the signal number, as for one process (torchrun itself exits with 1)."""
     import signal
     import subprocess
 
     proc = subprocess.Popen(launch_command(nproc, argv))
+    forwarded: list[int] = []
 
     def forward(signum, _frame):
+        forwarded.append(signum)
         proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        status = proc.wait()
+        return 128 + forwarded[0] if status and forwarded else status
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
