@@ -1,7 +1,8 @@
 """Data parallelism under torchrun (CPU, gloo, 2 processes): the loss trajectory of 2 processes x B/2 streams
 is that of 1 process x B streams; a run stopped by SIGTERM on one rank resumes on the uninterrupted trajectory
-with 2 processes and with 1 (the memory rows split anew); evaluation under 2 processes equals evaluation in
-one; a rank that raises ends the whole run within seconds, naming the rank and the error.
+with 2 processes and with 1 (the memory rows split anew); with dropout, each rank resumes its own random
+state; evaluation under 2 processes equals evaluation in one; a rank that raises ends the whole run within
+seconds, naming the rank and the error.
 
 Tolerance: training is float32. With 2 processes each forward sees B/2 rows and DistributedDataParallel adds
 the two halves' gradients, so sums are taken in another order than in one process: the losses differ by a
@@ -26,6 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_config, train_losses, write_text_corpus
+from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import SINGLE, Distributed, launch_command
 from txl.errors import TxlError
@@ -159,8 +161,31 @@ def test_sigterm_on_one_rank_saves_once_and_resumes_on_two_or_one_process(runs, 
     assert _close(losses, reference)
 
 
+def test_with_dropout_each_rank_resumes_its_own_random_state(runs, tmp_path):
+    """A 2-process run with dropout, and a copy cut back to its step-10 checkpoint (what a SIGKILL after that
+    checkpoint leaves) resumed on 2 processes: the same floats, so each rank's dropout draws continued; on
+    1 process a warning says that they cannot."""
+    args = _train_args(runs["corpus"], tmp_path / "run", "train.steps=20", "model.dropout=0.2", "train.eval_every=0")
+    proc = subprocess.run(_torchrun("-m", "txl", *args), env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    states = load_file(str(tmp_path / "run" / "checkpoints" / "step-00000010" / "state.safetensors"))
+    assert not torch.equal(states["rng.rank.0.torch"], states["rng.rank.1.torch"])  # each rank its own masks
+    for name in ("cut", "single"):
+        cut = Path(shutil.copytree(tmp_path / "run", tmp_path / name))
+        shutil.rmtree(cut / "checkpoints" / "step-00000020")
+        shutil.rmtree(cut / "checkpoints" / "best")
+        (cut / "summary.json").unlink()
+    proc = subprocess.run(_torchrun("-m", "txl", "train", "--resume", str(tmp_path / "cut"), "--quiet"),
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "run")
+    with pytest.warns(ResumeWarning, match="saved by 2 process.*resumed on 1.*dropout masks"):
+        resume(tmp_path / "single", progress=False)
+
+
 EVALUATE = """
 import json, sys
+from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import from_environment
 from txl.evaluate import evaluate
