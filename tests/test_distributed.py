@@ -258,3 +258,13 @@ def test_rows_are_split_evenly_or_refused_naming_the_field():
         Distributed(rank=1, world_size=2).rows(3, field="eval.batch_size")
     assert launch_command(2, ["train", "--resume", "x"])[-6:] == ["--nproc-per-node=2", "-m", "txl", "train",
                                                                    "--resume", "x"]
+
+
+def test_nproc_refuses_a_batch_it_cannot_split_before_launching(tmp_path, capsys):
+    from txl.cli import main
+
+    assert main(["train", "--nproc", "2", "--config", "tiny", "--out", str(tmp_path / "run"),
+                 "--set", "train.batch_size=3"]) == 2
+    assert capsys.readouterr().err == ("txl: error: train.batch_size=3 cannot be split over 2 processes: it must be "
+                                       "a multiple of the number of processes\n")
+    assert not (tmp_path / "run").exists()

@@ -132,7 +132,7 @@ def _without_nproc(argv: Sequence[str]) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .distributed import from_environment, launch, under_torchrun
+    from .distributed import Distributed, from_environment, launch, under_torchrun
     from .runs import load_run_config
     from .train.trainer import resume, train
 
@@ -140,12 +140,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues a run with its saved config; do not pass --config or --out")
     if not args.resume and (not args.config or not args.out):
         raise ConfigError("txl train needs --config NAME|PATH and --out DIR (or --resume DIR)")
-    if args.nproc is not None and args.nproc > 1 and not under_torchrun():
-        return launch(args.nproc, _without_nproc(args.argv))
     if args.resume:
         config = apply_overrides(load_run_config(Path(args.resume)), args.set)
     else:
         config = apply_overrides(load_config(args.config), args.set)
+    if args.nproc is not None and args.nproc > 1 and not under_torchrun():
+        for field in ("train.batch_size", "eval.batch_size"):  # refused here in one line, not by every process
+            section, name = field.split(".")
+            Distributed(world_size=args.nproc).rows(getattr(getattr(config, section), name), field=field)
+        return launch(args.nproc, _without_nproc(args.argv))
     group = from_environment(config.train.device)
     if args.nproc is not None and args.nproc != group.world_size:
         raise ConfigError(f"--nproc {args.nproc}: this command runs in a group of {group.world_size} processes "
