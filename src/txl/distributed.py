@@ -4,8 +4,8 @@ rows it owns, and the few collective operations the trainer and evaluation need.
 A Transformer-XL batch is B independent streams, each with its memory. Under N processes, rank r owns the
 B/N contiguous streams ``[r·B/N, (r+1)·B/N)`` and their memory, so every stream keeps its memory in one
 process; gradients are averaged by DistributedDataParallel, which equals the single-process mean over the B
-streams because every rank holds the same number of tokens. Checkpoints hold all B rows (gathered to rank
-0), so a run resumes on any N that divides B.
+streams because every rank holds the same number of tokens. Checkpoints hold all B rows (gathered from every
+rank, written by rank 0), so a run resumes on any N that divides B.
 
 One process (no ``torchrun``, or ``WORLD_SIZE=1``) is :data:`SINGLE`: every method is then a no-op that
 returns its input, so the trainer has one code path.
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .config import ConfigError
+from .device import resolve_device
 
 __all__ = ["Distributed", "SINGLE", "from_environment", "launch_command", "launch", "under_torchrun"]
 
@@ -63,13 +64,10 @@ class Distributed:
         return slice(self.rank * per, (self.rank + 1) * per)
 
     def device(self, name: str) -> torch.device:
-        """The device of this rank for a ``train.device`` setting: on CUDA, the GPU of the local rank."""
-        if name in ("auto", "cuda") and torch.cuda.is_available():
-            return torch.device("cuda", self.local_rank if self.enabled else torch.cuda.current_device())
-        if name == "auto":
-            return torch.device("cpu")
-        device = torch.device(name)
-        if device.type == "cuda" and self.enabled and device.index is None:
+        """The device of this process for a ``train.device`` setting (checked by :func:`resolve_device`):
+        under data parallelism on GPUs, the GPU of the local rank."""
+        device = resolve_device(name)
+        if self.enabled and device.type == "cuda" and device.index is None:
             return torch.device("cuda", self.local_rank)
         return device
 

@@ -41,7 +41,6 @@ from ..checkpoint import (
 )
 from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
 from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
-from ..device import resolve_device
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
 from ..evaluate import EvalResult, evaluate, metrics_from_loss
@@ -534,20 +533,12 @@ def _tensorboard(folder: Path):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _device(config: RunConfig, group: Distributed) -> torch.device:
-    """``train.device``; under data parallelism on GPUs, the GPU of this process's local rank."""
-    device = resolve_device(config.train.device)
-    if group.enabled and device.type == "cuda" and device.index is None:
-        return torch.device("cuda", group.local_rank)
-    return device
-
-
 def build_trainer(config: RunConfig, run: RunPaths, data: PreparedData, *, progress: bool = True,
                   callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> Trainer:
     """A run's parts, assembled: the model (initialised from ``train.seed``, the same on every process) on
     ``train.device``, its optimizer, the train stream and the evaluation splits of ``data``. Under data
     parallelism each process then draws its dropout masks from its own generator (``train.seed`` + rank)."""
-    device = _device(config, group)
+    device = group.device(config.train.device)
     torch.manual_seed(config.train.seed)
     model = TransformerXL(config.model).to(device)
     if group.enabled:
