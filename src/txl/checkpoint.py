@@ -16,12 +16,13 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
@@ -36,6 +37,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_weights",
+    "load_rank_rng",
     "is_checkpoint",
     "read_checkpoint_meta",
     "verify_checkpoint",
@@ -47,6 +49,7 @@ FORMAT_VERSION = 1
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"
 META_FILE = "state.json"
+RANK_RNG = "rng.rank."  # rng.rank.R.torch, rng.rank.R.cuda: the RNG states of rank R of a distributed run
 
 
 class DamagedCheckpoint(CheckpointError):
@@ -68,6 +71,8 @@ class TrainingState:
     elapsed: float = 0.0
     train_seconds: float = 0.0
     stream: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    """Processes that trained the run when the checkpoint was taken (each has its RNG state in it)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -119,13 +124,15 @@ def _sha256(path: Path) -> str:
 
 
 def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, memory: Memory | None,
-           state: TrainingState, meta: dict[str, Any]) -> None:
+           state: TrainingState, meta: dict[str, Any], rank_rng: Sequence[Mapping[str, torch.Tensor]]) -> None:
     """The files of a checkpoint, each fsynced, into the folder ``tmp``."""
     save_model(model, str(tmp / MODEL_FILE))
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, rng in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = rng
+    for rank, states in enumerate(rank_rng):
+        tensors.update({f"{RANK_RNG}{rank}.{kind}": value.cpu() for kind, value in states.items()})
     if memory is not None:
         tensors.update({k: v.cpu() for k, v in memory.state_dict().items()})
     optim_meta = None
@@ -143,11 +150,13 @@ def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | No
 
 
 def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    memory: Memory | None, state: TrainingState, meta: dict[str, Any]) -> Path:
+                    memory: Memory | None, state: TrainingState, meta: dict[str, Any],
+                    rank_rng: Sequence[Mapping[str, torch.Tensor]] = ()) -> Path:
     """Write a checkpoint folder atomically (replacing one of that name). ``meta`` holds JSON facts checked on
-    load (``model``: the model config dict, ``vocab_fingerprint``, ...). Returns the folder. A failed write (a
-    full disk) raises CheckpointError, removes the temporary folder and leaves every existing checkpoint as it
-    was."""
+    load (``model``: the model config dict, ``vocab_fingerprint``, ...). ``rank_rng``: the RNG states of each
+    process of a distributed run, in rank order (``{"torch": ..., "cuda": ...}``; see :func:`load_rank_rng`).
+    Returns the folder. A failed write (a full disk) raises CheckpointError, removes the temporary folder and
+    leaves every existing checkpoint as it was."""
     folder = Path(folder)
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
     old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
@@ -162,7 +171,7 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write(tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta)
+        _write(tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta, rank_rng=rank_rng)
         if folder.exists():  # re-saving the same name (best, or a step after a resume): swap, then clean up
             os.rename(folder, old)  # a kill between the two renames is undone by tidy_interrupted_saves
             os.rename(tmp, folder)
@@ -309,6 +318,21 @@ def _restore_rng(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
         warnings.warn(f"{folder}: the checkpoint holds the CUDA random state of {len(names)} GPU(s), this machine "
                       f"has {count}; it is not restored, so the resumed run is not exact (dropout draws differ)",
                       ResumeWarning, stacklevel=3)
+
+
+def load_rank_rng(folder: Path) -> list[dict[str, torch.Tensor]]:
+    """The RNG states saved for each process of a distributed run, in rank order (``[]`` for a run of one
+    process, whose state is the checkpoint's own ``rng.torch``)."""
+    folder = Path(folder)
+    document = read_checkpoint_meta(folder)
+    _verify_file(folder, STATE_FILE, document)
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    with safe_open(str(folder / STATE_FILE), framework="pt") as fh:
+        for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+            if name.startswith(RANK_RNG):
+                rank, kind = name[len(RANK_RNG):].split(".", 1)
+                states.setdefault(int(rank), {})[kind] = fh.get_tensor(name)
+    return [states[rank] for rank in sorted(states)]
 
 
 def load_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,

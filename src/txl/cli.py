@@ -5,6 +5,7 @@ checkpoint, says so in a ``txl: note: ...`` line and exits with 128 + the signal
     txl demo                                     # no corpus needed: trains XL and vanilla on Python's stdlib
     txl train --config shakespeare-char --out runs/shakespeare
     txl train --resume runs/shakespeare
+    txl train --nproc 2 --config tiny --out runs/ddp   # data parallel: torchrun --nproc-per-node 2 -m txl train ...
     txl eval runs/shakespeare --split test --mem-len 512
     txl generate runs/shakespeare --prompt "ROMEO:"
     txl serve runs/shakespeare                   # http://127.0.0.1:8000/: completions API and a page
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import warnings
@@ -116,19 +118,50 @@ def _library_warnings(args: argparse.Namespace) -> Iterator[None]:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+def _without_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` less its ``--nproc N`` (or ``--nproc=N``): what each process launched by torchrun runs."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            out.append(item)
+    return out
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .distributed import Distributed, from_environment, launch, under_torchrun
+    from .runs import load_run_config
     from .train.trainer import resume, train
 
+    if args.resume and (args.config or args.out):
+        raise ConfigError("--resume continues a run with its saved config; do not pass --config or --out")
+    if not args.resume and (not args.config or not args.out):
+        raise ConfigError("txl train needs --config NAME|PATH and --out DIR (or --resume DIR)")
     if args.resume:
-        if args.config or args.out:
-            raise ConfigError("--resume continues a run with its saved config; do not pass --config or --out")
-        summary = resume(Path(args.resume), overrides=tuple(args.set), progress=not args.quiet)
+        config = apply_overrides(load_run_config(Path(args.resume)), args.set)
     else:
-        if not args.config or not args.out:
-            raise ConfigError("txl train needs --config NAME|PATH and --out DIR (or --resume DIR)")
         config = apply_overrides(load_config(args.config), args.set)
-        summary = train(config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet)
-    print(json.dumps(summary))
+    if args.nproc is not None and args.nproc > 1 and not under_torchrun():
+        for field in ("train.batch_size", "eval.batch_size"):  # refused here in one line, not by every process
+            section, name = field.split(".")
+            Distributed(world_size=args.nproc).rows(getattr(getattr(config, section), name), field=field)
+        return launch(args.nproc, _without_nproc(args.argv))
+    group = from_environment(config.train.device)
+    if args.nproc is not None and args.nproc != group.world_size:
+        raise ConfigError(f"--nproc {args.nproc}: this command runs in a group of {group.world_size} processes "
+                          "started by torchrun; leave --nproc out under torchrun")
+    try:
+        if args.resume:
+            summary = resume(Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group)
+        else:
+            summary = train(config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet, group=group)
+    finally:
+        group.close()
+    if group.is_main:
+        print(json.dumps(summary))
     return 0
 
 
@@ -542,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=_positive_int, metavar="N",
+                   help="train data-parallel on N processes of this machine (launches torchrun; the "
+                        "train.batch_size streams are split over them)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
@@ -646,28 +682,42 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
     return show_warning
 
 
+def _rank() -> int | None:
+    """This process's rank when torchrun started it in a group of several, else None."""
+    from .distributed import under_torchrun
+
+    return int(os.environ.get("RANK", "0")) if under_torchrun() else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except _UsageError as exc:
         print(f"txl: error: {exc}", file=sys.stderr)
         return 2
+    args.argv = argv
+    rank = _rank()
+    where = "" if rank is None else f"[rank {rank}] "  # under torchrun: which process says it
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default", TxlWarning)  # each message once per place, even when seen before
+            if rank:  # the same warnings come from every process: rank 0 says them
+                warnings.simplefilter("ignore", TxlWarning)
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
             return args.func(args)
     except TxlError as exc:
         from .train.trainer import Interrupted
 
         if isinstance(exc, Interrupted):  # the checkpoint is saved: the run can go on, this is no error
-            _note(str(exc))
+            if not rank:
+                _note(str(exc))
             return 128 + exc.signum
-        print(f"txl: error: {exc}", file=sys.stderr)
+        print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
-        print(f"txl: error: {exc}", file=sys.stderr)
+        print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("txl: interrupted", file=sys.stderr)

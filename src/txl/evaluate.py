@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .config import Span, eval_span, first_set
 from .data import SegmentStream, prepare_data
+from .distributed import SINGLE, Distributed
 from .errors import TxlError
 from .model import TransformerXL
 from .runs import load_run
@@ -46,10 +47,14 @@ def metrics_from_loss(loss: float) -> dict[str, float]:
 @torch.no_grad()
 def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_size: int, tgt_len: int,
              span: Span | None = None, device: torch.device | str | None = None, precision: str = "fp32",
-             max_tokens: int | None = None, progress: bool = False, desc: str = "eval") -> EvalResult:
+             max_tokens: int | None = None, progress: bool = False, desc: str = "eval",
+             group: Distributed = SINGLE) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
     its stream, carrying memory across segments. ``span`` sets the memory length, clamp and same-length
-    attention (default: the model's). ``max_tokens`` limits evaluation to a prefix."""
+    attention (default: the model's). ``max_tokens`` limits evaluation to a prefix. Under data parallelism
+    (``group``) every process reads its rows (streams) of each batch, with their memory, and the loss sums
+    and token counts are added up over the processes: the figure is the one process's."""
+    rows = group.rows(batch_size, field="eval.batch_size")
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
     was_training = model.training
@@ -63,8 +68,9 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
     count = 0
     memory = None
     try:
-        for batch in tqdm(stream, total=stream.n_batches, desc=desc, disable=not progress, leave=False):
-            batch = batch.to(device)
+        for batch in tqdm(stream, total=stream.n_batches, desc=desc, disable=not progress or not group.is_main,
+                          leave=False):
+            batch = batch.select(rows).to(device)  # (B/N, T): this process's streams
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
             loss = out.loss.double()  # (B, T)
@@ -77,6 +83,8 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
             memory = out.memory
     finally:
         model.train(was_training)
+    total = group.all_reduce_sum(total)
+    count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
     mean = float(total) / max(count, 1)
     return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
 

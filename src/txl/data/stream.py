@@ -46,6 +46,11 @@ class Batch:
         """Number of real targets in the batch."""
         return int(self.mask.sum()) if self.mask is not None else self.targets.numel()
 
+    def select(self, rows: slice) -> Batch:
+        """The batch of some rows (streams), e.g. those of one data-parallel process."""
+        mask = self.mask[rows] if self.mask is not None else None
+        return Batch(self.inputs[rows], self.targets[rows], mask, self.new_epoch)
+
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         mask = self.mask.to(device, non_blocking=non_blocking) if self.mask is not None else None
         return Batch(

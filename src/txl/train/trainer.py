@@ -5,6 +5,11 @@ schedule, accumulates, clips, autocasts to bf16, evaluates with memory, stops ea
 checkpoints and resumes exactly. :func:`train` and :func:`resume` assemble the parts; they hold the run
 folder's lock, and a start that fails before its first checkpoint leaves nothing behind.
 
+Under torchrun (a :class:`~txl.distributed.Distributed` group of N processes) each process owns B/N
+contiguous streams of every batch and their memory, the model is wrapped in DistributedDataParallel, and
+rank 0 alone writes the run folder; a checkpoint holds all B rows of memory and every rank's RNG state, so
+it resumes on any N that divides B.
+
     summary = train(load_config("tiny"), Path("runs/tiny"))
     summary = resume(Path("runs/tiny"))
 """
@@ -18,7 +23,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +31,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import ResumeWarning, TrainingState, checkpoint_step, load_checkpoint, save_checkpoint
+from ..checkpoint import (
+    ResumeWarning,
+    TrainingState,
+    checkpoint_step,
+    load_checkpoint,
+    load_rank_rng,
+    save_checkpoint,
+)
 from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
 from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
-from ..device import resolve_device
+from ..distributed import SINGLE, Distributed
 from ..errors import RunError
 from ..evaluate import EvalResult, evaluate, metrics_from_loss
 from ..files import atomic_write_text
@@ -154,19 +166,29 @@ class Trainer:
     """One run's training, given its parts: ``model`` (on its device), its ``optimizer``, the train ``stream``,
     the ``eval_splits`` (token ids of ``valid`` and ``test``, those the corpus has) and the ``run`` folder.
     ``facts`` are saved with every checkpoint and checked when one is loaded (the vocabulary's and corpus's
-    fingerprints). :meth:`fit` runs the loop; :meth:`restore` first continues from a checkpoint."""
+    fingerprints). :meth:`fit` runs the loop; :meth:`restore` first continues from a checkpoint.
+
+    ``group``: the processes of a data-parallel run (torchrun). Every process is given the whole stream and
+    trains on its rows of each batch (``self.rows``); ``self.memory`` holds the memory of those rows only.
+    Only rank 0 writes logs, metrics, the progress bar, checkpoints and the summary."""
 
     def __init__(self, config: RunConfig, *, model: TransformerXL, optimizer: torch.optim.Optimizer,
                  stream: SegmentStream, run: RunPaths, eval_splits: Mapping[str, np.ndarray] | None = None,
                  facts: Mapping[str, Any] | None = None, progress: bool = True,
-                 callbacks: tuple[Callback, ...] = ()) -> None:
+                 callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> None:
         self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
         self.eval_splits = dict(eval_splits or {})
         self.facts = dict(facts or {})
-        self.progress = progress
+        self.progress = progress and group.is_main
         self.callbacks = callbacks
+        self.group = group
+        self.rows = self._check_split(config, group, has_eval=bool(self.eval_splits))
         self.device = next(model.parameters()).device
-        self.forward = torch.compile(model) if config.train.compile else model
+        self.parallel = model
+        if group.enabled:  # averages the gradients over the processes during backward
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.parallel = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        self.forward = torch.compile(self.parallel) if config.train.compile else self.parallel
         self.memory: Memory | None = None
         self.state = TrainingState()
         self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
@@ -174,20 +196,44 @@ class Trainer:
         self._clock = 0.0  # perf_counter() at the run's (resumed) start, minus the time already trained
         self._window_tokens, self._window_seconds = 0, 0.0  # of optimizer steps since the last train record
 
+    @staticmethod
+    def _check_split(config: RunConfig, group: Distributed, *, has_eval: bool) -> slice:
+        """This process's rows of a training batch; ConfigError naming the field when the train or eval
+        batch, or the accumulation chunks, cannot be split evenly over the processes."""
+        tc = config.train
+        rows = group.rows(tc.batch_size, field="train.batch_size")
+        per = rows.stop - rows.start
+        if per % tc.accum_steps:
+            raise ConfigError(f"train.accum_steps={tc.accum_steps} must divide the {per} streams of each of the "
+                              f"{group.world_size} processes (train.batch_size={tc.batch_size})")
+        if has_eval:
+            group.rows(config.eval.batch_size, field="eval.batch_size")
+        return rows
+
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
         return {"config": config_to_dict(self.config), "model": config_to_dict(self.config.model), **self.facts}
 
     def _save_to(self, folder: Path) -> Path:
+        """Save a checkpoint (a collective: every process calls it, rank 0 writes): the memory of all B rows
+        and, in a distributed run, every rank's RNG state."""
         self.state.stream = self.stream.state_dict()
-        return save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=self.memory,
-                               state=self.state, meta=self._meta())
+        self.state.world_size = self.group.world_size
+        memory = self.memory
+        if memory is not None and self.group.enabled:
+            memory = Memory(tuple(self.group.gather_rows(state) for state in memory.states))  # (B, M, D) each
+        rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
+        if self.group.is_main:
+            save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=memory, state=self.state,
+                            meta=self._meta(), rank_rng=rank_rng)
+        return folder
 
     def save(self) -> Path:
         """Save the step's checkpoint and keep only the last ``train.keep_last``."""
         folder = self._save_to(self.run.checkpoint_at(self.state.step))
-        prune_checkpoints(self.run.root, keep_last=self.config.train.keep_last)
+        if self.group.is_main:
+            prune_checkpoints(self.run.root, keep_last=self.config.train.keep_last)
         return folder
 
     def restore(self, folder: Path) -> None:
@@ -197,15 +243,42 @@ class Trainer:
                                                   expected=self._meta())
         set_hyperparameters(self.optimizer, self.config.train)
         self._warn_schedule_change(document, state.step)
+        self._restore_rank_rng(folder, saved_world_size=state.world_size)
         self.state = state
         if memory is not None and len(memory) > self.config.model.n_layer:  # saved before txl 0.2: drop the unread
             memory = Memory(memory.states[: self.config.model.n_layer])  # last layer's output
-        self.memory = memory.to(self.device) if memory is not None else None
+        if memory is not None:
+            if memory.batch_size != self.config.train.batch_size:
+                raise RunError(f"{folder}: the checkpoint holds the memory of {memory.batch_size} streams, "
+                               f"train.batch_size is {self.config.train.batch_size}")
+            memory = memory.select(self.rows).to(self.device)  # this process's streams, (B/N, M, D) each
+        self.memory = memory
         try:
             self.stream.load_state_dict(state.stream)
         except ValueError as exc:
             raise RunError(f"{folder}: cannot resume the data stream ({exc})") from None
-        truncate_metrics(self.run.root, state.step)
+        if self.group.is_main:
+            truncate_metrics(self.run.root, state.step)
+
+    def _restore_rank_rng(self, folder: Path, *, saved_world_size: int) -> None:
+        """Give each process the RNG state it had when the checkpoint was taken (load_checkpoint restored rank
+        0's). On another number of processes the rows are drawn from other generators: say so when dropout
+        makes that matter."""
+        world_size = self.group.world_size
+        if saved_world_size == world_size:
+            if self.group.enabled:
+                states = load_rank_rng(folder)
+                if len(states) != world_size:
+                    raise RunError(f"{folder}: the checkpoint holds the RNG states of {len(states)} processes, "
+                                   f"its state says {world_size}")
+                _set_rng_state(states[self.group.rank], self.device)
+            return
+        model = self.config.model
+        if model.dropout or model.dropatt:
+            warnings.warn(f"{folder} was saved by {saved_world_size} process(es) and is resumed on {world_size}: "
+                          f"the memory rows are split anew, but the dropout masks are drawn from other random "
+                          f"generators, so the run does not continue exactly as it would have", ResumeWarning,
+                          stacklevel=3)
 
     def _warn_schedule_change(self, document: dict[str, Any], step: int) -> None:
         """Warn when the new settings (train.steps, ...) move the learning rate of the step about to run."""
@@ -230,7 +303,13 @@ class Trainer:
     def compute_gradients(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward over a batch (in ``train.accum_steps`` chunks of rows, each with its rows of
         the memory), carrying memory to the next call, then clip; returns the mean loss (a tensor). The
-        optimizer step is the caller's."""
+        optimizer step is the caller's.
+
+        Under data parallelism ``inputs`` are this process's rows: every process holds as many tokens, so
+        DistributedDataParallel's average of the per-process mean gradients is the gradient of the mean over
+        all B·T tokens. Gradients are averaged once, in the backward of the last chunk (``no_sync`` before);
+        clipping then sees the averaged gradients, the same on every process, and the loss returned is the
+        mean over all processes' tokens, so that every process takes the same decisions from it."""
         tc = self.config.train
         chunks = tc.accum_steps
         rows = inputs.shape[0]
@@ -241,17 +320,20 @@ class Trainer:
         for c in range(chunks):
             part = slice(c * per, (c + 1) * per)
             memory = None if self.memory is None else self.memory.select(part)
-            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"):
-                out = self.forward(inputs[part], memory=memory, targets=targets[part])
-            loss = out.loss.float().sum()
-            (loss / total).backward()
+            inner = self.group.enabled and c < chunks - 1
+            with self.parallel.no_sync() if inner else nullcontext():
+                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                                    enabled=tc.precision == "bf16"):
+                    out = self.forward(inputs[part], memory=memory, targets=targets[part])
+                loss = out.loss.float().sum()
+                (loss / total).backward()
             loss_sum += loss.detach()
             if out.memory is not None:
                 new_memory.append(out.memory)
         self.memory = Memory.cat_rows(new_memory) if new_memory else None
         if tc.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.clip)
-        return loss_sum / total
+        return self.group.all_reduce_sum(loss_sum) / (total * self.group.world_size)
 
     def train_step(self, batch: Batch) -> tuple[float, float]:
         """One optimizer step on ``batch`` at the schedule's learning rate; returns (loss, learning rate).
@@ -261,7 +343,8 @@ class Trainer:
         step = self.state.step
         lr = schedule_lr(step, tc)
         set_lr(self.optimizer, lr)
-        batch = batch.to(self.device)
+        tokens = batch.targets.numel()  # of all processes
+        batch = batch.select(self.rows).to(self.device)  # (B/N, T): this process's streams
         if batch.new_epoch:  # the rows start the split again: the memory holds its end
             self.memory = None
         loss = float(self.compute_gradients(batch.inputs, batch.targets))
@@ -273,9 +356,9 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step = step + 1
-        self.state.tokens += batch.targets.numel()
+        self.state.tokens += tokens
         now = time.perf_counter()
-        self._window_tokens += batch.targets.numel()
+        self._window_tokens += tokens
         self._window_seconds += now - started
         self.state.train_seconds += now - started
         self.state.elapsed = now - self._clock
@@ -295,18 +378,28 @@ class Trainer:
                     loss, lr = self.train_step(next(batches))
                     self._log_train(loss, lr)
                     status = self._should_stop(patience_exhausted=self._evaluate())
-                    if status or received or self._checkpoint_due():
+                    signum = self._agreed_signal(received)
+                    if status or signum or self._checkpoint_due():
                         self.save()
-                    if received:
-                        name = signal.Signals(received["signum"]).name
+                    if signum:
+                        self.group.barrier()  # no process leaves before the checkpoint is written
+                        name = signal.Signals(signum).name
                         raise Interrupted(f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                                          f"'txl train --resume {self.run.root}'", signum=received["signum"])
+                                          f"'txl train --resume {self.run.root}'", signum=signum)
         finally:
             self._bar.close()
         return self._finish(status or "completed")
 
+    def _agreed_signal(self, received: dict[str, int]) -> int:
+        """The signal (SIGINT/SIGTERM) that stops the run at this step, 0 to go on. Under data parallelism
+        every process learns whether any of them received one, so that all stop at the same step."""
+        signum = received.get("signum", 0)
+        if not self.group.any(bool(signum)):
+            return 0
+        return max(self.group.gather_objects(signum))
+
     def _start(self) -> None:
-        self.tb = _tensorboard(self.run.tensorboard)
+        self.tb = _tensorboard(self.run.tensorboard) if self.group.is_main else None
         self.model.train()
         self._clock = time.perf_counter() - self.state.elapsed
         self._window_tokens, self._window_seconds = 0, 0.0
@@ -314,7 +407,9 @@ class Trainer:
                          desc="train", dynamic_ncols=True)
 
     def _log(self, record: dict[str, Any]) -> None:
-        """Append a record to metrics.jsonl (and TensorBoard), and pass it to the callbacks."""
+        """Append a record to metrics.jsonl (and TensorBoard), and pass it to the callbacks (rank 0 only)."""
+        if not self.group.is_main:
+            return
         with open(self.run.metrics, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
         if self.tb is not None:
@@ -344,7 +439,8 @@ class Trainer:
         ec, tc = self.config.eval, self.config.train
         return evaluate(self.model, self.eval_splits[split], batch_size=ec.batch_size,
                         tgt_len=ec.tgt_len or tc.tgt_len, span=eval_span(self.config), device=self.device,
-                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split)
+                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split,
+                        group=self.group)
 
     def _keep_if_best(self, loss: float) -> bool:
         """Save the best checkpoint when ``loss`` is the best validation loss yet; whether it was."""
@@ -402,10 +498,25 @@ class Trainer:
             summary.update(valid.as_dict("val_"))
         if test is not None:
             summary.update(test.as_dict("test_"))
-        atomic_write_text(self.run.summary, json.dumps(summary, indent=1) + "\n")
+        if self.group.is_main:
+            atomic_write_text(self.run.summary, json.dumps(summary, indent=1) + "\n")
         if self.tb is not None:
             self.tb.close()
         return summary
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's random state: the CPU generator, and its GPU's when it trains on one."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: Mapping[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _tensorboard(folder: Path):
@@ -423,31 +534,38 @@ def _tensorboard(folder: Path):
 
 
 def build_trainer(config: RunConfig, run: RunPaths, data: PreparedData, *, progress: bool = True,
-                  callbacks: tuple[Callback, ...] = ()) -> Trainer:
-    """A run's parts, assembled: the model (initialised from ``train.seed``) on ``train.device``, its
-    optimizer, the train stream and the evaluation splits of ``data``."""
-    device = resolve_device(config.train.device)
+                  callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> Trainer:
+    """A run's parts, assembled: the model (initialised from ``train.seed``, the same on every process) on
+    ``train.device``, its optimizer, the train stream and the evaluation splits of ``data``. Under data
+    parallelism each process then draws its dropout masks from its own generator (``train.seed`` + rank)."""
+    device = group.device(config.train.device)
     torch.manual_seed(config.train.seed)
     model = TransformerXL(config.model).to(device)
+    if group.enabled:
+        torch.manual_seed(config.train.seed + group.rank)
     return Trainer(config, model=model, optimizer=configure_optimizer(model, config.train),
                    stream=train_stream(config, data.splits), run=run,
                    eval_splits={s: t for s, t in data.splits.items() if s != "train"},
                    facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
-                   progress=progress, callbacks=callbacks)
+                   progress=progress, callbacks=callbacks, group=group)
 
 
 def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bool = True,
-          callbacks: tuple[Callback, ...] = ()) -> dict[str, Any]:
+          callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> dict[str, Any]:
     """Train a new run in ``out`` and return its summary (also written to summary.json). The data is read
-    and checked before anything is written; a start that fails before its first checkpoint leaves nothing."""
+    and checked before anything is written; a start that fails before its first checkpoint leaves nothing.
+    Under data parallelism every process calls it; every process checks the data, rank 0 alone writes."""
     paths = check_new_run_dir(out, overwrite=overwrite)
     data = prepare_data(config.data)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=len(data.vocab)))
     check_data(config, data)
-    trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
-    with new_run_folder(paths, overwrite=overwrite), _sigterm_raises(paths):
-        data.vocab.save(paths.vocab)
-        save_run_config(paths.root, config)
+    trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks, group=group)
+    group.barrier()  # every process has checked the folder before rank 0 writes in it
+    folder = new_run_folder(paths, overwrite=overwrite) if group.is_main else nullcontext()
+    with folder, _sigterm_raises(paths):
+        if group.is_main:
+            data.vocab.save(paths.vocab)
+            save_run_config(paths.root, config)
         return trainer.fit()
 
 
@@ -469,16 +587,19 @@ def _resume_config(saved: RunConfig, overrides: tuple[str, ...]) -> RunConfig:
 
 
 def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = True,
-           callbacks: tuple[Callback, ...] = ()) -> dict[str, Any]:
+           callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
-    folder changes before every check has passed."""
+    folder changes before every check has passed. Under data parallelism every process calls it, on any
+    number of processes that divides train.batch_size; rank 0 holds the lock and writes."""
     paths = RunPaths(Path(run_dir))
     if not paths.root.is_dir():
         raise RunError(f"run folder not found: {paths.root}")
-    with lock_run(paths.root), _sigterm_raises(paths):
+    with lock_run(paths.root) if group.is_main else nullcontext(), _sigterm_raises(paths):
         config = _resume_config(load_run_config(paths.root), tuple(overrides))
-        recover_checkpoints(paths.root)
+        if group.is_main:
+            recover_checkpoints(paths.root)
+        group.barrier()  # the checkpoints folder is tidy before every process looks in it
         folder = newest_intact_checkpoint(paths.root)
         done = checkpoint_step(folder)
         if paths.summary.exists() and done >= config.train.steps:
@@ -488,8 +609,8 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
             raise RunError(f"{paths.root} has no vocab.json")
         data = prepare_data(config.data, vocab=load_vocab(paths.vocab))
         check_data(config, data)
-        trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks)
+        trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks, group=group)
         trainer.restore(folder)  # checks everything before anything in the run folder changes
-        if overrides:
+        if overrides and group.is_main:
             save_run_config(paths.root, config)
         return trainer.fit()
