@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
 from txl.generate import PAD_ID, generate, stream
 from txl.model import KVCache
+from txl.model.cache import OutputLayout
 
 V = 50
 
@@ -152,6 +153,8 @@ class _LinearRows(TorchFunctionMode):
             self.rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
         elif func is torch.addmm:
             self.rows.append(args[1].shape[0])
+        elif func is torch.baddbmm:  # the output layer in column blocks: (S, N, E) rows
+            self.rows.append(args[1].shape[1])
         return func(*args, **(kwargs or {}))
 
 
@@ -176,6 +179,63 @@ def test_decoding_projects_only_the_new_position():
             for _ in range(20):
                 model(torch.zeros(2, 1, dtype=torch.long), cache=cache, last_only=True)
     assert calls == [65, 40] and recorder.rows and max(recorder.rows) == 2
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_output_layout_in_blocks_equals_the_plain_softmax(blocks, rows):
+    """The output weight cut into column blocks (padded when V is not a multiple) gives the scores of
+    ``F.linear`` with the weight as stored, with and without an input projection."""
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(10, 6, generator=gen), torch.randn(10, generator=gen)  # V 10, E 6
+    proj = torch.randn(5, 6, generator=gen)  # D 5 -> E 6
+    for p in (None, proj):
+        hidden = torch.randn(rows, 6 if p is None else 5, generator=gen)
+        layout = OutputLayout(weight, bias, p, blocks=blocks)
+        assert layout.weight.shape == (blocks, 6, -(-10 // blocks))
+        want = F.linear(hidden if p is None else hidden @ p, weight, bias)  # (N, V)
+        torch.testing.assert_close(layout.scores(hidden), want, atol=1e-5, rtol=0)
+
+
+def test_large_vocabulary_decodes_with_the_output_in_blocks():
+    """A vocabulary of 4,099 (blocks with padding on 2+ threads) decodes as the plain reference."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = _model(vocab_size=4099)
+        prompt = torch.randint(0, 4099, (2, 6), generator=torch.Generator().manual_seed(4))
+        ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 30)
+        gen = generate(model, prompt, max_new_tokens=30, temperature=0, return_scores=True)
+        tables = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)  # the memo generate made
+        assert tables.output is not None and tables.output.weight.shape == (2, 16, 2050)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(gen.new_tokens, ref_tokens)
+    torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
+
+
+def test_decoding_tables_are_remembered_until_a_weight_changes():
+    """Repeated generations reuse the transposed weights; a weight changed in place (as an optimizer step
+    does) or a move to another dtype makes them again, and training drops them."""
+    model = _model()
+    prompt = _prompt()
+    first = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)
+    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is first
+    generate(model, prompt, max_new_tokens=3, temperature=0)
+    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is first
+    with torch.no_grad():
+        model.layers[1].ff.net[3].weight.mul_(-1.5)  # in place: same storage, new version
+    ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 20)
+    gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)
+    assert torch.equal(gen.new_tokens, ref_tokens)
+    torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
+    second = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)
+    assert second is not first and model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is second
+    model.train().eval()
+    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is not second
+    model.double()
+    gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)
+    assert gen.scores.dtype == torch.float64 and torch.equal(gen.new_tokens, ref_tokens)
 
 
 # -- the generation API ----------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class AdaptiveLogSoftmax(nn.Module):
                 elif self.div_val > 1:
                     self.out_projs[str(i)] = embedding.emb_projs[str(i)]
 
-    def _cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def cluster_params(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Weight (V_i, E_i), bias (V_i,) and projection (D, E_i) or None of cluster i."""
         proj = self.out_projs[str(i)] if str(i) in self.out_projs else None
         if self.div_val == 1:
@@ -167,7 +167,7 @@ class AdaptiveLogSoftmax(nn.Module):
 
     def _head_params(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Weight (shortlist + n_clusters, E_0), bias and projection (D, E_0) or None of the head softmax."""
-        weight, bias, proj = self._cluster_params(0)
+        weight, bias, proj = self.cluster_params(0)
         if self.n_clusters > 0:
             weight = torch.cat([weight, self.cluster_weight], dim=0)  # (shortlist + n_clusters, E_0)
             bias = torch.cat([bias, self.cluster_bias], dim=0)
@@ -195,7 +195,7 @@ class AdaptiveLogSoftmax(nn.Module):
             rows = ((target >= start) & (target < end)).nonzero().squeeze(1)  # data-dependent, as the original
             if rows.numel() == 0:
                 continue
-            weight, bias, proj = self._cluster_params(i)
+            weight, bias, proj = self.cluster_params(i)
             tail = hidden.index_select(0, rows)  # (n_i, D)
             tail = tail if proj is None else tail @ proj  # (n_i, E_i)
             nll = nll.index_add(0, rows, linear_cross_entropy(tail, weight, bias, target.index_select(0, rows) - start))
@@ -209,7 +209,7 @@ class AdaptiveLogSoftmax(nn.Module):
             return head_logprob
         parts = [head_logprob[:, : self.shortlist]]
         for i in range(1, len(self.bounds)):
-            weight, bias, proj = self._cluster_params(i)
+            weight, bias, proj = self.cluster_params(i)
             tail = F.log_softmax(_upcast(self._logits(hidden, weight, bias, proj)), dim=-1)  # (N, V_i)
             parts.append(head_logprob[:, self.shortlist + self.n_clusters - i, None] + tail)
         return torch.cat(parts, dim=-1)  # (N, V)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import RelativeContext
-from .cache import KVCache
+from .cache import DecodingTables, KVCache, OutputLayout
 from .layers import DecoderLayer, LayerStep
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
@@ -196,6 +196,38 @@ class TransformerXL(nn.Module):
             logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(b, last.shape[1], -1)  # (B, T', V)
         return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
 
+    def decoding_tables(self, *, reach: int, clamp_len: int | None, batch_size: int) -> DecodingTables:
+        """The distance tables and weight layouts of one-position decoding (:class:`DecodingTables`) for key
+        windows of up to ``reach`` + 1 positions and ``batch_size`` rows, as a :class:`KVCache` needs them.
+
+        Remembered between calls (one entry: the last settings) and made again when a weight changed (its
+        storage or version counter), the settings differ or the intra-op thread count moved, so that a series
+        of ``generate`` calls pays for the transposed copies once; :meth:`train` drops the memo."""
+        blocks = min(torch.get_num_threads(), 4) if self.config.vocab_size >= 4096 else 1
+        params = list(self.parameters())
+        key = (reach, clamp_len, batch_size, blocks, params[0].dtype, params[0].device,
+               tuple((p.data_ptr(), p._version) for p in params))
+        memo = self.__dict__.get("_decoding_memo")
+        if memo is not None and memo.key == key:
+            return memo
+        with torch.no_grad():
+            distances = relative_distances(reach + 1, clamp_len=clamp_len, device=params[0].device)  # (R,)
+            pos = sinusoid(distances, self.config.d_model, dtype=params[0].dtype)  # (R, D)
+            steps = tuple(layer.prepare_step(pos, u=u, v=v, batch_size=batch_size)
+                          for layer, (u, v) in zip(self.layers, self._biases(), strict=True))
+            output = None
+            if self.softmax.n_clusters == 0 and params[0].device.type == "cpu":
+                output = OutputLayout(*self.softmax.cluster_params(0), blocks=blocks)
+        memo = DecodingTables(key, steps, output)
+        self.__dict__["_decoding_memo"] = memo  # a plain attribute: not a parameter, buffer or submodule
+        return memo
+
+    def train(self, mode: bool = True) -> TransformerXL:
+        """As :meth:`nn.Module.train`; training also drops the decoding tables' memo (it would go stale)."""
+        if mode:
+            self.__dict__.pop("_decoding_memo", None)
+        return super().train(mode)
+
     def _step_contexts(self, cache: KVCache) -> list[LayerStep]:
         """Contexts for one query against the cache: the projected distances of the keys in view, no mask.
         With ``same_length`` and a full memory the oldest key is out of view (``attention_mask``'s rule)."""
@@ -257,9 +289,7 @@ class TransformerXL(nn.Module):
 
     def _cached_log_probs(self, hidden: Tensor, cache: KVCache) -> Tensor:
         """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
-        if cache.output_t is None:
+        if cache.output is None:
             return self.softmax.log_prob(hidden)
-        # The plain softmax of log_prob, its weight transposed ahead (see KVCache.output_t).
-        weight_t, bias, proj = cache.output_t
-        scores = torch.addmm(bias, hidden if proj is None else hidden @ proj, weight_t)  # (N, V)
+        scores = cache.output.scores(hidden)  # (N, V): the plain softmax of log_prob, its weight laid out ahead
         return torch.log_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)
