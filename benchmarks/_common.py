@@ -39,11 +39,26 @@ def hf_config(config: TransformerXLConfig, *, tgt_len: int):
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    return TransfoXLConfig(vocab_size=config.vocab_size, cutoffs=list(config.cutoffs), d_model=config.d_model,
-                           d_embed=config.embed_dim, n_head=config.n_head, d_head=config.d_head,
-                           d_inner=config.d_inner, n_layer=config.n_layer, mem_len=config.mem_len, tgt_len=tgt_len,
-                           div_val=config.div_val, adaptive=bool(config.cutoffs), same_length=config.same_length,
-                           clamp_len=-1 if config.clamp_len is None else config.clamp_len, dropout=config.dropout,
-                           dropatt=config.dropatt, tie_projs=[False] + [config.tie_projs] * len(config.cutoffs),
-                           untie_r=not config.share_rel_bias, pre_lnorm=config.pre_norm,
-                           eos_token_id=None, pad_token_id=0)
+    return TransfoXLConfig(
+        vocab_size=config.vocab_size,
+        cutoffs=list(config.cutoffs),
+        d_model=config.d_model,
+        d_embed=config.embed_dim,
+        n_head=config.n_head,
+        d_head=config.d_head,
+        d_inner=config.d_inner,
+        n_layer=config.n_layer,
+        mem_len=config.mem_len,
+        tgt_len=tgt_len,
+        div_val=config.div_val,
+        adaptive=bool(config.cutoffs),
+        same_length=config.same_length,
+        clamp_len=-1 if config.clamp_len is None else config.clamp_len,
+        dropout=config.dropout,
+        dropatt=config.dropatt,
+        tie_projs=[False] + [config.tie_projs] * len(config.cutoffs),
+        untie_r=not config.share_rel_bias,
+        pre_lnorm=config.pre_norm,
+        eos_token_id=None,
+        pad_token_id=0,
+    )

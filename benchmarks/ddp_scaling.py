@@ -22,16 +22,32 @@ from pathlib import Path
 
 
 def _run(nproc: int, config: str, overrides: list[str], out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "txl", "train", "--config", config, "--out", str(out), "--quiet",
-           "--nproc", str(nproc)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "txl",
+        "train",
+        "--config",
+        config,
+        "--out",
+        str(out),
+        "--quiet",
+        "--nproc",
+        str(nproc),
+    ]
     for item in ("train.eval_every=0", "train.checkpoint_every=0", *overrides):
         cmd += ["--set", item]
     started = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
-    return {"nproc": nproc, "steps": summary["steps"], "tokens": summary["tokens"],
-            "train_tokens_per_s": round(summary["train_tokens_per_s"], 1), "wall_s": round(wall, 2)}
+    return {
+        "nproc": nproc,
+        "steps": summary["steps"],
+        "tokens": summary["tokens"],
+        "train_tokens_per_s": round(summary["train_tokens_per_s"], 1),
+        "wall_s": round(wall, 2),
+    }
 
 
 def main() -> None:
@@ -48,8 +64,18 @@ def main() -> None:
     base = results[0]["train_tokens_per_s"]
     for result in results:
         result["speedup"] = round(result["train_tokens_per_s"] / base, 2)
-    print(json.dumps({"config": args.config, "overrides": overrides, "cores": os.cpu_count(),
-                      "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "runs": results}, indent=1))
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "overrides": overrides,
+                "cores": os.cpu_count(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                "runs": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,15 @@ SIZES = dict(vocab=10_000, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=
 
 
 def txl_model(mem_len: int) -> TransformerXL:
-    config = TransformerXLConfig(vocab_size=SIZES["vocab"], n_layer=SIZES["n_layer"], d_model=SIZES["d_model"],
-                                 n_head=SIZES["n_head"], d_head=SIZES["d_head"], d_inner=SIZES["d_inner"],
-                                 mem_len=mem_len)
+    config = TransformerXLConfig(
+        vocab_size=SIZES["vocab"],
+        n_layer=SIZES["n_layer"],
+        d_model=SIZES["d_model"],
+        n_head=SIZES["n_head"],
+        d_head=SIZES["d_head"],
+        d_inner=SIZES["d_inner"],
+        mem_len=mem_len,
+    )
     return TransformerXL(config).eval()
 
 
@@ -72,14 +78,15 @@ def full_memory(model: TransformerXL, mem_len: int):
 
 
 def run_txl(model: TransformerXL, prompt: torch.Tensor, mem_len: int, memory=None) -> torch.Tensor:
-    return generate(model, prompt, max_new_tokens=SIZES["new"], temperature=0, span=Span(mem_len=mem_len),
-                    memory=memory).new_tokens
+    return generate(
+        model, prompt, max_new_tokens=SIZES["new"], temperature=0, span=Span(mem_len=mem_len), memory=memory
+    ).new_tokens
 
 
 def run_hf(model, prompt: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=SIZES["new"], do_sample=False)
-    new = out[:, prompt.shape[1]:]
+    new = out[:, prompt.shape[1] :]
     assert new.shape[1] == SIZES["new"], new.shape
     return new
 
@@ -122,8 +129,13 @@ def split_per_token(model: TransformerXL, prompt: torch.Tensor, mem_len: int, me
 
 def peak_rss(kind: str, mem_len: int) -> dict[str, float]:
     """Run one generation in a fresh subprocess and return its peak RSS figures (MiB)."""
-    out = subprocess.run([sys.executable, __file__, "--peak-child", kind, "--memory", str(mem_len)],
-                         capture_output=True, text=True, check=True, env=os.environ.copy())
+    out = subprocess.run(
+        [sys.executable, __file__, "--peak-child", kind, "--memory", str(mem_len)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ.copy(),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -143,8 +155,15 @@ def peak_child(kind: str, mem_len: int) -> None:
     before = status_mib("VmRSS")
     fn()
     peak = status_mib("VmHWM")
-    print(json.dumps({"peak_rss_mib": round(peak, 1), "peak_rss_growth_mib": round(peak - before, 1),
-                      "process_max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+    print(
+        json.dumps(
+            {
+                "peak_rss_mib": round(peak, 1),
+                "peak_rss_growth_mib": round(peak - before, 1),
+                "process_max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
 
 
 def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict:
@@ -167,13 +186,20 @@ def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict
         for name in names:
             seconds[name].append(timed(runners[name]))
     n = SIZES["new"]
-    record: dict = {"memory": mem_len, "repeats": repeats, "threads": torch.get_num_threads(),
-                    "new_tokens": n, "prompt": SIZES["prompt"]}
+    record: dict = {
+        "memory": mem_len,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "new_tokens": n,
+        "prompt": SIZES["prompt"],
+    }
     for name, times in seconds.items():
         record[f"{name}_tokens_per_s"] = round(n / statistics.median(times), 1)
     if with_hf:
         for name in ("txl_fresh", "txl_full"):
-            ratios = [h / t for h, t in zip(seconds["hf"], seconds[name], strict=True)]  # tokens/s txl over hf
+            ratios = [
+                h / t for h, t in zip(seconds["hf"], seconds[name], strict=True)
+            ]  # tokens/s txl over hf
             record[f"ratio_{name}_over_hf"] = round(statistics.median(ratios), 2)
     record["split_txl_full"] = split_per_token(model, prompt, mem_len, memory)
     if with_peak:
@@ -184,7 +210,9 @@ def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--memory", type=int, action="append", help="memory length(s) (default 64, 512, 1600)")
+    parser.add_argument(
+        "--memory", type=int, action="append", help="memory length(s) (default 64, 512, 1600)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-hf", action="store_true", help="txl only (transformers not installed)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory subprocesses")
@@ -195,8 +223,12 @@ def main() -> None:
         return
     torch.set_num_threads(2)
     for mem_len in args.memory or [64, 512, 1600]:
-        print(json.dumps(bench(mem_len, repeats=args.repeats, with_hf=not args.no_hf, with_peak=not args.no_peak)),
-              flush=True)
+        print(
+            json.dumps(
+                bench(mem_len, repeats=args.repeats, with_hf=not args.no_hf, with_peak=not args.no_peak)
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,18 @@ def build(device: torch.device) -> tuple[TransformerXL, torch.optim.Optimizer, f
     return model, optimizer, config.train.clip
 
 
-def run_variant(variant: str, *, model: TransformerXL, optimizer: torch.optim.Optimizer, clip: float,
-                device: torch.device, steps: int, warmup: int, batch: int, tgt_len: int) -> dict:
+def run_variant(
+    variant: str,
+    *,
+    model: TransformerXL,
+    optimizer: torch.optim.Optimizer,
+    clip: float,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    batch: int,
+    tgt_len: int,
+) -> dict:
     precision, compiled = variant.split("+")[0], variant.endswith("+compile")
     model_config = model.config
     if device.type == "cuda":
@@ -80,23 +90,43 @@ def run_variant(variant: str, *, model: TransformerXL, optimizer: torch.optim.Op
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     per_s = batch * tgt_len * steps / seconds
-    return {"variant": variant, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "batch": batch, "tgt_len": tgt_len, "mem_len": model_config.mem_len, "steps": steps, "warmup": warmup,
-            "params": model.num_parameters(), "tokens_per_s": round(per_s, 1), "seconds": round(seconds, 3),
-            "peak_memory_mib": round(_peak_memory_mib(device), 1), "last_loss": round(last, 4),
-            "nvidia_a100_tokens_per_s": NVIDIA_A100[precision], "goal_tokens_per_s": 1.5 * NVIDIA_A100[precision],
-            "over_goal": round(per_s / (1.5 * NVIDIA_A100[precision]), 3)}
+    return {
+        "variant": variant,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "batch": batch,
+        "tgt_len": tgt_len,
+        "mem_len": model_config.mem_len,
+        "steps": steps,
+        "warmup": warmup,
+        "params": model.num_parameters(),
+        "tokens_per_s": round(per_s, 1),
+        "seconds": round(seconds, 3),
+        "peak_memory_mib": round(_peak_memory_mib(device), 1),
+        "last_loss": round(last, 4),
+        "nvidia_a100_tokens_per_s": NVIDIA_A100[precision],
+        "goal_tokens_per_s": 1.5 * NVIDIA_A100[precision],
+        "over_goal": round(per_s / (1.5 * NVIDIA_A100[precision]), 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per variant")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 20 on a GPU, 0 on the CPU)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: the preset's 60 on a GPU, 2 on the CPU")
-    parser.add_argument("--tgt-len", type=int, default=None, help="default: the preset's 150 on a GPU, 16 on the CPU")
-    parser.add_argument("--variants", default=None,
-                        help=f"comma-separated from {', '.join(VARIANTS)} (default: all on a GPU; tf32,bf16 on the CPU)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default 20 on a GPU, 0 on the CPU)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="default: the preset's 60 on a GPU, 2 on the CPU"
+    )
+    parser.add_argument(
+        "--tgt-len", type=int, default=None, help="default: the preset's 150 on a GPU, 16 on the CPU"
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma-separated from {', '.join(VARIANTS)} (default: all on a GPU; tf32,bf16 on the CPU)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -109,10 +139,17 @@ def main() -> None:
             parser.error(f"--variants: unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
     model, optimizer, clip = build(device)
     for variant in variants:
-        record = run_variant(variant, model=model, optimizer=optimizer, clip=clip, device=device, steps=args.steps,
-                             warmup=args.warmup if args.warmup is not None else (20 if gpu else 0),
-                             batch=args.batch_size or (preset.batch_size if gpu else 2),
-                             tgt_len=args.tgt_len or (preset.tgt_len if gpu else 16))
+        record = run_variant(
+            variant,
+            model=model,
+            optimizer=optimizer,
+            clip=clip,
+            device=device,
+            steps=args.steps,
+            warmup=args.warmup if args.warmup is not None else (20 if gpu else 0),
+            batch=args.batch_size or (preset.batch_size if gpu else 2),
+            tgt_len=args.tgt_len or (preset.tgt_len if gpu else 16),
+        )
         print(json.dumps(record), flush=True)
         if gpu:
             torch.cuda.empty_cache()

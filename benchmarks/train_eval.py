@@ -60,9 +60,21 @@ def _shape(name: str) -> Shape:
     if name == "mem512":
         return Shape(TransformerXLConfig(**small, mem_len=512), batch=16, tgt_len=64)
     if name == "big":
-        return Shape(TransformerXLConfig(vocab_size=32_000, n_layer=6, d_model=512, n_head=8, d_head=64,
-                                         d_inner=2048, mem_len=128, cutoffs=(2000, 10000), div_val=4),
-                     batch=8, tgt_len=128)
+        return Shape(
+            TransformerXLConfig(
+                vocab_size=32_000,
+                n_layer=6,
+                d_model=512,
+                n_head=8,
+                d_head=64,
+                d_inner=2048,
+                mem_len=128,
+                cutoffs=(2000, 10000),
+                div_val=4,
+            ),
+            batch=8,
+            tgt_len=128,
+        )
     raise SystemExit(f"unknown config {name!r}: small, big or mem512")
 
 
@@ -78,11 +90,13 @@ def step_flops(shape: Shape) -> float:
     k = c.mem_len + t
     n = b * t
     inner = c.n_head * c.d_head
-    layer = (2 * b * c.d_model * inner * (t + 2 * k)  # q, k, v
-             + 2 * k * c.d_model * inner  # W_R R
-             + 3 * 2 * b * c.n_head * t * k * c.d_head  # content, position, values
-             + 2 * n * inner * c.d_model  # output projection
-             + 2 * 2 * n * c.d_model * c.d_inner)  # feed-forward
+    layer = (
+        2 * b * c.d_model * inner * (t + 2 * k)  # q, k, v
+        + 2 * k * c.d_model * inner  # W_R R
+        + 3 * 2 * b * c.n_head * t * k * c.d_head  # content, position, values
+        + 2 * n * inner * c.d_model  # output projection
+        + 2 * 2 * n * c.d_model * c.d_inner
+    )  # feed-forward
     edges = [0, *c.cutoffs, c.vocab_size]
     out = 0.0
     for i, (start, end) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
@@ -104,8 +118,10 @@ def gemm_flops(size: int = 2048, repeats: int = 7) -> float:
 
 def _segments(shape: Shape, count: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(0, shape.config.vocab_size, (shape.batch, shape.tgt_len + 1), generator=g)
-            for _ in range(count)]
+    return [
+        torch.randint(0, shape.config.vocab_size, (shape.batch, shape.tgt_len + 1), generator=g)
+        for _ in range(count)
+    ]
 
 
 class TxlRunner:
@@ -154,7 +170,7 @@ class HfRunner:
 
 
 def _runner(kind: str, shape: Shape, *, train: bool):
-    """"txl", "hf", or a txl variant: "txl:bf16" (autocast), "txl:compile" (torch.compile)."""
+    """The runner of `kind`: "txl", "hf", or a txl variant: "txl:bf16" (autocast), "txl:compile" (torch.compile)."""
     if kind == "hf":
         return HfRunner(shape, train=train)
     return TxlRunner(shape, train=train, variant=kind.partition(":")[2] or "eager")
@@ -164,11 +180,13 @@ def _run(runner, segments: list[torch.Tensor]) -> Callable[[], None]:
     def go() -> None:
         for segment in segments:
             runner.step(segment)
+
     return go
 
 
-def compare(shape: Shape, *, train: bool, steps: int, repeats: int, with_hf: bool,
-            variants: tuple[str, ...] = ()) -> dict[str, list[float]]:
+def compare(
+    shape: Shape, *, train: bool, steps: int, repeats: int, with_hf: bool, variants: tuple[str, ...] = ()
+) -> dict[str, list[float]]:
     """Seconds of each step, for txl (and hf, and txl's ``variants``), taking turns step by step (the order flips
     every step), so that a change in the machine's load reaches all alike. ``repeats * steps`` steps each."""
     segments = _segments(shape, steps)
@@ -182,7 +200,7 @@ def compare(shape: Shape, *, train: bool, steps: int, repeats: int, with_hf: boo
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     for index in range(repeats * steps):
         segment = segments[index % steps]
-        for name in (list(runners) if index % 2 == 0 else list(reversed(runners))):
+        for name in list(runners) if index % 2 == 0 else list(reversed(runners)):
             seconds[name].append(timed(lambda runner=runners[name], segment=segment: runner.step(segment)))
     return seconds
 
@@ -199,8 +217,10 @@ def profile_top(shape: Shape, *, steps: int, top: int = 10) -> list[dict]:
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    return [{"op": e.key, "self_pct": round(100 * e.self_cpu_time_total / total, 1), "calls": e.count}
-            for e in ranked]
+    return [
+        {"op": e.key, "self_pct": round(100 * e.self_cpu_time_total / total, 1), "calls": e.count}
+        for e in ranked
+    ]
 
 
 def peak_child(kind: str, name: str, mode: str, steps: int) -> None:
@@ -214,25 +234,56 @@ def peak_child(kind: str, name: str, mode: str, steps: int) -> None:
 
 
 def peak_rss(kind: str, name: str, mode: str, steps: int, threads: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--peak-child", f"{kind},{name},{mode}", "--steps", str(steps),
-                          "--threads", str(threads)], capture_output=True, text=True, check=True,
-                         env=os.environ.copy())
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--peak-child",
+            f"{kind},{name},{mode}",
+            "--steps",
+            str(steps),
+            "--threads",
+            str(threads),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ.copy(),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
 
 
-def bench(name: str, *, steps: int, repeats: int, with_hf: bool, with_peak: bool, profile: bool,
-          variants: tuple[str, ...] = ()) -> dict:
+def bench(
+    name: str,
+    *,
+    steps: int,
+    repeats: int,
+    with_hf: bool,
+    with_peak: bool,
+    profile: bool,
+    variants: tuple[str, ...] = (),
+) -> dict:
     shape = _shape(name)
     tokens = shape.batch * shape.tgt_len
-    record: dict = {"config": name, "batch": shape.batch, "tgt_len": shape.tgt_len, "mem_len": shape.config.mem_len,
-                    "steps": steps, "repeats": repeats, "threads": torch.get_num_threads(),
-                    "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+    record: dict = {
+        "config": name,
+        "batch": shape.batch,
+        "tgt_len": shape.tgt_len,
+        "mem_len": shape.config.mem_len,
+        "steps": steps,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+    }
     for mode in ("train", "eval"):
-        seconds = compare(shape, train=mode == "train", steps=steps, repeats=repeats, with_hf=with_hf,
-                          variants=variants)
+        seconds = compare(
+            shape, train=mode == "train", steps=steps, repeats=repeats, with_hf=with_hf, variants=variants
+        )
         record[f"{mode}_txl_tokens_per_s"] = round(tokens / statistics.median(seconds["txl"]), 1)
         for variant in variants:
-            record[f"{mode}_txl_{variant}_tokens_per_s"] = round(tokens / statistics.median(seconds[f"txl:{variant}"]), 1)
+            record[f"{mode}_txl_{variant}_tokens_per_s"] = round(
+                tokens / statistics.median(seconds[f"txl:{variant}"]), 1
+            )
         if with_hf:
             record[f"{mode}_hf_tokens_per_s"] = round(tokens / statistics.median(seconds["hf"]), 1)
             ratios = [h / t for h, t in zip(seconds["hf"], seconds["txl"], strict=True)]
@@ -247,7 +298,9 @@ def bench(name: str, *, steps: int, repeats: int, with_hf: bool, with_peak: bool
     if with_peak:
         for kind in ("txl", "hf") if with_hf else ("txl",):
             for mode in ("train", "eval"):
-                record[f"peak_rss_mib_{mode}_{kind}"] = peak_rss(kind, name, mode, steps, torch.get_num_threads())
+                record[f"peak_rss_mib_{mode}_{kind}"] = peak_rss(
+                    kind, name, mode, steps, torch.get_num_threads()
+                )
     if profile:
         record["profile_train_txl_top10"] = profile_top(shape, steps=steps)
     record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -261,9 +314,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-hf", action="store_true", help="txl only (transformers not installed)")
-    parser.add_argument("--peak", action="store_true", help="peak RSS of each model and mode, in subprocesses")
+    parser.add_argument(
+        "--peak", action="store_true", help="peak RSS of each model and mode, in subprocesses"
+    )
     parser.add_argument("--profile", action="store_true", help="top-10 ops of txl's training step")
-    parser.add_argument("--variants", default="", help="txl variants timed alongside: bf16 (autocast), compile")
+    parser.add_argument(
+        "--variants", default="", help="txl variants timed alongside: bf16 (autocast), compile"
+    )
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
@@ -279,8 +336,20 @@ def main() -> None:
         if name not in SHAPES:
             parser.error(f"--configs: unknown config {name!r} (choose from {', '.join(SHAPES)})")
     for name in args.configs.split(","):
-        print(json.dumps(bench(name, steps=args.steps, repeats=args.repeats, with_hf=not args.no_hf,
-                               with_peak=args.peak, profile=args.profile, variants=variants)), flush=True)
+        print(
+            json.dumps(
+                bench(
+                    name,
+                    steps=args.steps,
+                    repeats=args.repeats,
+                    with_hf=not args.no_hf,
+                    with_peak=args.peak,
+                    profile=args.profile,
+                    variants=variants,
+                )
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,15 @@ def main() -> None:
     parser.add_argument("--out", default="runs/xl_vs_vanilla")
     args = parser.parse_args()
     config = apply_overrides(load_config(args.config), args.set)
-    result = compare(config, Path(args.out), config_name=args.config, overrides=args.set, stride=args.stride,
-                     sample_tokens=0, progress=False)
+    result = compare(
+        config,
+        Path(args.out),
+        config_name=args.config,
+        overrides=args.set,
+        stride=args.stride,
+        sample_tokens=0,
+        progress=False,
+    )
     print(json.dumps(plain(result.as_dict()), indent=1))
 
 

@@ -30,7 +30,9 @@ def shared_data_dirs() -> list[Path]:
 
 def write_text_corpus(path: Path) -> Path:
     """Real text available on every machine: a few of Python's own source files, about 200 KB."""
-    parts = [(STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")]
+    parts = [
+        (STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")
+    ]
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 
@@ -48,8 +50,11 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 def snapshot(folder: Path) -> dict[str, str]:
     """The SHA-256 of every file under ``folder``, by relative path (to show that nothing changed)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +65,9 @@ def _seed():
 
 @pytest.fixture
 def tiny_config() -> TransformerXLConfig:
-    return TransformerXLConfig(vocab_size=37, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=16)
+    return TransformerXLConfig(
+        vocab_size=37, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=16
+    )
 
 
 @pytest.fixture(scope="session")
@@ -73,8 +80,10 @@ def shared_corpus() -> Callable[[str], Path]:
             if (folder / name).is_dir():
                 return folder
         looked = ", ".join(str(d / name) for d in shared_data_dirs())
-        pytest.skip(f"real corpus '{name}' not available (looked in {looked}); set TXL_DATA_DIR or TXL_SHARED_DATA "
-                    "to the shared/data folder to run this test")
+        pytest.skip(
+            f"real corpus '{name}' not available (looked in {looked}); set TXL_DATA_DIR or TXL_SHARED_DATA "
+            "to the shared/data folder to run this test"
+        )
 
     return find
 
@@ -93,7 +102,9 @@ def trained_run(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("trained")
     torch.manual_seed(0)
-    train(run_config(write_text_corpus(folder / "corpus.txt"), "train.steps=10"), folder / "run", progress=False)
+    train(
+        run_config(write_text_corpus(folder / "corpus.txt"), "train.steps=10"), folder / "run", progress=False
+    )
     return folder / "run"
 
 

@@ -51,13 +51,15 @@ def _log_probs(hidden: Tensor, state: dict[str, Tensor], *, cutoffs: list[int]) 
         return h @ weight.t() + bias
 
     if "crit.cluster_weight" not in state:
-        return torch.log_softmax(logits(hidden, 0, state["crit.out_layers.0.weight"], state["crit.out_layers.0.bias"]), -1)
+        return torch.log_softmax(
+            logits(hidden, 0, state["crit.out_layers.0.weight"], state["crit.out_layers.0.bias"]), -1
+        )
     n_clusters = state["crit.cluster_weight"].shape[0]
     if n_out == 1:
         vocab = state["crit.out_layers.0.weight"].shape[0]
         edges = [0, *cutoffs, vocab]
-        weights = [state["crit.out_layers.0.weight"][edges[i]:edges[i + 1]] for i in range(n_clusters + 1)]
-        biases = [state["crit.out_layers.0.bias"][edges[i]:edges[i + 1]] for i in range(n_clusters + 1)]
+        weights = [state["crit.out_layers.0.weight"][edges[i] : edges[i + 1]] for i in range(n_clusters + 1)]
+        biases = [state["crit.out_layers.0.bias"][edges[i] : edges[i + 1]] for i in range(n_clusters + 1)]
     else:
         weights = [state[f"crit.out_layers.{i}.weight"] for i in range(n_out)]
         biases = [state[f"crit.out_layers.{i}.bias"] for i in range(n_out)]
@@ -71,9 +73,18 @@ def _log_probs(hidden: Tensor, state: dict[str, Tensor], *, cutoffs: list[int]) 
     return torch.cat(parts, dim=1)
 
 
-def original_forward(state: dict[str, Tensor], tokens: Tensor, targets: Tensor, mems: list[Tensor] | None, *,
-                     mem_len: int, cutoffs: list[int] | None = None, pre_lnorm: bool = False,
-                     same_length: bool = False, clamp_len: int = -1) -> tuple[Tensor, list[Tensor]]:
+def original_forward(
+    state: dict[str, Tensor],
+    tokens: Tensor,
+    targets: Tensor,
+    mems: list[Tensor] | None,
+    *,
+    mem_len: int,
+    cutoffs: list[int] | None = None,
+    pre_lnorm: bool = False,
+    same_length: bool = False,
+    clamp_len: int = -1,
+) -> tuple[Tensor, list[Tensor]]:
     """tokens, targets [T, B]; mems: n_layer + 1 tensors [M, B, D] or None.
     Returns the per-token loss [T, B] and the new mems, as the original's ``forward(data, target, *mems)``."""
     cutoffs = cutoffs or []
@@ -134,7 +145,9 @@ def original_forward(state: dict[str, Tensor], tokens: Tensor, targets: Tensor, 
         else:
             out = _layer_norm(core + attn_out, state, p + "dec_attn.layer_norm")
         inner_in = _layer_norm(out, state, p + "pos_ff.layer_norm") if pre_lnorm else out
-        ff = torch.relu(inner_in @ state[p + "pos_ff.CoreNet.0.weight"].t() + state[p + "pos_ff.CoreNet.0.bias"])
+        ff = torch.relu(
+            inner_in @ state[p + "pos_ff.CoreNet.0.weight"].t() + state[p + "pos_ff.CoreNet.0.bias"]
+        )
         ff = ff @ state[p + "pos_ff.CoreNet.3.weight"].t() + state[p + "pos_ff.CoreNet.3.bias"]
         core = out + ff if pre_lnorm else _layer_norm(out + ff, state, p + "pos_ff.layer_norm")
         hids.append(core)
@@ -143,7 +156,7 @@ def original_forward(state: dict[str, Tensor], tokens: Tensor, targets: Tensor, 
     for i, h in enumerate(hids):
         cat = h if mems is None else torch.cat([mems[i], h], 0)
         end = mlen + qlen
-        new_mems.append(cat[max(0, end - mem_len):end].detach())
+        new_mems.append(cat[max(0, end - mem_len) : end].detach())
     logp = _log_probs(core.reshape(qlen * bsz, d_model), state, cutoffs=cutoffs)
     loss = -logp.gather(1, targets.reshape(-1, 1)).reshape(qlen, bsz)
     return loss, new_mems

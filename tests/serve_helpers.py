@@ -21,8 +21,22 @@ def train_char_run(folder: Path, *, steps: int = 12) -> Path:
     corpus = folder / "corpus.txt"
     corpus.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 2, encoding="utf-8")
     run_dir = folder / "run"
-    code = main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet", "--set", "data.vocab=\"char\"",
-                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", f"train.steps={steps}"])
+    code = main(
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--set",
+            'data.vocab="char"',
+            "--set",
+            f"data.corpus={json.dumps(str(corpus))}",
+            "--set",
+            f"train.steps={steps}",
+        ]
+    )
     assert code == 0
     return run_dir
 
@@ -46,7 +60,9 @@ def live_server(app) -> Iterator[str]:
 
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

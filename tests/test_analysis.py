@@ -48,7 +48,17 @@ def test_vanilla_baseline_changes_only_attention_memory_and_eval_lengths():
     assert vanilla.model.span == Span(mem_len=0)
     assert vanilla.eval.tgt_len == xl.train.tgt_len  # evaluated with the segment it was trained with
     assert (vanilla.eval.mem_len, vanilla.eval.clamp_len, vanilla.eval.same_length) == (None, None, None)
-    same = ("n_layer", "n_head", "d_head", "d_model", "d_inner", "cutoffs", "div_val", "dropout", "vocab_size")
+    same = (
+        "n_layer",
+        "n_head",
+        "d_head",
+        "d_model",
+        "d_inner",
+        "cutoffs",
+        "div_val",
+        "dropout",
+        "vocab_size",
+    )
     assert all(getattr(vanilla.model, f) == getattr(xl.model, f) for f in same)
     assert (vanilla.data, vanilla.train, vanilla.generate) == (xl.data, xl.train, xl.generate)
     assert vanilla.eval.batch_size == xl.eval.batch_size
@@ -60,14 +70,24 @@ def test_vanilla_baseline_changes_only_attention_memory_and_eval_lengths():
 
 @pytest.fixture
 def vanilla_model() -> TransformerXL:
-    config = TransformerXLConfig(vocab_size=37, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=0,
-                                 attention="absolute", cutoffs=(10, 20), div_val=2)
+    config = TransformerXLConfig(
+        vocab_size=37,
+        n_layer=2,
+        n_head=3,
+        d_head=5,
+        d_model=12,
+        d_inner=20,
+        mem_len=0,
+        attention="absolute",
+        cutoffs=(10, 20),
+        div_val=2,
+    )
     return TransformerXL(config).double().eval()
 
 
 def _naive_loss(model: TransformerXL, x: torch.Tensor, start: int, end: int, target: int) -> float:
     """Loss of ``x[target]`` by one forward over ``x[start:end]`` (which must contain target - 1)."""
-    out = model(x[start:end][None], targets=x[start + 1:end + 1][None])
+    out = model(x[start:end][None], targets=x[start + 1 : end + 1][None])
     return out.loss[0, target - start - 1].item()
 
 
@@ -109,7 +129,9 @@ def test_sliding_predictions_match_a_naive_argmax(vanilla_model):
     x, window = torch.randint(0, 37, (30,)), 6
     positions = np.array([1, 2, 6, 7, 15, 29])
     got = sliding_predictions(vanilla_model, x, window=window, positions=positions, batch_size=4)
-    expected = [vanilla_model(x[max(0, p - window):p][None]).logits[0, -1].argmax().item() for p in positions]
+    expected = [
+        vanilla_model(x[max(0, p - window) : p][None]).logits[0, -1].argmax().item() for p in positions
+    ]
     assert got.tolist() == expected
 
 
@@ -139,7 +161,9 @@ def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny
     model = TransformerXL(dataclasses.replace(tiny_config, n_layer=1)).double().eval()
     x, c = torch.randint(0, 37, (90,)), 6
     got = stream_losses(model, x, tgt_len=4, span=Span(mem_len=c, same_length=True), first=c, batch_size=3)
-    expected = [model(x[t - c:t][None], targets=x[t - c + 1:t + 1][None]).loss[0, -1].item() for t in range(c, 90)]
+    expected = [
+        model(x[t - c : t][None], targets=x[t - c + 1 : t + 1][None]).loss[0, -1].item() for t in range(c, 90)
+    ]
     np.testing.assert_allclose(got, expected, atol=1e-12)
 
 
@@ -176,7 +200,9 @@ def test_relative_loss_is_capped_by_the_best_model():
 
 def test_recl_is_the_largest_qualifying_context_not_the_first():
     gains = np.array([[0.02, 0.0, 0.015, 0.0005]])
-    assert recl_from_gains([10, 20, 30, 40], gains, r_percent=[0.1, 1.0, 2.0, 5.0]) == [{0.1: 30, 1.0: 30, 2.0: 10, 5.0: 0}]
+    assert recl_from_gains([10, 20, 30, 40], gains, r_percent=[0.1, 1.0, 2.0, 5.0]) == [
+        {0.1: 30, 1.0: 30, 2.0: 10, 5.0: 0}
+    ]
 
 
 def test_default_recl_lengths():
@@ -202,7 +228,10 @@ def test_recall_corpus_places_every_target_distance_after_its_source():
 
 
 def test_recall_corpus_is_deterministic_and_its_splits_differ():
-    a, b = load_corpus("synthetic-recall:distance=8,seed=1"), load_corpus("synthetic-recall:distance=8,seed=1")
+    a, b = (
+        load_corpus("synthetic-recall:distance=8,seed=1"),
+        load_corpus("synthetic-recall:distance=8,seed=1"),
+    )
     assert a.fingerprint == b.fingerprint and a.level == "char"
     assert set(a.splits) == {"train", "valid", "test"} and a.splits["valid"] != a.splits["test"]
     assert load_corpus("synthetic-recall").fingerprint != load_corpus("synthetic-recall:seed=1").fingerprint
@@ -260,7 +289,9 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config):
 
 def test_speed_rows_have_the_agreed_fields():
     sizes = TransformerXLConfig(vocab_size=50, n_layer=1, n_head=2, d_head=8, d_model=16, d_inner=32)
-    result = speed_benchmark(lengths=(8, 16), model=sizes, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False)
+    result = speed_benchmark(
+        lengths=(8, 16), model=sizes, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+    )
     rows = result.as_dict()["rows"]
     assert [r["length"] for r in rows] == [8, 16]
     for row in rows:
@@ -274,9 +305,17 @@ def test_speed_rows_have_the_agreed_fields():
 
 
 def test_report_helpers():
-    assert plain({"a": (1, float("inf")), "b": np.float64(2.5), 3: np.int64(4)}) == {"a": [1, None], "b": 2.5, "3": 4}
+    assert plain({"a": (1, float("inf")), "b": np.float64(2.5), 3: np.int64(4)}) == {
+        "a": [1, None],
+        "b": 2.5,
+        "3": 4,
+    }
     table = format_table(["name", "x"], [["a", 1.5], ["bb", None]]).splitlines()
-    assert table[0].split() == ["name", "x"] and table[2].split() == ["a", "1.5000"] and table[3].split() == ["bb", "-"]
+    assert (
+        table[0].split() == ["name", "x"]
+        and table[2].split() == ["a", "1.5000"]
+        and table[3].split() == ["bb", "-"]
+    )
     assert parse_ints("0, 8,16", name="--lengths") == (0, 8, 16)
     with pytest.raises(ConfigError, match="--lengths"):
         parse_ints("8,x", name="--lengths")

@@ -30,16 +30,35 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _overrides(corpus: Path) -> list[str]:
-    sets = [f"data.corpus={json.dumps(str(corpus))}", "train.steps=12", "train.eval_every=6",
-            "train.checkpoint_every=4", "train.log_every=2"]
+    sets = [
+        f"data.corpus={json.dumps(str(corpus))}",
+        "train.steps=12",
+        "train.eval_every=6",
+        "train.checkpoint_every=4",
+        "train.log_every=2",
+    ]
     return [arg for s in sets for arg in ("--set", s)]
 
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory, corpus) -> Path:
     out = tmp_path_factory.mktemp("compare")
-    assert main(["compare", "--config", "tiny", *_overrides(corpus), "--out", str(out), "--quiet",
-                 "--sample-tokens", "20"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--config",
+                "tiny",
+                *_overrides(corpus),
+                "--out",
+                str(out),
+                "--quiet",
+                "--sample-tokens",
+                "20",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -54,13 +73,19 @@ def test_compare_reports_the_three_rows_side_by_side(compared):
             assert isinstance(results[name][key], float), (name, key)
     xl, vanilla, sliding = results["xl"], results["vanilla"], results["vanilla_sliding"]
     assert vanilla["val_tokens"] == sliding["val_tokens"] == xl["val_tokens"]  # every token once
-    assert results["relative"]["vanilla"]["val_loss"] == pytest.approx((xl["val_loss"] - vanilla["val_loss"])
-                                                                        / vanilla["val_loss"])
+    assert results["relative"]["vanilla"]["val_loss"] == pytest.approx(
+        (xl["val_loss"] - vanilla["val_loss"]) / vanilla["val_loss"]
+    )
     assert results["throughput"]["ratio_xl_over_vanilla"] == pytest.approx(
-        xl["train_tokens_per_s"] / vanilla["train_tokens_per_s"])
+        xl["train_tokens_per_s"] / vanilla["train_tokens_per_s"]
+    )
     assert (sliding["window"], sliding["stride"]) == (16, 1)
-    assert xl["eval"]["tgt_len"] == 64 and vanilla["eval"] == {"tgt_len": 16, "mem_len": 0, "clamp_len": None,
-                                                                "same_length": False}
+    assert xl["eval"]["tgt_len"] == 64 and vanilla["eval"] == {
+        "tgt_len": 16,
+        "mem_len": 0,
+        "clamp_len": None,
+        "same_length": False,
+    }
     for figure in ("valid_curves.png", "train_curves.png"):
         assert (compared / figure).stat().st_size > 1000
     samples = (compared / "samples.md").read_text()
@@ -75,7 +100,9 @@ def test_compare_evaluates_the_vanilla_model_on_its_training_segments(compared):
     assert _results(compared)["vanilla"]["val_loss"] == pytest.approx(as_trained.loss, rel=1e-6)
 
 
-def test_compare_again_reuses_finished_runs_and_resumes_an_interrupted_one(compared, corpus, tmp_path, capsys):
+def test_compare_again_reuses_finished_runs_and_resumes_an_interrupted_one(
+    compared, corpus, tmp_path, capsys
+):
     out = tmp_path / "again"
     config = vanilla_baseline(apply_overrides(load_config("tiny"), _overrides(corpus)[1::2]))
 
@@ -85,8 +112,21 @@ def test_compare_again_reuses_finished_runs_and_resumes_an_interrupted_one(compa
 
     with pytest.raises(KeyboardInterrupt):
         train(config, out / "vanilla", progress=False, callbacks=(stop,))
-    assert latest_checkpoint(out / "vanilla").name == "step-00000008" and not (out / "vanilla" / "summary.json").exists()
-    argv = ["compare", "--config", "tiny", *_overrides(corpus), "--out", str(out), "--quiet", "--sample-tokens", "0"]
+    assert (
+        latest_checkpoint(out / "vanilla").name == "step-00000008"
+        and not (out / "vanilla" / "summary.json").exists()
+    )
+    argv = [
+        "compare",
+        "--config",
+        "tiny",
+        *_overrides(corpus),
+        "--out",
+        str(out),
+        "--quiet",
+        "--sample-tokens",
+        "0",
+    ]
     assert main(argv) == 0
     runs = _results(out)["runs"]
     assert runs == {"xl": "trained", "vanilla": "resumed"}
@@ -101,7 +141,10 @@ def test_compare_again_reuses_finished_runs_and_resumes_an_interrupted_one(compa
 
 def test_analyze_memory(compared, tmp_path):
     out = tmp_path / "memory"
-    assert main(["analyze", "memory", str(compared / "xl"), "--out", str(out), "--quiet", "--max-tokens", "500"]) == 0
+    assert (
+        main(["analyze", "memory", str(compared / "xl"), "--out", str(out), "--quiet", "--max-tokens", "500"])
+        == 0
+    )
     rows = _results(out)["rows"]
     assert [r["mem_len"] for r in rows] == [0, 4, 8, 16, 32, 64, 128]  # 0 .. 8x the training memory of 16
     assert all({"mem_len", "loss", "ppl"} <= set(r) for r in rows)
@@ -110,8 +153,26 @@ def test_analyze_memory(compared, tmp_path):
 
 def test_analyze_recl(compared, tmp_path):
     out = tmp_path / "recl"
-    assert main(["analyze", "recl", str(compared / "xl"), str(compared / "vanilla"), "--lengths", "4,8,16",
-                 "--delta", "4", "--max-tokens", "300", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "recl",
+                str(compared / "xl"),
+                str(compared / "vanilla"),
+                "--lengths",
+                "4,8,16",
+                "--delta",
+                "4",
+                "--max-tokens",
+                "300",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     results = _results(out)
     assert [m["run"] for m in results["models"]] == [str(compared / "xl"), str(compared / "vanilla")]
     for model in results["models"]:
@@ -123,8 +184,21 @@ def test_analyze_recl(compared, tmp_path):
 
 def test_analyze_attention(compared, tmp_path):
     out = tmp_path / "attention"
-    assert main(["analyze", "attention", str(compared / "xl"), "--max-tokens", "2000", "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "attention",
+                str(compared / "xl"),
+                "--max-tokens",
+                "2000",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     results = _results(out)
     assert len(results["layers"]) == 2 and len(results["distances"]) == 64 + 16  # K = eval memory + segment
     assert all(0 <= layer["memory_share"] <= 1 for layer in results["layers"])
@@ -133,9 +207,38 @@ def test_analyze_attention(compared, tmp_path):
 
 def test_analyze_speed(tmp_path):
     out = tmp_path / "speed"
-    assert main(["analyze", "speed", "--lengths", "8,16", "--segment", "4", "--tokens", "4", "--xl-tokens", "8",
-                 "--repeats", "1", "--n-layer", "1", "--d-model", "16", "--d-head", "8", "--n-head", "2",
-                 "--d-inner", "16", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "speed",
+                "--lengths",
+                "8,16",
+                "--segment",
+                "4",
+                "--tokens",
+                "4",
+                "--xl-tokens",
+                "8",
+                "--repeats",
+                "1",
+                "--n-layer",
+                "1",
+                "--d-model",
+                "16",
+                "--d-head",
+                "8",
+                "--n-head",
+                "2",
+                "--d-inner",
+                "16",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows = _results(out)["rows"]
     assert [r["length"] for r in rows] == [8, 16]
     assert all(set(r) >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"} for r in rows)
@@ -152,13 +255,32 @@ def test_analyze_recall(tmp_path):
 
 
 def test_the_recall_corpus_trains_from_the_command_line(tmp_path, capsys):
-    assert main(["train", "--config", "tiny", "--set", "data.corpus=synthetic-recall", "--set", "data.vocab=char",
-                 "--set", "train.steps=2", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--set",
+                "data.corpus=synthetic-recall",
+                "--set",
+                "data.vocab=char",
+                "--set",
+                "train.steps=2",
+                "--out",
+                str(tmp_path / "run"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert len(load_vocab(tmp_path / "run" / "vocab.json")) == 64 + 3  # <unk>, the symbols, | and newline
     capsys.readouterr()
 
 
-def test_missing_matplotlib_is_one_line_and_the_json_is_still_written(compared, tmp_path, monkeypatch, capsys):
+def test_missing_matplotlib_is_one_line_and_the_json_is_still_written(
+    compared, tmp_path, monkeypatch, capsys
+):
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):
@@ -168,18 +290,66 @@ def test_missing_matplotlib_is_one_line_and_the_json_is_still_written(compared, 
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     out = tmp_path / "noplots"
-    assert main(["analyze", "memory", str(compared / "xl"), "--lengths", "0,16", "--max-tokens", "200",
-                 "--out", str(out), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "analyze",
+                "memory",
+                str(compared / "xl"),
+                "--lengths",
+                "0,16",
+                "--max-tokens",
+                "200",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install 'txl[plots]'" in err
     assert [r["mem_len"] for r in _results(out)["rows"]] == [0, 16] and not (out / "memory.png").exists()
-    assert main(["analyze", "memory", str(compared / "xl"), "--lengths", "16", "--max-tokens", "200",
-                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "memory",
+                str(compared / "xl"),
+                "--lengths",
+                "16",
+                "--max-tokens",
+                "200",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
 
 
 def test_analyses_refuse_the_vanilla_run_where_they_need_memory(compared, tmp_path, capsys):
-    assert main(["analyze", "memory", str(compared / "vanilla"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    assert (
+        main(["analyze", "memory", str(compared / "vanilla"), "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    )
     assert "vanilla baseline" in capsys.readouterr().err
-    assert main(["compare", "--config", "tiny", "--set", "model.attention=\"absolute\"", "--set", "model.mem_len=0",
-                 "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--config",
+                "tiny",
+                "--set",
+                'model.attention="absolute"',
+                "--set",
+                "model.mem_len=0",
+                "--out",
+                str(tmp_path / "c"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "Transformer-XL" in capsys.readouterr().err

@@ -29,12 +29,18 @@ def test_the_notebook_runs_on_a_small_budget(tmp_path, monkeypatch):
     if SHARED_DATA.is_dir() and not os.environ.get("TXL_DATA_DIR"):
         monkeypatch.setenv("TXL_DATA_DIR", str(SHARED_DATA))  # the books corpus; without it, the stdlib
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     text = "".join(out.get("text", "") for cell in notebook.cells for out in cell.get("outputs", []))
     assert "perplexity" in text and "Transformer-XL (memory)" in text and "vanilla (sliding window)" in text
     assert "PROMPT:" in text and "VANILLA:" in text
     assert "exact recall" in text and "chance" in text
-    images = [out for cell in notebook.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    images = [
+        out
+        for cell in notebook.cells
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
     assert len(images) == 2  # the training curves and the recall figure

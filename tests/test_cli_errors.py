@@ -29,7 +29,16 @@ def _fails(capsys, argv: list[str], *fragments: str) -> str:
 
 
 def _train_args(out: Path, corpus: str, *sets: str) -> list[str]:
-    args = ["train", "--config", "tiny", "--out", str(out), "--quiet", "--set", f"data.corpus={json.dumps(corpus)}"]
+    args = [
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.corpus={json.dumps(corpus)}",
+    ]
     for item in sets:
         args += ["--set", item]
     return args
@@ -55,23 +64,35 @@ def test_split_shorter_than_one_segment(tmp_path, capsys):
 def test_non_utf8_word_corpus(tmp_path, capsys):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\u00e9 au lait\n".encode("latin-1") * 200)
-    _fails(capsys, _train_args(tmp_path / "out", str(bad), "data.vocab=\"word\""), "UTF-8", "latin1.txt")
+    _fails(capsys, _train_args(tmp_path / "out", str(bad), 'data.vocab="word"'), "UTF-8", "latin1.txt")
 
 
 def test_unknown_preset_field_and_invalid_values(tmp_path, capsys, text_corpus):
-    _fails(capsys, ["train", "--config", "no-such-preset", "--out", str(tmp_path / "o")], "no-such-preset", "tiny")
+    _fails(
+        capsys,
+        ["train", "--config", "no-such-preset", "--out", str(tmp_path / "o")],
+        "no-such-preset",
+        "tiny",
+    )
     _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "model.d_modle=64"), "model.d_modle")
     _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "optimizer.lr=1"), "optimizer")
     _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "model.d_model=33"), "model.d_model")
     _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "train.lr=-1"), "train.lr")
-    _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "model.attention=\"sliding\""), "model.attention")
+    _fails(
+        capsys, _train_args(tmp_path / "o", str(text_corpus), 'model.attention="sliding"'), "model.attention"
+    )
     _fails(capsys, _train_args(tmp_path / "o", str(text_corpus), "train.steps=many"), "train.steps")
     assert not (tmp_path / "o").exists()
 
 
 def test_output_folder_with_another_run_is_refused(tmp_path, capsys, text_corpus, trained_run_copy):
     before = snapshot(trained_run_copy)
-    _fails(capsys, _train_args(trained_run_copy, str(text_corpus), "train.steps=3"), "already holds a run", "--resume")
+    _fails(
+        capsys,
+        _train_args(trained_run_copy, str(text_corpus), "train.steps=3"),
+        "already holds a run",
+        "--resume",
+    )
     assert snapshot(trained_run_copy) == before
     assert main(_train_args(trained_run_copy, str(text_corpus), "train.steps=3") + ["--overwrite"]) == 0
     assert json.loads((trained_run_copy / "summary.json").read_text())["steps"] == 3
@@ -85,7 +106,11 @@ def test_damaged_checkpoint(trained_run_copy, capsys, damage):
         weights.write_bytes(b"\x00garbage" * 10 if damage == "corrupt" else data[: len(data) // 2])
     before = snapshot(trained_run_copy)
     _fails(capsys, ["eval", str(trained_run_copy), "--quiet"], "model.safetensors")
-    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"], "model.safetensors")
+    _fails(
+        capsys,
+        ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"],
+        "model.safetensors",
+    )
     assert snapshot(trained_run_copy) == before
 
 
@@ -106,12 +131,16 @@ def test_checkpoint_from_another_model_size(trained_run_copy, capsys):
     config["model"]["d_model"] = 64
     (trained_run_copy / "config.json").write_text(json.dumps(config))
     _fails(capsys, ["eval", str(trained_run_copy), "--quiet"], "another model size", "d_model")
-    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"], "another model size")
+    _fails(
+        capsys,
+        ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=20"],
+        "another model size",
+    )
 
 
 def test_generate_with_unknown_prompt_tokens(tmp_path, capsys, text_corpus):
     run_dir = tmp_path / "charrun"
-    assert main(_train_args(run_dir, str(text_corpus), "data.vocab=\"char\"", "train.steps=2")) == 0
+    assert main(_train_args(run_dir, str(text_corpus), 'data.vocab="char"', "train.steps=2")) == 0
     capsys.readouterr()
     _fails(capsys, ["generate", str(run_dir), "--prompt", "\u2603 snowman"], "\u2603")
 
@@ -125,36 +154,51 @@ def test_runs_that_do_not_exist(tmp_path, capsys):
 
 def test_resuming_a_finished_run_asks_for_more_steps(trained_run_copy, capsys):
     before = snapshot(trained_run_copy)
-    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet"], "already finished 10 steps", "train.steps")
+    _fails(
+        capsys,
+        ["train", "--resume", str(trained_run_copy), "--quiet"],
+        "already finished 10 steps",
+        "train.steps",
+    )
     assert snapshot(trained_run_copy) == before
-    _fails(capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "model.d_model=64"], "model")
+    _fails(
+        capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "model.d_model=64"], "model"
+    )
     assert main(["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=12"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 12
     # The schedule changes under the resumed run: said in one line, not a Python warning with its source line
-    assert captured.err.startswith("txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate")
+    assert captured.err.startswith(
+        "txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate"
+    )
     assert len(captured.err.splitlines()) == 1
     finals = [json.loads(line) for line in (trained_run_copy / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["eval", "RUN", "--tgt-len", "0"], "--tgt-len must be a positive integer, got 0"),
-    (["eval", "RUN", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
-    (["eval", "RUN", "--max-tokens", "-5"], "--max-tokens must be a positive integer, got -5"),
-    (["eval", "RUN", "--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
-    (["eval", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
-    (["eval", "RUN", "--clamp-len", "0"], "--clamp-len must be a positive integer, got 0"),
-    (["eval", "RUN", "--tgt-len", "abc"], "--tgt-len must be a positive integer, got abc"),
-    (["generate", "RUN", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer >= 0, got -1"),
-    (["generate", "RUN", "--top-k", "0"], "--top-k must be a positive integer, got 0"),
-    (["generate", "RUN", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
-    (["generate", "RUN", "--top-p", "nan"], "--top-p must be a number in (0, 1], got nan"),
-    (["generate", "RUN", "--temperature", "-1"], "--temperature must be a number >= 0 (0 is greedy), got -1"),
-    (["generate", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
-    (["demo", "--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["demo", "--minutes", "0"], "--minutes must be a positive number, got 0"),
-])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["eval", "RUN", "--tgt-len", "0"], "--tgt-len must be a positive integer, got 0"),
+        (["eval", "RUN", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+        (["eval", "RUN", "--max-tokens", "-5"], "--max-tokens must be a positive integer, got -5"),
+        (["eval", "RUN", "--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
+        (["eval", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
+        (["eval", "RUN", "--clamp-len", "0"], "--clamp-len must be a positive integer, got 0"),
+        (["eval", "RUN", "--tgt-len", "abc"], "--tgt-len must be a positive integer, got abc"),
+        (["generate", "RUN", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer >= 0, got -1"),
+        (["generate", "RUN", "--top-k", "0"], "--top-k must be a positive integer, got 0"),
+        (["generate", "RUN", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+        (["generate", "RUN", "--top-p", "nan"], "--top-p must be a number in (0, 1], got nan"),
+        (
+            ["generate", "RUN", "--temperature", "-1"],
+            "--temperature must be a number >= 0 (0 is greedy), got -1",
+        ),
+        (["generate", "RUN", "--mem-len", "-1"], "--mem-len must be an integer >= 0, got -1"),
+        (["demo", "--steps", "0"], "--steps must be a positive integer, got 0"),
+        (["demo", "--minutes", "0"], "--minutes must be a positive number, got 0"),
+    ],
+)
 def test_bad_flag_values_are_refused_naming_the_flag(tmp_path, capsys, argv, line):
     argv = [str(tmp_path / "run") if a == "RUN" else a for a in argv]
     assert _fails(capsys, argv) == f"txl: error: {line}"
@@ -187,8 +231,14 @@ def test_no_new_tokens_prints_the_prompt_only(trained_run, capsys):
 
 def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, capsys):
     run_dir = tmp_path / "same"
-    assert main(_train_args(run_dir, str(text_corpus), "train.steps=2", "model.same_length=true",
-                            "eval.same_length=true")) == 0
+    assert (
+        main(
+            _train_args(
+                run_dir, str(text_corpus), "train.steps=2", "model.same_length=true", "eval.same_length=true"
+            )
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0"]) == 0
     captured = capsys.readouterr()
@@ -198,9 +248,15 @@ def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, caps
     assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0", "--no-same-length"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and json.loads(captured.out)["loss"] == record["loss"]
-    _fails(capsys, ["eval", str(run_dir), "--quiet", "--mem-len", "0", "--same-length"], "--same-length",
-           "--mem-len 0")
-    assert main(["generate", str(run_dir), "--mem-len", "0", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    _fails(
+        capsys,
+        ["eval", str(run_dir), "--quiet", "--mem-len", "0", "--same-length"],
+        "--same-length",
+        "--mem-len 0",
+    )
+    assert (
+        main(["generate", str(run_dir), "--mem-len", "0", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    )
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "txl: note: --mem-len 0: same_length turned off (it needs a memory)"
     assert len(err) == 2 and err[1].startswith("txl: 5 tokens in")
@@ -220,20 +276,30 @@ def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_unavailable_device_names_the_flag(trained_run, text_corpus, tmp_path, capsys):
     for command in ("eval", "generate"):
-        assert _fails(capsys, [command, str(trained_run), "--device", "cuda"]) == \
-            "txl: error: --device cuda: CUDA is not available on this machine"
+        assert (
+            _fails(capsys, [command, str(trained_run), "--device", "cuda"])
+            == "txl: error: --device cuda: CUDA is not available on this machine"
+        )
     _fails(capsys, ["eval", str(trained_run), "--device", "gpu0"], "--device gpu0")
-    _fails(capsys, _train_args(tmp_path / "cuda", str(text_corpus), "train.device=\"cuda\""),
-           "train.device: CUDA is not available")
+    _fails(
+        capsys,
+        _train_args(tmp_path / "cuda", str(text_corpus), 'train.device="cuda"'),
+        "train.device: CUDA is not available",
+    )
 
 
 def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, text_corpus):
     run_dir = tmp_path / "wordrun"
-    assert main(_train_args(run_dir, str(text_corpus), "data.vocab=\"word\"", "train.steps=2")) == 0
+    assert main(_train_args(run_dir, str(text_corpus), 'data.vocab="word"', "train.steps=2")) == 0
     capsys.readouterr()
-    assert main(["generate", str(run_dir), "--prompt", "import zzyzx textwrap qwxq", "--max-new-tokens", "3"]) == 0
+    assert (
+        main(["generate", str(run_dir), "--prompt", "import zzyzx textwrap qwxq", "--max-new-tokens", "3"])
+        == 0
+    )
     captured = capsys.readouterr()
-    assert captured.out.startswith("import <unk> textwrap <unk> ")  # the prompt as the model reads it, new words
+    assert captured.out.startswith(
+        "import <unk> textwrap <unk> "
+    )  # the prompt as the model reads it, new words
     err = captured.err.splitlines()
     assert err[0] == "txl: warning: 2 prompt word(s) not in the vocabulary, read as <unk>: 'zzyzx', 'qwxq'"
     assert len(err) == 2 and err[1].startswith("txl: 3 tokens in")
@@ -242,11 +308,22 @@ def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, te
     from txl.runs import load_run
 
     vocab = load_run(run_dir).vocab
-    argv = ["generate", str(run_dir), "--prompt", "import zzyzx textwrap", "--max-new-tokens", "6", "--greedy"]
+    argv = [
+        "generate",
+        str(run_dir),
+        "--prompt",
+        "import zzyzx textwrap",
+        "--max-new-tokens",
+        "6",
+        "--greedy",
+    ]
     assert main(argv) == 0
     plain = capsys.readouterr().out
     new_words = plain.split()[3:]
-    assert len(new_words) >= 1 and plain == vocab.decode(vocab.encode("import zzyzx textwrap " + " ".join(new_words))) + "\n"
+    assert (
+        len(new_words) >= 1
+        and plain == vocab.decode(vocab.encode("import zzyzx textwrap " + " ".join(new_words))) + "\n"
+    )
     assert main([*argv, "--stream", "--num-samples", "2"]) == 0
     captured = capsys.readouterr()
     samples = captured.out.split("=== sample 2/2 ===\n")

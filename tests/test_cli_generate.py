@@ -31,8 +31,22 @@ def char_run(tmp_path_factory) -> Path:
     corpus = folder / "corpus.txt"
     corpus.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 2, encoding="utf-8")
     run_dir = folder / "run"
-    code = main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet", "--set", "data.vocab=\"char\"",
-                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", "train.steps=12"])
+    code = main(
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--set",
+            'data.vocab="char"',
+            "--set",
+            f"data.corpus={json.dumps(str(corpus))}",
+            "--set",
+            "train.steps=12",
+        ]
+    )
     assert code == 0
     return run_dir
 
@@ -47,7 +61,7 @@ class _Stdout(io.StringIO):
 
     def flush(self) -> None:
         text = self.getvalue()
-        self.flushed.append(text[self._mark:])
+        self.flushed.append(text[self._mark :])
         self._mark = len(text)
 
 
@@ -66,38 +80,87 @@ def _reference(run: Path, prompt: str, n: int, *, samples: int = 1, seed: int = 
     """The library, without the CLI: samples drawn one after the other from one seeded generator."""
     loaded = load_run(run)
     generator = torch.Generator().manual_seed(seed)
-    return [generate_text(loaded.model, loaded.vocab, prompt, max_new_tokens=n, generator=generator, **sampling)
-            for _ in range(samples)]
+    return [
+        generate_text(loaded.model, loaded.vocab, prompt, max_new_tokens=n, generator=generator, **sampling)
+        for _ in range(samples)
+    ]
 
 
 def test_greedy_output_and_stream_print_the_same_text(char_run, capsys, monkeypatch):
-    plain, _, err = _generate(capsys, monkeypatch, char_run, "--prompt", "def wrap(", "--greedy",
-                              "--max-new-tokens", "40")
+    plain, _, err = _generate(
+        capsys, monkeypatch, char_run, "--prompt", "def wrap(", "--greedy", "--max-new-tokens", "40"
+    )
     [text] = _reference(char_run, "def wrap(", 40, temperature=0)
     assert plain == "def wrap(" + text + "\n"
     match = RATE.match(err.strip().splitlines()[-1])
     assert match and int(match.group(1)) == 40
 
-    streamed, pieces, _ = _generate(capsys, monkeypatch, char_run, "--prompt", "def wrap(", "--greedy",
-                                    "--max-new-tokens", "40", "--stream")
+    streamed, pieces, _ = _generate(
+        capsys,
+        monkeypatch,
+        char_run,
+        "--prompt",
+        "def wrap(",
+        "--greedy",
+        "--max-new-tokens",
+        "40",
+        "--stream",
+    )
     assert streamed == plain
     assert len(pieces) >= 40 and "".join(pieces) == streamed.rstrip("\n")  # flushed token by token
     # greedy ignores the seed; sampling does not
-    other_seed, _, _ = _generate(capsys, monkeypatch, char_run, "--prompt", "def wrap(", "--greedy",
-                                 "--max-new-tokens", "40", "--seed", "5")
+    other_seed, _, _ = _generate(
+        capsys,
+        monkeypatch,
+        char_run,
+        "--prompt",
+        "def wrap(",
+        "--greedy",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "5",
+    )
     assert other_seed == plain
-    sampled = {_generate(capsys, monkeypatch, char_run, "--prompt", "def wrap(", "--temperature", "1.5",
-                         "--max-new-tokens", "40", "--seed", str(s))[0] for s in range(3)}
+    sampled = {
+        _generate(
+            capsys,
+            monkeypatch,
+            char_run,
+            "--prompt",
+            "def wrap(",
+            "--temperature",
+            "1.5",
+            "--max-new-tokens",
+            "40",
+            "--seed",
+            str(s),
+        )[0]
+        for s in range(3)
+    }
     assert len(sampled) > 1
 
 
 def test_stop_text_ends_the_sample_and_cuts_the_output(char_run, capsys, monkeypatch):
     [text] = _reference(char_run, "class ", 60, temperature=0)
     stop = text[20:23]
-    cut = text[:text.index(stop)]
+    cut = text[: text.index(stop)]
     for stream_flag in ([], ["--stream"]):
-        out, pieces, err = _generate(capsys, monkeypatch, char_run, "--prompt", "class ", "--greedy",
-                                     "--max-new-tokens", "60", "--stop", stop, "--stop", "\u2603never", *stream_flag)
+        out, pieces, err = _generate(
+            capsys,
+            monkeypatch,
+            char_run,
+            "--prompt",
+            "class ",
+            "--greedy",
+            "--max-new-tokens",
+            "60",
+            "--stop",
+            stop,
+            "--stop",
+            "\u2603never",
+            *stream_flag,
+        )
         assert out == "class " + cut + "\n"
         tokens = int(RATE.match(err.strip().splitlines()[-1]).group(1))
         assert tokens == len(cut) + len(stop)  # generation stopped with the stop text, nothing after it
@@ -109,15 +172,29 @@ def test_prompt_file_equals_the_same_prompt_inline(char_run, capsys, monkeypatch
     prompt = "    def fill(self, text):\n        "
     path = tmp_path / "prompt.txt"
     path.write_text(prompt, encoding="utf-8")
-    from_file, _, _ = _generate(capsys, monkeypatch, char_run, "--prompt-file", str(path), "--greedy",
-                                "--max-new-tokens", "25")
-    inline, _, _ = _generate(capsys, monkeypatch, char_run, "--prompt", prompt, "--greedy", "--max-new-tokens", "25")
+    from_file, _, _ = _generate(
+        capsys, monkeypatch, char_run, "--prompt-file", str(path), "--greedy", "--max-new-tokens", "25"
+    )
+    inline, _, _ = _generate(
+        capsys, monkeypatch, char_run, "--prompt", prompt, "--greedy", "--max-new-tokens", "25"
+    )
     assert from_file == inline and from_file.startswith(prompt)
     assert from_file == prompt + _reference(char_run, prompt, 25, temperature=0)[0] + "\n"
 
 
 def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
-    flags = ["--prompt", "import ", "--max-new-tokens", "30", "--num-samples", "3", "--seed", "7", "--top-k", "20"]
+    flags = [
+        "--prompt",
+        "import ",
+        "--max-new-tokens",
+        "30",
+        "--num-samples",
+        "3",
+        "--seed",
+        "7",
+        "--top-k",
+        "20",
+    ]
     out, _, err = _generate(capsys, monkeypatch, char_run, *flags)
     texts = _reference(char_run, "import ", 30, samples=3, seed=7, temperature=1.0, top_k=20)
     assert out == "".join(f"=== sample {i + 1}/3 ===\nimport {t}\n" for i, t in enumerate(texts))
@@ -127,13 +204,16 @@ def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
     assert streamed == out
 
 
-@pytest.mark.parametrize(("flags", "fragments"), [
-    (["--prompt", "snow \u2603 and \u00e6"], ["\u2603", "\u00e6"]),
-    (["--prompt", "x", "--prompt-file", "p.txt"], ["--prompt-file"]),
-    (["--prompt-file", "missing.txt"], ["missing.txt"]),
-    (["--greedy", "--temperature", "0.7"], ["greedy", "0.7"]),
-    (["--num-samples", "0"], ["--num-samples"]),
-])
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (["--prompt", "snow \u2603 and \u00e6"], ["\u2603", "\u00e6"]),
+        (["--prompt", "x", "--prompt-file", "p.txt"], ["--prompt-file"]),
+        (["--prompt-file", "missing.txt"], ["missing.txt"]),
+        (["--greedy", "--temperature", "0.7"], ["greedy", "0.7"]),
+        (["--num-samples", "0"], ["--num-samples"]),
+    ],
+)
 def test_bad_generate_flags_give_one_line(char_run, capsys, tmp_path, flags, fragments):
     (tmp_path / "p.txt").write_text("x", encoding="utf-8")
     flags = [str(tmp_path / f) if f.endswith(".txt") else f for f in flags]
@@ -146,8 +226,13 @@ def test_bad_generate_flags_give_one_line(char_run, capsys, tmp_path, flags, fra
 @pytest.mark.slow
 def test_unknown_characters_from_the_command_line_without_traceback(char_run):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    result = subprocess.run([sys.executable, "-m", "txl", "generate", str(char_run), "--prompt", "caf\u00e9 \u2603",
-                             "--stream"], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "txl", "generate", str(char_run), "--prompt", "caf\u00e9 \u2603", "--stream"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "\u2603" in result.stderr

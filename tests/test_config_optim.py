@@ -32,13 +32,30 @@ def test_presets_load_and_round_trip():
         config = load_config(name)
         assert config_from_dict(config_to_dict(config)) == config
     sc = load_config("shakespeare-char")
-    assert (sc.model.n_layer, sc.model.n_head, sc.model.d_model, sc.train.batch_size, sc.train.tgt_len,
-            sc.train.steps, sc.model.dropout, sc.data.corpus) == (4, 4, 128, 12, 64, 2000, 0.0, "tinyshakespeare")
+    assert (
+        sc.model.n_layer,
+        sc.model.n_head,
+        sc.model.d_model,
+        sc.train.batch_size,
+        sc.train.tgt_len,
+        sc.train.steps,
+        sc.model.dropout,
+        sc.data.corpus,
+    ) == (4, 4, 128, 12, 64, 2000, 0.0, "tinyshakespeare")
 
 
 def test_overrides_parse_toml_values_and_reject_unknown_names():
-    config = apply_overrides(RunConfig(), ["train.steps=7", "train.lr=3e-4", "model.cutoffs=[10, 20]",
-                                           "model.attention=absolute", "model.clamp_len=null", "train.varlen=true"])
+    config = apply_overrides(
+        RunConfig(),
+        [
+            "train.steps=7",
+            "train.lr=3e-4",
+            "model.cutoffs=[10, 20]",
+            "model.attention=absolute",
+            "model.clamp_len=null",
+            "train.varlen=true",
+        ],
+    )
     assert config.train.steps == 7 and config.train.lr == 3e-4 and config.model.cutoffs == (10, 20)
     assert config.model.attention == "absolute" and config.model.clamp_len is None and config.train.varlen
     assert RunConfig().train.steps != 7  # the original is untouched
@@ -103,8 +120,14 @@ def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
     model = TransformerXL(config.model).double()
     tc = config.train
     stream = SegmentStream(tokens, batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed, name="train")
-    return Trainer(config, model=model, optimizer=configure_optimizer(model, tc), stream=stream,
-                   run=RunPaths(folder), progress=False)
+    return Trainer(
+        config,
+        model=model,
+        optimizer=configure_optimizer(model, tc),
+        stream=stream,
+        run=RunPaths(folder),
+        progress=False,
+    )
 
 
 def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
@@ -113,8 +136,16 @@ def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):
     tokens = np.random.default_rng(5).integers(0, 256, size=4000)
     grads = []
     for accum in (1, 2):
-        config = apply_overrides(RunConfig(), ["train.batch_size=4", f"train.accum_steps={accum}",
-                                               "train.tgt_len=8", "train.clip=null", "train.seed=3"])
+        config = apply_overrides(
+            RunConfig(),
+            [
+                "train.batch_size=4",
+                f"train.accum_steps={accum}",
+                "train.tgt_len=8",
+                "train.clip=null",
+                "train.seed=3",
+            ],
+        )
         config = dataclasses.replace(config, model=dataclasses.replace(tiny_config, vocab_size=256))
         trainer = _trainer(config, tokens, tmp_path / str(accum))
         batches = trainer.stream.batches()
@@ -133,7 +164,9 @@ def test_trainer_carries_memory_between_steps(tmp_path, tiny_config):
     """The second step's loss is the model's loss on the second batch given the first batch's memory, computed
     here by calling the model directly; without that memory it would differ (so a trainer that drops it fails)."""
     tokens = np.random.default_rng(6).integers(0, 256, size=2000)
-    config = apply_overrides(RunConfig(), ["train.batch_size=2", "train.tgt_len=8", "train.clip=null", "train.seed=1"])
+    config = apply_overrides(
+        RunConfig(), ["train.batch_size=2", "train.tgt_len=8", "train.clip=null", "train.seed=1"]
+    )
     # init_std 0.3 makes the attention sharp, so that the memory changes the loss markedly
     config = dataclasses.replace(config, model=dataclasses.replace(tiny_config, vocab_size=256, init_std=0.3))
     trainer = _trainer(config, tokens, tmp_path)

@@ -171,8 +171,23 @@ def test_cli_data_download(server, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("txl: error:") and "sha" in err[0].lower()
     assert not (tmp_path / "wikitext-2" / "wiki.train.tokens").exists()
     digest = hashlib.sha256(archive).hexdigest()
-    assert main(["data", "download", "wikitext-2", "--dest", str(tmp_path), "--url", url, "--sha256", digest,
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "download",
+                "wikitext-2",
+                "--dest",
+                str(tmp_path),
+                "--url",
+                url,
+                "--sha256",
+                digest,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     folder = capsys.readouterr().out.strip()
     assert folder == str(tmp_path / "wikitext-2")
     corpus = load_corpus("wikitext-2", data_dir=tmp_path)

@@ -16,18 +16,25 @@ from txl.data import encode_split, load_corpus
 from txl.data.corpora import CorpusError
 from txl.data.vocab import WordVocab
 
-datasets = pytest.importorskip("datasets", reason="hf: corpora need Hugging Face datasets: pip install 'txl[datasets]'")
+datasets = pytest.importorskip(
+    "datasets", reason="hf: corpora need Hugging Face datasets: pip install 'txl[datasets]'"
+)
 
 ROWS = {
-    "train": ["", " = Valkyria Chronicles = \n", "", " the game is a tactical role @-@ playing game . \n"] * 30,
+    "train": ["", " = Valkyria Chronicles = \n", "", " the game is a tactical role @-@ playing game . \n"]
+    * 30,
     "validation": ["", " the game began development in 2010 . \n"] * 10,
     "test": [" the music was composed by Hitoshi Sakimoto . \n", ""] * 10,
 }
 
 
 def _save(tmp_path, name="wikitext-tiny", field="text", rows=ROWS):
-    data = datasets.DatasetDict({split: datasets.Dataset.from_dict({field: r, "id": list(range(len(r)))})
-                                 for split, r in rows.items()})
+    data = datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict({field: r, "id": list(range(len(r)))})
+            for split, r in rows.items()
+        }
+    )
     path = tmp_path / name
     data.save_to_disk(str(path))
     return path
@@ -65,10 +72,28 @@ def test_text_field_and_bad_folders(tmp_path):
 def test_train_and_eval_on_an_hf_disk_corpus(tmp_path, capsys):
     path = _save(tmp_path, name="notes", field="content")
     run_dir = tmp_path / "run"
-    code = main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", f"data.corpus={json.dumps(f'hf-disk:{path}')}", "--set", 'data.text_field="content"',
-                 "--set", "train.steps=2", "--set", "train.tgt_len=8", "--set", "train.batch_size=2",
-                 "--set", f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}"])
+    code = main(
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--set",
+            f"data.corpus={json.dumps(f'hf-disk:{path}')}",
+            "--set",
+            'data.text_field="content"',
+            "--set",
+            "train.steps=2",
+            "--set",
+            "train.tgt_len=8",
+            "--set",
+            "train.batch_size=2",
+            "--set",
+            f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--split", "test", "--quiet"]) == 0
@@ -78,9 +103,24 @@ def test_train_and_eval_on_an_hf_disk_corpus(tmp_path, capsys):
 def test_hub_unreachable_is_one_clear_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--quiet",
-         "--set", 'data.corpus="hf:txl-no-such-dataset:none"'],
-        capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "txl",
+            "train",
+            "--config",
+            "tiny",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+            "--set",
+            'data.corpus="hf:txl-no-such-dataset:none"',
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -40,7 +40,7 @@ def _table(out: str) -> list[str]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("validation and test bits per byte"))
     end = next(i for i, line in enumerate(lines) if line.startswith("Transformer-XL vs vanilla"))
-    return lines[start:end + 1]
+    return lines[start : end + 1]
 
 
 def test_demo_trains_both_models_and_prints_the_comparison(tmp_path, small_demo, capsys):
@@ -62,7 +62,9 @@ def test_the_same_steps_print_the_same_table(tmp_path, small_demo, capsys):
     demo.run_demo(tmp_path / "second", steps=6, progress=False)
     second = capsys.readouterr().out
     assert _table(first) == _table(second) and len(_table(first)) == 5
-    assert [line for line in _table(first) if line.startswith(("transformer-xl", "vanilla"))][0].split()[2] == "6"
+    assert [line for line in _table(first) if line.startswith(("transformer-xl", "vanilla"))][0].split()[
+        2
+    ] == "6"
     demo.run_demo(tmp_path / "first", steps=5, progress=False)  # a second demo in a folder replaces the first
     assert json.loads((tmp_path / "first" / "transformer-xl" / "summary.json").read_text())["steps"] == 5
 

@@ -40,13 +40,24 @@ pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 40
 RELATIVE = 1e-5  # see the module's docstring
-COMMON = ("train.log_every=1", "train.eval_every=20", "train.checkpoint_every=10", "train.batch_size=4",
-          "train.tgt_len=16", "eval.batch_size=8", "eval.tgt_len=32", "train.eval_tokens=1000")
+COMMON = (
+    "train.log_every=1",
+    "train.eval_every=20",
+    "train.checkpoint_every=10",
+    "train.batch_size=4",
+    "train.tgt_len=16",
+    "eval.batch_size=8",
+    "eval.tgt_len=32",
+    "train.eval_tokens=1000",
+)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _torchrun(*args: str) -> list[str]:
@@ -54,8 +65,16 @@ def _torchrun(*args: str) -> list[str]:
 
 
 def _train_args(corpus: Path, out: Path, *overrides: str) -> list[str]:
-    args = ["train", "--config", "tiny", "--out", str(out), "--quiet", "--set",
-            f"data.corpus={json.dumps(str(corpus))}"]
+    args = [
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.corpus={json.dumps(str(corpus))}",
+    ]
     for item in (*COMMON, *overrides):
         args += ["--set", item]
     return args
@@ -70,8 +89,20 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """The same 40 steps trained by 2 processes (``txl train --nproc 2``, which launches torchrun) and by 1."""
     folder = tmp_path_factory.mktemp("ddp")
     corpus = write_text_corpus(folder / "corpus.txt")
-    proc = subprocess.run([sys.executable, "-m", "txl", *_train_args(corpus, folder / "two", f"train.steps={STEPS}"),
-                           "--nproc", "2"], env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "txl",
+            *_train_args(corpus, folder / "two", f"train.steps={STEPS}"),
+            "--nproc",
+            "2",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count('"status": "completed"') == 1  # rank 0 alone prints the summary
     torch.manual_seed(0)
@@ -90,7 +121,9 @@ def test_two_processes_follow_the_one_process_loss_trajectory(runs):
     valid_two = [r for r in read_metrics(runs["two"]) if r["split"] == "valid"]
     valid_one = [r for r in read_metrics(runs["one"]) if r["split"] == "valid"]
     assert [r["tokens"] for r in valid_two] == [r["tokens"] for r in valid_one]
-    assert all(abs(a["loss"] - b["loss"]) <= RELATIVE * b["loss"] for a, b in zip(valid_two, valid_one, strict=True))
+    assert all(
+        abs(a["loss"] - b["loss"]) <= RELATIVE * b["loss"] for a, b in zip(valid_two, valid_one, strict=True)
+    )
     summary = json.loads((runs["two"] / "summary.json").read_text())
     assert summary["tokens"] == STEPS * 4 * 16 and summary["status"] == "completed"
     folder = latest_checkpoint(runs["two"])
@@ -122,7 +155,9 @@ def _worker_pid(root: int, rank: int, timeout: float = 120) -> int:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"RANK={rank}".encode() in environ and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ):
+            if f"RANK={rank}".encode() in environ and any(
+                e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ
+            ):
                 return pid
         time.sleep(0.05)
     raise AssertionError(f"no worker of rank {rank} under pid {root}")
@@ -151,8 +186,13 @@ def test_sigterm_on_one_rank_saves_once_and_resumes_on_two_or_one_process(runs, 
     assert max(train_losses(stopped)) == step  # every rank stopped at the same step
 
     again = Path(shutil.copytree(stopped, tmp_path / "again"))
-    proc = subprocess.run(_torchrun("-m", "txl", "train", "--resume", str(again), "--quiet"), env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        _torchrun("-m", "txl", "train", "--resume", str(again), "--quiet"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert train_losses(again) == train_losses(runs["two"])  # identical floats, every step
 
@@ -167,8 +207,12 @@ def test_with_dropout_each_rank_resumes_its_own_random_state(runs, tmp_path):
     """A 2-process run with dropout, and a copy cut back to its step-10 checkpoint (what a SIGKILL after that
     checkpoint leaves) resumed on 2 processes: the same floats, so each rank's dropout draws continued; on
     1 process a warning says that they cannot."""
-    args = _train_args(runs["corpus"], tmp_path / "run", "train.steps=20", "model.dropout=0.2", "train.eval_every=0")
-    proc = subprocess.run(_torchrun("-m", "txl", *args), env=_env(), capture_output=True, text=True, timeout=300)
+    args = _train_args(
+        runs["corpus"], tmp_path / "run", "train.steps=20", "model.dropout=0.2", "train.eval_every=0"
+    )
+    proc = subprocess.run(
+        _torchrun("-m", "txl", *args), env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     states = load_file(str(tmp_path / "run" / "checkpoints" / "step-00000010" / "state.safetensors"))
     assert not torch.equal(states["rng.rank.0.torch"], states["rng.rank.1.torch"])  # each rank its own masks
@@ -177,8 +221,13 @@ def test_with_dropout_each_rank_resumes_its_own_random_state(runs, tmp_path):
         shutil.rmtree(cut / "checkpoints" / "step-00000020")
         shutil.rmtree(cut / "checkpoints" / "best")
         (cut / "summary.json").unlink()
-    proc = subprocess.run(_torchrun("-m", "txl", "train", "--resume", str(tmp_path / "cut"), "--quiet"),
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        _torchrun("-m", "txl", "train", "--resume", str(tmp_path / "cut"), "--quiet"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "run")
     with pytest.warns(ResumeWarning, match="saved by 2 process.*resumed on 1.*dropout masks"):
@@ -206,8 +255,13 @@ group.close()
 def test_evaluation_under_two_processes_equals_one_process(runs, tmp_path):
     script = tmp_path / "evaluate.py"
     script.write_text(EVALUATE)
-    proc = subprocess.run(_torchrun(str(script), str(runs["two"]), str(tmp_path / "result.json")), env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        _torchrun(str(script), str(runs["two"]), str(tmp_path / "result.json")),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads((tmp_path / "result.json").read_text())
     run = load_run(runs["two"], checkpoint="latest")
@@ -241,11 +295,15 @@ def test_a_rank_that_raises_ends_the_run_within_seconds_naming_rank_and_error(ru
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     raised = tmp_path / "raised_at"
-    cmd = _torchrun(str(script), str(raised), *_train_args(runs["corpus"], tmp_path / "run", "train.steps=100000"))
+    cmd = _torchrun(
+        str(script), str(raised), *_train_args(runs["corpus"], tmp_path / "run", "train.steps=100000")
+    )
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     ended = time.time()
     assert proc.returncode != 0
-    assert ended - float(raised.read_text()) < 20  # not the 10-minute collective timeout, nor torchrun's kill grace
+    assert (
+        ended - float(raised.read_text()) < 20
+    )  # not the 10-minute collective timeout, nor torchrun's kill grace
     root_cause = proc.stderr.split("Root Cause (first observed failure)")[1]
     assert "rank      : 1 (local_rank: 1)" in root_cause
     assert "RuntimeError: injected failure in rank 1" in root_cause
@@ -258,15 +316,37 @@ def test_rows_are_split_evenly_or_refused_naming_the_field():
         Distributed(rank=0, world_size=4).rows(6)
     with pytest.raises(TxlError, match=r"eval\.batch_size=3"):
         Distributed(rank=1, world_size=2).rows(3, field="eval.batch_size")
-    assert launch_command(2, ["train", "--resume", "x"])[-6:] == ["--nproc-per-node=2", "-m", "txl", "train",
-                                                                   "--resume", "x"]
+    assert launch_command(2, ["train", "--resume", "x"])[-6:] == [
+        "--nproc-per-node=2",
+        "-m",
+        "txl",
+        "train",
+        "--resume",
+        "x",
+    ]
 
 
 def test_nproc_refuses_a_batch_it_cannot_split_before_launching(tmp_path, capsys):
     from txl.cli import main
 
-    assert main(["train", "--nproc", "2", "--config", "tiny", "--out", str(tmp_path / "run"),
-                 "--set", "train.batch_size=3"]) == 2
-    assert capsys.readouterr().err == ("txl: error: train.batch_size=3 cannot be split over 2 processes: it must be "
-                                       "a multiple of the number of processes\n")
+    assert (
+        main(
+            [
+                "train",
+                "--nproc",
+                "2",
+                "--config",
+                "tiny",
+                "--out",
+                str(tmp_path / "run"),
+                "--set",
+                "train.batch_size=3",
+            ]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "txl: error: train.batch_size=3 cannot be split over 2 processes: it must be "
+        "a multiple of the number of processes\n"
+    )
     assert not (tmp_path / "run").exists()

@@ -27,8 +27,18 @@ def exported(tmp_path_factory):
     """A converted run (adaptive softmax, div_val 4, per-layer biases, same_length, clamp) and its export."""
     folder = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    config = TransformerXLConfig(vocab_size=len(WORDS), n_layer=3, n_head=2, d_head=8, d_model=32, d_inner=48,
-                                 d_embed=64, cutoffs=(20, 40, 80), div_val=4, mem_len=8)
+    config = TransformerXLConfig(
+        vocab_size=len(WORDS),
+        n_layer=3,
+        n_head=2,
+        d_head=8,
+        d_model=32,
+        d_inner=48,
+        d_embed=64,
+        cutoffs=(20, 40, 80),
+        div_val=4,
+        mem_len=8,
+    )
     model = TransformerXL(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -36,15 +46,32 @@ def exported(tmp_path_factory):
     torch.save(txl_to_original(model), folder / "model.pt")
     (folder / "vocab.txt").write_text("\n".join(WORDS) + "\n", encoding="utf-8")
     run_dir, out = folder / "run", folder / "model.onnx"
-    assert main(["convert", str(folder / "model.pt"), str(run_dir), "--mem-len", "8", "--clamp-len", "6",
-                 "--same-length", "--tgt-len", "5"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(folder / "model.pt"),
+                str(run_dir),
+                "--mem-len",
+                "8",
+                "--clamp-len",
+                "6",
+                "--same-length",
+                "--tgt-len",
+                "5",
+            ]
+        )
+        == 0
+    )
     return run_dir, out
 
 
 def test_export_cli_checks_against_onnxruntime(exported, capsys):
     run_dir, out = exported
     capsys.readouterr()
-    code = main(["export", str(run_dir), "--format", "onnx", "--out", str(out), "--tgt-len", "5", "--mem-len", "8"])
+    code = main(
+        ["export", str(run_dir), "--format", "onnx", "--out", str(out), "--tgt-len", "5", "--mem-len", "8"]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     record = json.loads(captured.out)
@@ -55,7 +82,12 @@ def test_export_cli_checks_against_onnxruntime(exported, capsys):
 
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["tokens", "memory_0", "memory_1", "memory_2"]
-    assert [o.name for o in session.get_outputs()] == ["log_probs", "new_memory_0", "new_memory_1", "new_memory_2"]
+    assert [o.name for o in session.get_outputs()] == [
+        "log_probs",
+        "new_memory_0",
+        "new_memory_1",
+        "new_memory_2",
+    ]
     model = load_run(run_dir).model
     for batch in (1, 4):  # the batch is dynamic: exported with 2 rows
         assert check_onnx(model, out, tgt_len=5, mem_len=8, segments=3, batch_size=batch, seed=batch) <= 1e-4

@@ -46,7 +46,9 @@ def _sets(corpus: Path, *extra: str) -> list[str]:
 
 def _leftovers(run_dir: Path) -> list[str]:
     """Temporary folders of checkpoint writes, and the lock, left in a run folder."""
-    found = [p.name for p in (run_dir / "checkpoints").glob(".*")] if (run_dir / "checkpoints").is_dir() else []
+    found = (
+        [p.name for p in (run_dir / "checkpoints").glob(".*")] if (run_dir / "checkpoints").is_dir() else []
+    )
     return found + ([".lock"] if (run_dir / ".lock").exists() else [])
 
 
@@ -170,14 +172,33 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
     folder is ever taken as a checkpoint (the losses would differ) and none is left behind."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    sets = _sets(text_corpus, "train.steps=8", "train.checkpoint_every=1", "train.eval_every=0", "train.log_every=1",
-                 "train.varlen=true", "model.dropout=0.1", "train.keep_last=2")
-    plan = {"runs": str(runs), "out": str(tmp_path / "result.json"), "sets": sets, "seed": 1234, "kills": 20,
-            "write_delay": 0.01}
+    sets = _sets(
+        text_corpus,
+        "train.steps=8",
+        "train.checkpoint_every=1",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "train.varlen=true",
+        "model.dropout=0.1",
+        "train.keep_last=2",
+    )
+    plan = {
+        "runs": str(runs),
+        "out": str(tmp_path / "result.json"),
+        "sets": sets,
+        "seed": 1234,
+        "kills": 20,
+        "write_delay": 0.01,
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", FORK_SERVER, str(tmp_path / "plan.json")], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SERVER, str(tmp_path / "plan.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["reference"] == 0, (runs / "reference.err").read_text()
@@ -212,7 +233,9 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
     assert resumed_from_checkpoint >= 5 and saw_half_written >= 1, result["trials"]
 
 
-def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(tmp_path, text_corpus, monkeypatch, capsys):
+def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(
+    tmp_path, text_corpus, monkeypatch, capsys
+):
     run = tmp_path / "run"
     real_save_file = ckpt.save_file
     calls = []
@@ -224,12 +247,20 @@ def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(tmp_path, t
         return real_save_file(tensors, filename, *args, **kwargs)
 
     monkeypatch.setattr(ckpt, "save_file", fills_up)
-    argv = ["train", "--config", "tiny", "--out", str(run), "--quiet",
-            *_sets(text_corpus, "train.steps=5", "train.checkpoint_every=1", "train.eval_every=0")]
+    argv = [
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(run),
+        "--quiet",
+        *_sets(text_corpus, "train.steps=5", "train.checkpoint_every=1", "train.eval_every=0"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"txl: error: cannot write checkpoint step-00000003 in {run / 'checkpoints'}: "
-                   "No space left on device"]
+    assert err == [
+        f"txl: error: cannot write checkpoint step-00000003 in {run / 'checkpoints'}: No space left on device"
+    ]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
     assert _leftovers(run) == []
     assert load_run(run, checkpoint="latest").step == 2  # intact and loadable
@@ -239,14 +270,20 @@ def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(tmp_path, t
 
 def test_a_failed_write_reported_by_safetensors_is_a_checkpoint_error(tmp_path, monkeypatch):
     """safetensors reports its own I/O errors (a full disk, a file-size limit) as SafetensorError."""
+
     def fails(tensors, filename, *args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(ckpt, "save_file", fails)
     model = TransformerXL(TransformerXLConfig(vocab_size=20, n_layer=1, d_model=8, d_head=4, d_inner=8))
-    with pytest.raises(CheckpointError, match=r"^cannot write checkpoint best in .*: Error while serializing: "
-                                              r"I/O error: No space left on device \(os error 28\)$"):
-        save_checkpoint(tmp_path / "best", model=model, optimizer=None, memory=None, state=TrainingState(), meta={})
+    with pytest.raises(
+        CheckpointError,
+        match=r"^cannot write checkpoint best in .*: Error while serializing: "
+        r"I/O error: No space left on device \(os error 28\)$",
+    ):
+        save_checkpoint(
+            tmp_path / "best", model=model, optimizer=None, memory=None, state=TrainingState(), meta={}
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -257,9 +294,16 @@ def _flip_byte(path: Path) -> None:
 
 
 def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus, capsys):
-    common = ("train.schedule=\"constant\"", "train.checkpoint_every=1", "train.eval_every=0", "train.log_every=1",
-              "model.dropout=0.1")
-    reference = train(run_config(text_corpus, "train.steps=6", *common), tmp_path / "reference", progress=False)
+    common = (
+        'train.schedule="constant"',
+        "train.checkpoint_every=1",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "model.dropout=0.1",
+    )
+    reference = train(
+        run_config(text_corpus, "train.steps=6", *common), tmp_path / "reference", progress=False
+    )
     run = tmp_path / "run"
     train(run_config(text_corpus, "train.steps=4", *common), run, progress=False)
     for name in ("step-00000004", "best"):  # both at step 4
@@ -268,8 +312,11 @@ def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus,
         load_run(run, checkpoint="latest")
     assert main(["eval", str(run), "--quiet"]) == 2
     assert "best/model.safetensors: checksum mismatch" in capsys.readouterr().err
-    with pytest.warns(ResumeWarning, match=r"step-00000004/model\.safetensors: checksum mismatch.*"
-                      r"resuming from the newest intact checkpoint step-00000003 \(step 3\)"):
+    with pytest.warns(
+        ResumeWarning,
+        match=r"step-00000004/model\.safetensors: checksum mismatch.*"
+        r"resuming from the newest intact checkpoint step-00000003 \(step 3\)",
+    ):
         summary = resume(run, overrides=("train.steps=6",), progress=False)
     assert summary["steps"] == 6 and summary["val_loss"] == reference["val_loss"]
     assert train_losses(run) == train_losses(tmp_path / "reference")
@@ -278,15 +325,20 @@ def test_a_flipped_byte_is_detected_and_resume_falls_back(tmp_path, text_corpus,
     for folder in (run / "checkpoints").iterdir():
         _flip_byte(folder / "state.safetensors")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    with pytest.raises(DamagedCheckpoint, match=r"state\.safetensors: checksum mismatch.*no intact checkpoint"):
+    with pytest.raises(
+        DamagedCheckpoint, match=r"state\.safetensors: checksum mismatch.*no intact checkpoint"
+    ):
         resume(run, overrides=("train.steps=8",), progress=False)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_checkpoints_without_checksums_still_load(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
-          progress=False)
+    train(
+        run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"),
+        run,
+        progress=False,
+    )
     meta = run / "checkpoints" / "step-00000002" / "state.json"
     document = json.loads(meta.read_text())
     assert set(document["files"]) == {"model.safetensors", "state.safetensors"}
@@ -319,4 +371,3 @@ def test_cuda_random_states_for_another_gpu_count_warn(tmp_path, monkeypatch):
         warnings.simplefilter("error", ResumeWarning)
         load_checkpoint(tmp_path / "ck", model=model)
     assert len(restored) == 1 and all(torch.equal(a, b) for a, b in zip(restored[0], fake, strict=True))
-

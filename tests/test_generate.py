@@ -20,8 +20,17 @@ V = 37
 
 def _model(**changes) -> TransformerXL:
     # init_std large enough that next-token scores are well separated (greedy has no near-ties)
-    fields = dict(vocab_size=V, n_layer=2, n_head=3, d_head=5, d_model=12, d_inner=20, mem_len=32,
-                  init_std=0.3, proj_init_std=0.3)
+    fields = dict(
+        vocab_size=V,
+        n_layer=2,
+        n_head=3,
+        d_head=5,
+        d_model=12,
+        d_inner=20,
+        mem_len=32,
+        init_std=0.3,
+        proj_init_std=0.3,
+    )
     fields.update(changes)
     return TransformerXL(TransformerXLConfig(**fields)).double().eval()
 
@@ -75,7 +84,7 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
     ref_tokens, ref_logits = _greedy_recompute(model, prompt, n)
 
     assert torch.equal(gen.tokens, ref_tokens)
-    assert torch.equal(gen.new_tokens, ref_tokens[:, prompt.shape[1]:])
+    assert torch.equal(gen.new_tokens, ref_tokens[:, prompt.shape[1] :])
     n_prompt_calls = 1 if prompt_chunk is None else math.ceil(prompt.shape[1] / prompt_chunk)
     assert len(spy.calls) == n_prompt_calls + n - 1  # the last sampled token is not fed
     for tokens, _, _ in spy.calls[n_prompt_calls:]:
@@ -131,7 +140,9 @@ def test_sampled_continuation_equals_one_sampled_call():
     one = generate(model, prompt, max_new_tokens=12, generator=torch.Generator().manual_seed(5), top_p=0.9)
     g = torch.Generator().manual_seed(5)
     first = generate(model, prompt, max_new_tokens=7, generator=g, top_p=0.9)
-    second = generate(model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=5, generator=g, top_p=0.9)
+    second = generate(
+        model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=5, generator=g, top_p=0.9
+    )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], dim=1), one.new_tokens)
 
 
@@ -165,24 +176,41 @@ def test_one_dimensional_prompt_is_one_row():
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
     model = _model()
     prompt = _prompt()
-    runs = [generate(model, prompt, max_new_tokens=10, temperature=1.3, top_k=10,
-                     generator=torch.Generator().manual_seed(7)).tokens for _ in range(2)]
+    runs = [
+        generate(
+            model,
+            prompt,
+            max_new_tokens=10,
+            temperature=1.3,
+            top_k=10,
+            generator=torch.Generator().manual_seed(7),
+        ).tokens
+        for _ in range(2)
+    ]
     assert torch.equal(runs[0], runs[1])
     greedy = generate(model, prompt, max_new_tokens=10, temperature=0).tokens
     assert torch.equal(greedy, _greedy_recompute(model, prompt, 10)[0])
-    top1 = generate(model, prompt, max_new_tokens=10, top_k=1, generator=torch.Generator().manual_seed(3)).tokens
+    top1 = generate(
+        model, prompt, max_new_tokens=10, top_k=1, generator=torch.Generator().manual_seed(3)
+    ).tokens
     assert torch.equal(top1, greedy)
-    tiny_p = generate(model, prompt, max_new_tokens=10, top_p=1e-9, generator=torch.Generator().manual_seed(3)).tokens
+    tiny_p = generate(
+        model, prompt, max_new_tokens=10, top_p=1e-9, generator=torch.Generator().manual_seed(3)
+    ).tokens
     assert torch.equal(tiny_p, greedy)
-    sampled = [generate(model, prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(s)).tokens
-               for s in range(3)]
+    sampled = [
+        generate(model, prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(s)).tokens
+        for s in range(3)
+    ]
     assert any(not torch.equal(s, greedy) for s in sampled)  # sampling is not secretly greedy
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.tensor([0.1, 0.4, 0.2, 0.3], dtype=torch.float64).log()
-    kept = {p: torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist()
-            for p in (0.3, 0.45, 0.75, 0.95, 1.0)}
+    kept = {
+        p: torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist()
+        for p in (0.3, 0.45, 0.75, 0.95, 1.0)
+    }
     assert kept == {0.3: [1], 0.45: [1, 3], 0.75: [1, 2, 3], 0.95: [0, 1, 2, 3], 1.0: [0, 1, 2, 3]}
     # kept entries are unchanged, dropped ones -inf, the input untouched
     out = filter_logits(logits, top_p=0.45)
@@ -203,7 +231,9 @@ def test_filters_break_ties_by_lower_id_and_compose():
     # top-k first, then top-p on the renormalised survivors: {1: 0.4, 3: 0.3} -> 0.57, 0.43
     logits = torch.tensor([[0.1, 0.4, 0.2, 0.3]]).log()
     assert torch.isfinite(filter_logits(logits, top_k=2, top_p=0.6)).tolist() == [[False, True, False, True]]
-    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=0.55)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, top_k=2, top_p=0.55)).tolist() == [
+        [False, True, False, False]
+    ]
     assert torch.equal(filter_logits(logits, top_k=10), logits)
     assert sample_next(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), temperature=0).tolist() == [1]
 
@@ -322,23 +352,26 @@ def test_generate_text_unknown_token_and_empty_prompt():
 # -- validation --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("prompt", "kwargs", "match"), [
-    (torch.zeros(1, 0, dtype=torch.long), {}, "empty"),
-    (torch.zeros(0, dtype=torch.long), {}, "empty"),
-    (torch.tensor([[1, V]]), {}, f"{V}.*vocab_size"),
-    (torch.tensor([[1, -1]]), {}, "-1"),
-    (torch.tensor([[1.0, 2.0]]), {}, "integer"),
-    (torch.zeros(1, 2, 3, dtype=torch.long), {}, "shape"),
-    (torch.tensor([[1, 2]]), {"max_new_tokens": 0}, "max_new_tokens"),
-    (torch.tensor([[1, 2]]), {"max_new_tokens": 2.0}, "max_new_tokens"),
-    (torch.tensor([[1, 2]]), {"temperature": -0.5}, "temperature"),
-    (torch.tensor([[1, 2]]), {"temperature": float("nan")}, "temperature"),
-    (torch.tensor([[1, 2]]), {"top_k": 0}, "top_k"),
-    (torch.tensor([[1, 2]]), {"top_p": 0.0}, "top_p"),
-    (torch.tensor([[1, 2]]), {"top_p": 1.5}, "top_p"),
-    (torch.tensor([[1, 2]]), {"prompt_chunk": 0}, "prompt_chunk"),
-    (torch.tensor([[1, 2]]), {"context": 0}, "context"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "match"),
+    [
+        (torch.zeros(1, 0, dtype=torch.long), {}, "empty"),
+        (torch.zeros(0, dtype=torch.long), {}, "empty"),
+        (torch.tensor([[1, V]]), {}, f"{V}.*vocab_size"),
+        (torch.tensor([[1, -1]]), {}, "-1"),
+        (torch.tensor([[1.0, 2.0]]), {}, "integer"),
+        (torch.zeros(1, 2, 3, dtype=torch.long), {}, "shape"),
+        (torch.tensor([[1, 2]]), {"max_new_tokens": 0}, "max_new_tokens"),
+        (torch.tensor([[1, 2]]), {"max_new_tokens": 2.0}, "max_new_tokens"),
+        (torch.tensor([[1, 2]]), {"temperature": -0.5}, "temperature"),
+        (torch.tensor([[1, 2]]), {"temperature": float("nan")}, "temperature"),
+        (torch.tensor([[1, 2]]), {"top_k": 0}, "top_k"),
+        (torch.tensor([[1, 2]]), {"top_p": 0.0}, "top_p"),
+        (torch.tensor([[1, 2]]), {"top_p": 1.5}, "top_p"),
+        (torch.tensor([[1, 2]]), {"prompt_chunk": 0}, "prompt_chunk"),
+        (torch.tensor([[1, 2]]), {"context": 0}, "context"),
+    ],
+)
 def test_invalid_inputs_raise(prompt, kwargs, match):
     kwargs = {"max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -368,7 +401,9 @@ def test_generate_text_reads_unknown_words_as_unk_with_a_warning():
     vocab = WordVocab.build(" ".join(words))  # <unk>, <eos> and 35 words: V symbols
     model = _model()
     with pytest.warns(UnknownTokensWarning, match=r"2 prompt word\(s\).*'foo', 'bar'"):
-        text = generate_text(model, vocab, "w1 foo w2 bar foo", max_new_tokens=3, temperature=0, include_prompt=True)
+        text = generate_text(
+            model, vocab, "w1 foo w2 bar foo", max_new_tokens=3, temperature=0, include_prompt=True
+        )
     assert text.startswith("w1 <unk> w2 <unk> <unk> ")
     unk = generate_text(model, vocab, "w1 <unk> w2 <unk> <unk>", max_new_tokens=3, temperature=0)
     assert text.endswith(unk)  # the same continuation as the prompt written with <unk>
@@ -387,13 +422,16 @@ def test_generate_text_with_no_new_tokens_returns_the_prompt():
         generate_text(model, vocab, "heZlo", max_new_tokens=0)
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"temperature": -0.5}, "temperature must be a finite number >= 0 (0 is greedy), got -0.5"),
-    ({"temperature": float("inf")}, "temperature must be a finite number >= 0 (0 is greedy), got inf"),
-    ({"top_k": 0}, "top_k must be a positive integer or None, got 0"),
-    ({"top_p": 1.5}, "top_p must be in (0, 1] or None, got 1.5"),
-    ({"top_p": True}, "top_p must be in (0, 1] or None, got True"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0 (0 is greedy), got -0.5"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0 (0 is greedy), got inf"),
+        ({"top_k": 0}, "top_k must be a positive integer or None, got 0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1] or None, got 1.5"),
+        ({"top_p": True}, "top_p must be in (0, 1] or None, got True"),
+    ],
+)
 def test_sampling_settings_are_checked_by_one_rule_in_config_and_generate(settings, message):
     from txl.config import GenerateConfig
 

@@ -24,14 +24,28 @@ VARIANTS = {
     "same_length": {"same_length": True},
     "clamp_len": {"clamp_len": 5},
     "adaptive": {"cutoffs": (12, 30), "div_val": 2, "d_embed": 16},
-    "pre_norm_same_length_clamp": {"pre_norm": True, "same_length": True, "clamp_len": 7, "share_rel_bias": False},
+    "pre_norm_same_length_clamp": {
+        "pre_norm": True,
+        "same_length": True,
+        "clamp_len": 7,
+        "share_rel_bias": False,
+    },
 }
 
 
 def _model(dtype=torch.float32, **changes) -> TransformerXL:
     # init_std large enough that next-token scores are well separated (greedy has no near-ties)
-    fields = dict(vocab_size=V, n_layer=2, n_head=3, d_head=8, d_model=16, d_inner=32, mem_len=12,
-                  init_std=0.3, proj_init_std=0.3)
+    fields = dict(
+        vocab_size=V,
+        n_layer=2,
+        n_head=3,
+        d_head=8,
+        d_model=16,
+        d_inner=32,
+        mem_len=12,
+        init_std=0.3,
+        proj_init_std=0.3,
+    )
     fields.update(changes)
     torch.manual_seed(0)
     model = TransformerXL(TransformerXLConfig(**fields))
@@ -54,7 +68,7 @@ def _reference_greedy(model, prompt, n, *, span=None, chunk=None):
     with torch.no_grad():
         step = prompt.shape[1] if chunk is None else chunk
         for start in range(0, prompt.shape[1], step):
-            out = model(prompt[:, start:start + step], memory=memory, span=span)
+            out = model(prompt[:, start : start + step], memory=memory, span=span)
             memory = out.memory
         logprobs = out.logits[:, -1]  # (B, V)
         for i in range(n):
@@ -98,7 +112,7 @@ def test_cache_equals_forward_with_memory_for_any_segment_lengths(variant):
         model.train(training)
         memory, cache, pos = start, KVCache(model.config, memory=start), 20
         for t in [1, 1, 5, 1, 13, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 30, 1, 1]:
-            segment, pos = tokens[:, pos:pos + t], pos + t
+            segment, pos = tokens[:, pos : pos + t], pos + t
             want = model(segment, memory=memory)
             got = model(segment, cache=cache)
             memory = want.memory
@@ -246,7 +260,9 @@ def test_stream_yields_what_generate_returns(settings):
     model = _model()
     prompt = _prompt(b=3)
     gen = generate(model, prompt, max_new_tokens=30, generator=torch.Generator().manual_seed(4), **settings)
-    steps = list(stream(model, prompt, max_new_tokens=30, generator=torch.Generator().manual_seed(4), **settings))
+    steps = list(
+        stream(model, prompt, max_new_tokens=30, generator=torch.Generator().manual_seed(4), **settings)
+    )
     assert len(steps) == 30 and all(s.shape == (3,) and s.dtype == torch.long for s in steps)
     assert torch.equal(torch.stack(steps, 1), gen.new_tokens)
     if settings.get("temperature") != 0:
@@ -276,8 +292,8 @@ def test_stop_ids_end_each_row_at_its_first_stop():
     assert gen.finished.tolist() == [f is not None for f in first]
     assert gen.new_tokens.shape[1] == (40 if None in first else max(ends))  # ends when every row has stopped
     for r in range(4):
-        assert torch.equal(gen.new_tokens[r, :ends[r]], free[r, :ends[r]])
-        assert (gen.new_tokens[r, ends[r]:] == PAD_ID).all()
+        assert torch.equal(gen.new_tokens[r, : ends[r]], free[r, : ends[r]])
+        assert (gen.new_tokens[r, ends[r] :] == PAD_ID).all()
     assert torch.equal(gen.tokens[:, :6], prompt)
     streamed = torch.stack(list(stream(model, prompt, max_new_tokens=40, temperature=0, stop_ids=stop)), 1)
     assert torch.equal(streamed, gen.new_tokens)
@@ -312,8 +328,9 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
     wide = Span(mem_len=80)
     whole_tokens, whole_scores, _ = _reference_greedy(model, prompt, n, span=wide)
     for chunk in (None, 7, 45):
-        got = generate(model, prompt, max_new_tokens=n, temperature=0, span=wide, prompt_chunk=chunk,
-                       return_scores=True)
+        got = generate(
+            model, prompt, max_new_tokens=n, temperature=0, span=wide, prompt_chunk=chunk, return_scores=True
+        )
         assert torch.equal(got.new_tokens, whole_tokens)
         torch.testing.assert_close(got.scores, whole_scores, atol=1e-5, rtol=0)
     assert not torch.equal(gen.new_tokens, whole_tokens)  # the short memory does forget (the test can fail)
@@ -339,8 +356,10 @@ def test_prompts_of_different_lengths_equal_one_row_at_a_time():
     short = generate(model, [rows[1], rows[3]], max_new_tokens=2, temperature=0)
     assert short.memory is None
     # sampling draws for all rows at once, in row order
-    sampled = [generate(model, rows, max_new_tokens=10, generator=torch.Generator().manual_seed(8)).new_tokens
-               for _ in range(2)]
+    sampled = [
+        generate(model, rows, max_new_tokens=10, generator=torch.Generator().manual_seed(8)).new_tokens
+        for _ in range(2)
+    ]
     assert torch.equal(sampled[0], sampled[1])
     steps = list(stream(model, rows, max_new_tokens=10, generator=torch.Generator().manual_seed(8)))
     assert torch.equal(torch.stack(steps, 1), sampled[0])
@@ -354,7 +373,9 @@ def test_continuing_with_the_returned_memory_equals_one_longer_generation(varian
     g = torch.Generator().manual_seed(1)
     first = generate(model, prompt, max_new_tokens=17, generator=g, top_k=5)
     assert first.memory.length == 12  # the memory after tokens[:, :-1], truncated to mem_len
-    second = generate(model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=13, generator=g, top_k=5)
+    second = generate(
+        model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=13, generator=g, top_k=5
+    )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], 1), one.new_tokens)
     for a, b in zip(second.memory.states, one.memory.states, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
@@ -365,8 +386,10 @@ def test_outputs_are_ordinary_tensors_usable_for_training():
     model = _model()
     gen = generate(model, _prompt(), max_new_tokens=5, temperature=0, return_scores=True)
     token = next(stream(model, _prompt(), max_new_tokens=5, temperature=0))
-    assert not any(t.is_inference() for t in (gen.tokens, gen.new_tokens, gen.scores, gen.lengths, token,
-                                               *gen.memory.states))
+    assert not any(
+        t.is_inference()
+        for t in (gen.tokens, gen.new_tokens, gen.scores, gen.lengths, token, *gen.memory.states)
+    )
     model.train()
     out = model(gen.tokens[:, :-1], memory=gen.memory, targets=gen.tokens[:, 1:])
     out.loss.mean().backward()

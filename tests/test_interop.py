@@ -69,9 +69,18 @@ def test_load_original_round_trip_matches_reference(tmp_path, tiny_config, varia
     loaded = load_original(path, pre_norm=config.pre_norm, mem_len=6, **kwargs).double()
     inferred = loaded.config
     assert (inferred.n_layer, inferred.n_head, inferred.d_head, inferred.d_model, inferred.d_inner) == (
-        config.n_layer, config.n_head, config.d_head, config.d_model, config.d_inner)
+        config.n_layer,
+        config.n_head,
+        config.d_head,
+        config.d_model,
+        config.d_inner,
+    )
     assert (inferred.vocab_size, inferred.cutoffs, inferred.div_val, inferred.tie_weights) == (
-        config.vocab_size, config.cutoffs, config.div_val, config.tie_weights)
+        config.vocab_size,
+        config.cutoffs,
+        config.div_val,
+        config.tie_weights,
+    )
     assert inferred.embed_dim == config.embed_dim
 
     tokens = torch.randint(0, config.vocab_size, (2, 8))
@@ -79,12 +88,21 @@ def test_load_original_round_trip_matches_reference(tmp_path, tiny_config, varia
     ours_mem, theirs_mem = None, None
     ref_state = {k: v.double() for k, v in state.items()}
     for start in (0, 4):  # two segments: the second reads memory
-        seg, tgt = tokens[:, start:start + 4], targets[:, start:start + 4]
+        seg, tgt = tokens[:, start : start + 4], targets[:, start : start + 4]
         out = loaded(seg, memory=ours_mem, targets=tgt)
-        ref_loss, theirs_mem = original_forward(ref_state, seg.t(), tgt.t(), theirs_mem, mem_len=6,
-                                                cutoffs=list(config.cutoffs), pre_lnorm=config.pre_norm)
+        ref_loss, theirs_mem = original_forward(
+            ref_state,
+            seg.t(),
+            tgt.t(),
+            theirs_mem,
+            mem_len=6,
+            cutoffs=list(config.cutoffs),
+            pre_lnorm=config.pre_norm,
+        )
         torch.testing.assert_close(out.loss, ref_loss.t(), rtol=0, atol=1e-10)
-        torch.testing.assert_close(out.loss, source.eval()(seg, memory=ours_mem, targets=tgt).loss, rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            out.loss, source.eval()(seg, memory=ours_mem, targets=tgt).loss, rtol=0, atol=1e-12
+        )
         # the original keeps n_layer + 1 states; its last (the final layer's output) is never read
         assert len(theirs_mem) == len(out.memory) + 1
         for ours, theirs in zip(out.memory.states, theirs_mem[:-1], strict=True):
@@ -99,9 +117,11 @@ def test_reference_same_length_and_clamp(tiny_config):
     tokens = torch.randint(0, 37, (1, 12))
     ours, theirs = None, None
     for start in range(0, 12, 4):
-        seg = tokens[:, start:start + 4]
+        seg = tokens[:, start : start + 4]
         out = model(seg, memory=ours, targets=seg)
-        ref, theirs = original_forward(state, seg.t(), seg.t(), theirs, mem_len=5, same_length=True, clamp_len=3)
+        ref, theirs = original_forward(
+            state, seg.t(), seg.t(), theirs, mem_len=5, same_length=True, clamp_len=3
+        )
         torch.testing.assert_close(out.loss, ref.t(), rtol=0, atol=1e-10)
         ours = out.memory
 

@@ -15,23 +15,55 @@ from txl.generate import generate
 from txl.interop import CheckpointError, config_from_hf, load_hf
 
 transformers = pytest.importorskip(
-    "transformers", reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'txl[test-ref]')")
+    "transformers",
+    reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'txl[test-ref]')",
+)
 if not hasattr(transformers, "TransfoXLLMHeadModel"):
-    pytest.skip(f"transformers {transformers.__version__} has no TransfoXL (removed after 4.35): "
-                "pip install transformers==4.35.2", allow_module_level=True)
+    pytest.skip(
+        f"transformers {transformers.__version__} has no TransfoXL (removed after 4.35): "
+        "pip install transformers==4.35.2",
+        allow_module_level=True,
+    )
 
-BASE = dict(vocab_size=120, d_model=32, n_head=2, d_head=8, d_inner=48, n_layer=3, dropout=0.0, dropatt=0.0,
-            eos_token_id=None)
+BASE = dict(
+    vocab_size=120,
+    d_model=32,
+    n_head=2,
+    d_head=8,
+    d_inner=48,
+    n_layer=3,
+    dropout=0.0,
+    dropatt=0.0,
+    eos_token_id=None,
+)
 VARIANTS = {
     # wt103-like: adaptive input and softmax, div_val 4, untied per-layer biases, same_length, clamp_len
-    "wt103-like": dict(cutoffs=[20, 40, 80], d_embed=64, div_val=4, untie_r=True, same_length=True,
-                       clamp_len=6, mem_len=8),
-    "shared biases, div_val 1, pre-norm": dict(cutoffs=[30, 60], d_embed=24, div_val=1, untie_r=False,
-                                               pre_lnorm=True, same_length=False, clamp_len=-1, mem_len=7),
-    "no adaptive softmax": dict(cutoffs=[], d_embed=32, div_val=1, untie_r=True, same_length=True,
-                                clamp_len=1000, mem_len=6),
-    "untied projections": dict(cutoffs=[50], d_embed=32, div_val=2, untie_r=True, same_length=False,
-                               clamp_len=3, mem_len=5, proj_share_all_but_first=False),
+    "wt103-like": dict(
+        cutoffs=[20, 40, 80], d_embed=64, div_val=4, untie_r=True, same_length=True, clamp_len=6, mem_len=8
+    ),
+    "shared biases, div_val 1, pre-norm": dict(
+        cutoffs=[30, 60],
+        d_embed=24,
+        div_val=1,
+        untie_r=False,
+        pre_lnorm=True,
+        same_length=False,
+        clamp_len=-1,
+        mem_len=7,
+    ),
+    "no adaptive softmax": dict(
+        cutoffs=[], d_embed=32, div_val=1, untie_r=True, same_length=True, clamp_len=1000, mem_len=6
+    ),
+    "untied projections": dict(
+        cutoffs=[50],
+        d_embed=32,
+        div_val=2,
+        untie_r=True,
+        same_length=False,
+        clamp_len=3,
+        mem_len=5,
+        proj_share_all_but_first=False,
+    ),
 }
 
 
@@ -43,7 +75,9 @@ def _hf_model(variant: str, *, seed: int = 0):
         model = transformers.TransfoXLLMHeadModel(config).eval()
     with torch.no_grad():  # biases start at 0 and norms at 1: make every tensor count, so a mix-up shows
         for name, p in model.named_parameters():
-            p.add_(0.3 * torch.randn_like(p) if ("bias" in name or "norm" in name or "cluster" in name) else 0)
+            p.add_(
+                0.3 * torch.randn_like(p) if ("bias" in name or "norm" in name or "cluster" in name) else 0
+            )
     return model
 
 
@@ -77,7 +111,7 @@ def test_load_hf_matches_transformers(tmp_path, variant, fmt, start):
         memory = Memory(tuple(torch.zeros(b, cfg.mem_len, d) for _ in range(cfg.n_layer)))
     with torch.no_grad():
         for start_at in range(0, 3 * t, t):  # three segments, memory carried
-            seg = tokens[:, start_at:start_at + t]
+            seg = tokens[:, start_at : start_at + t]
             expected, hf_mems = _hf_step(hf, seg, hf_mems)
             out = ours(seg, memory=memory)
             torch.testing.assert_close(out.logits, expected, rtol=0, atol=1e-5)
@@ -95,8 +129,9 @@ def test_greedy_generation_matches_transformers(tmp_path, variant):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    zeros = Memory(tuple(torch.zeros(2, ours.config.mem_len, BASE["d_model"])
-                         for _ in range(ours.config.n_layer)))  # HF starts from mem_len zero vectors
+    zeros = Memory(
+        tuple(torch.zeros(2, ours.config.mem_len, BASE["d_model"]) for _ in range(ours.config.n_layer))
+    )  # HF starts from mem_len zero vectors
     got = generate(ours, prompt, max_new_tokens=12, temperature=0.0, memory=zeros)
     assert expected.shape == got.tokens.shape
     assert torch.equal(got.tokens, expected)
@@ -109,8 +144,11 @@ def test_a_broken_mapping_is_caught(tmp_path, monkeypatch):
     hf = _hf_model("wt103-like")
     folder = _save(hf, tmp_path / "hf", "safetensors")
     original = interop._hf_biases
-    monkeypatch.setattr(interop, "_hf_biases", lambda s, c: dict(zip(("u", "v"), reversed(original(s, c).values()),
-                                                                       strict=True)))
+    monkeypatch.setattr(
+        interop,
+        "_hf_biases",
+        lambda s, c: dict(zip(("u", "v"), reversed(original(s, c).values()), strict=True)),
+    )
     broken = load_hf(folder)
     tokens = torch.randint(0, BASE["vocab_size"], (2, 5))
     with torch.no_grad():
@@ -127,7 +165,9 @@ def test_config_mapping_and_refusals(tmp_path):
     assert (cfg.mem_len, cfg.clamp_len, cfg.same_length, cfg.d_embed, cfg.tie_projs) == (8, 6, True, 64, True)
     assert config_from_hf({**data, "clamp_len": -1}).clamp_len is None
     assert config_from_hf({**data, "mem_len": 0}).same_length is False
-    older = {k: v for k, v in data.items() if k not in ("vocab_size", "tie_projs")}  # pytorch-pretrained-bert's keys
+    older = {
+        k: v for k, v in data.items() if k not in ("vocab_size", "tie_projs")
+    }  # pytorch-pretrained-bert's keys
     assert config_from_hf({**older, "n_token": 120, "proj_share_all_but_first": True}) == cfg
     assert load_hf(folder / "model.safetensors").config == cfg  # a file inside the folder names the folder
     with pytest.raises(CheckpointError, match="attn_type"):

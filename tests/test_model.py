@@ -24,8 +24,12 @@ def _model(config: TransformerXLConfig) -> TransformerXL:
 def _segments(model, tokens, targets, seg_len, memory=None, span=None):
     losses = []
     for start in range(0, tokens.shape[1], seg_len):
-        out = model(tokens[:, start:start + seg_len], memory=memory, targets=targets[:, start:start + seg_len],
-                    span=span)
+        out = model(
+            tokens[:, start : start + seg_len],
+            memory=memory,
+            targets=targets[:, start : start + seg_len],
+            span=span,
+        )
         losses.append(out.loss)
         memory = out.memory
     return torch.cat(losses, dim=1), memory
@@ -114,7 +118,9 @@ def test_scores_match_four_terms(tiny_config, m):
     # And the fused output is softmax(scores) @ values through the output projection.
     out = attn(x, memory=memory, context=context)
     cat = x if memory is None else torch.cat([memory, x], dim=1)
-    values = (cat @ attn.qkv.weight.chunk(3, dim=0)[2].t()).view(x.shape[0], -1, tiny_config.n_head, tiny_config.d_head)
+    values = (cat @ attn.qkv.weight.chunk(3, dim=0)[2].t()).view(
+        x.shape[0], -1, tiny_config.n_head, tiny_config.d_head
+    )
     mixed = torch.einsum("bhij,bjhd->bihd", naive.softmax(-1), values).reshape(*x.shape[:2], -1)
     torch.testing.assert_close(out, mixed @ attn.out.weight.t(), rtol=0, atol=1e-12)
 
@@ -140,8 +146,17 @@ def _naive_blocked(t: int, m: int, *, same_length: bool, mem_len: int) -> list[l
 @pytest.mark.parametrize(
     ("t", "m", "mem_len"),
     [(4, 6, 6), (4, 3, 6), (4, 1, 6), (4, 0, 6), (8, 0, 6), (8, 3, 6), (8, 6, 6), (1, 6, 6), (3, 2, 1)],
-    ids=["m=mem_len", "m<mem_len,K>mem_len", "K<mem_len", "m=0,T<mem_len", "m=0,T>mem_len",
-         "T>mem_len,m>0", "T>mem_len,m=mem_len", "one_query", "mem_len=1"],
+    ids=[
+        "m=mem_len",
+        "m<mem_len,K>mem_len",
+        "K<mem_len",
+        "m=0,T<mem_len",
+        "m=0,T>mem_len",
+        "T>mem_len,m>0",
+        "T>mem_len,m=mem_len",
+        "one_query",
+        "mem_len=1",
+    ],
 )
 @pytest.mark.parametrize("same_length", [True, False])
 def test_attention_mask_matches_the_rule_written_out(t, m, mem_len, same_length):
@@ -230,7 +245,7 @@ def test_memory_is_truncated_to_the_last_positions(tiny_config):
     tokens = torch.randint(0, config.vocab_size, (2, 9))
     memory, lengths, finals = None, [], []
     for start in range(0, 9, 3):
-        out = model(tokens[:, start:start + 3], memory=memory, return_hidden=True)
+        out = model(tokens[:, start : start + 3], memory=memory, return_hidden=True)
         memory = out.memory
         lengths.append(memory.length)
         finals.append(out.hidden)
@@ -297,7 +312,9 @@ def test_clamp_len_uses_the_clamped_distance_embedding(tiny_config):
 # 7. Adaptive softmax ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}])
+@pytest.mark.parametrize(
+    "extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}]
+)
 def test_adaptive_softmax_normalises_and_lines_up_with_targets(tiny_config, extra):
     model = _model(dataclasses.replace(tiny_config, **extra))
     hidden = torch.randn(50, tiny_config.d_model, dtype=torch.float64)
@@ -305,8 +322,9 @@ def test_adaptive_softmax_normalises_and_lines_up_with_targets(tiny_config, extr
     assert logp.shape == (50, tiny_config.vocab_size)
     torch.testing.assert_close(logp.exp().sum(-1), torch.ones(50, dtype=torch.float64), rtol=0, atol=1e-12)
     target = torch.randint(0, tiny_config.vocab_size, (50,))
-    torch.testing.assert_close(model.softmax.nll(hidden, target), -logp.gather(1, target[:, None])[:, 0],
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        model.softmax.nll(hidden, target), -logp.gather(1, target[:, None])[:, 0], rtol=0, atol=1e-12
+    )
     ignored = target.clone()
     ignored[::3] = -100
     nll = model.softmax.nll(hidden, ignored)
@@ -321,7 +339,9 @@ def test_no_cutoffs_is_a_full_softmax(tiny_config):
     torch.testing.assert_close(model.softmax.log_prob(hidden), expected, rtol=0, atol=1e-12)
     tokens = torch.randint(0, 37, (2, 6))
     out = model(tokens, targets=tokens, return_logits=True)
-    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits.transpose(1, 2), tokens, reduction="none"))
+    torch.testing.assert_close(
+        out.loss, F.cross_entropy(out.logits.transpose(1, 2), tokens, reduction="none")
+    )
 
 
 def test_tying_shares_parameters(tiny_config):
@@ -342,8 +362,12 @@ INIT_RULES = [  # (name pattern, expected mean, which std) as the authors' train
     (r"[uv]", 0.0, "init_std"),
     (r"(layers\.\d+\.(attn_norm|ff_norm)|norm)\.weight", 1.0, "init_std"),
     (r"softmax\.cluster_weight", 0.0, "init_std"),
-    (r"(layers\.\d+\.ff\.net\.[03]|softmax\.out_layers\.\d+|layers\.\d+\.(attn_norm|ff_norm)|norm)\.bias"
-     r"|softmax\.cluster_bias", 0.0, None),  # zeros
+    (
+        r"(layers\.\d+\.ff\.net\.[03]|softmax\.out_layers\.\d+|layers\.\d+\.(attn_norm|ff_norm)|norm)\.bias"
+        r"|softmax\.cluster_bias",
+        0.0,
+        None,
+    ),  # zeros
 ]
 
 
@@ -352,10 +376,24 @@ def test_initialisation_follows_the_original(tied):
     """Every parameter group has the authors' distribution: its sample mean within 5 standard errors of the
     expected mean, its sample std within 5 standard errors of the expected std, and (for large groups) about
     68.3% of its values within one std of the mean, as a normal distribution (a uniform one has 57.7%)."""
-    config = TransformerXLConfig(vocab_size=3000, n_layer=3, n_head=8, d_head=16, d_model=128, d_inner=256,
-                                 cutoffs=(600, 1500), div_val=2, d_embed=128, pre_norm=True, final_norm=True,
-                                 share_rel_bias=False, tie_weights=tied, tie_projs=tied,
-                                 init_std=0.05, proj_init_std=0.01)
+    config = TransformerXLConfig(
+        vocab_size=3000,
+        n_layer=3,
+        n_head=8,
+        d_head=16,
+        d_model=128,
+        d_inner=256,
+        cutoffs=(600, 1500),
+        div_val=2,
+        d_embed=128,
+        pre_norm=True,
+        final_norm=True,
+        share_rel_bias=False,
+        tie_weights=tied,
+        tie_projs=tied,
+        init_std=0.05,
+        proj_init_std=0.01,
+    )
     model = TransformerXL(config)
     groups: dict[int, list[torch.Tensor]] = {k: [] for k in range(len(INIT_RULES))}
     for name, param in model.named_parameters():  # tied parameters are listed once
@@ -405,7 +443,10 @@ def test_absolute_baseline_positions_only_at_input(tiny_config):
     h = h + sinusoid(torch.arange(7), config.d_model, dtype=torch.float64)
     for layer in model.layers:
         attn = layer.attn
-        q, k, v = (z.view(2, 7, config.n_head, config.d_head).transpose(1, 2) for z in (h @ attn.qkv.weight.t()).chunk(3, -1))
+        q, k, v = (
+            z.view(2, 7, config.n_head, config.d_head).transpose(1, 2)
+            for z in (h @ attn.qkv.weight.t()).chunk(3, -1)
+        )
         score = (q @ k.transpose(-1, -2)) / math.sqrt(config.d_head)
         score = score.masked_fill(torch.triu(torch.ones(7, 7, dtype=torch.bool), 1), float("-inf"))
         mixed = (score.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, -1) @ attn.out.weight.t()
@@ -432,7 +473,9 @@ def test_positions_tell_the_order_of_earlier_tokens(tiny_config, attention):
     if attention == "relative":  # control: with W_R = 0 the position term vanishes and the orders agree
         with torch.no_grad():
             model.layers[0].attn.r_net.weight.zero_()
-        torch.testing.assert_close(model(tokens).logits[:, 2:], model(swapped).logits[:, 2:], rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            model(tokens).logits[:, 2:], model(swapped).logits[:, 2:], rtol=0, atol=1e-12
+        )
 
 
 def test_relative_positions_reach_into_memory(tiny_config):
@@ -446,8 +489,9 @@ def test_relative_positions_reach_into_memory(tiny_config):
     assert diff.min() > 1e-5
     with torch.no_grad():  # control: without the position term the order of the memory is invisible
         model.layers[0].attn.r_net.weight.zero_()
-    torch.testing.assert_close(model(tokens, memory=memory).logits, model(tokens, memory=reordered).logits,
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        model(tokens, memory=memory).logits, model(tokens, memory=reordered).logits, rtol=0, atol=1e-12
+    )
 
 
 def test_absolute_baseline_rejects_memory(tiny_config):
@@ -492,8 +536,12 @@ def test_same_length_without_memory_is_rejected():
     TransformerXLConfig(attention="absolute", same_length=True, mem_len=0)  # the baseline ignores both
     with pytest.raises(ValueError, match=r"^same_length:.*mem_len"):
         EvalConfig(same_length=True, mem_len=0)
-    for ok in ({"same_length": True}, {"mem_len": 0}, {"same_length": True, "mem_len": 4},
-               {"same_length": False, "mem_len": 0}):
+    for ok in (
+        {"same_length": True},
+        {"mem_len": 0},
+        {"same_length": True, "mem_len": 4},
+        {"same_length": False, "mem_len": 0},
+    ):
         EvalConfig(**ok)  # one of them left to the model, or a harmless pair
 
 

@@ -34,10 +34,20 @@ class _Plain:
 def _hf_vocab_dict(symbols: list[str]) -> dict:
     """What TransfoXLTokenizer / the authors' Vocab pickle: their ``__dict__`` of plain containers."""
     counter = collections.Counter({s: 100 - i for i, s in enumerate(symbols)})
-    return {"special": ["<eos>"], "min_freq": 0, "max_size": None, "lower_case": False, "delimiter": None,
-            "vocab_file": None, "never_split": None, "counter": counter, "idx2sym": list(symbols),
-            "sym2idx": collections.OrderedDict((s, i) for i, s in enumerate(symbols)), "eos_idx": 0,
-            "unk_idx": symbols.index("<unk>")}
+    return {
+        "special": ["<eos>"],
+        "min_freq": 0,
+        "max_size": None,
+        "lower_case": False,
+        "delimiter": None,
+        "vocab_file": None,
+        "never_split": None,
+        "counter": counter,
+        "idx2sym": list(symbols),
+        "sym2idx": collections.OrderedDict((s, i) for i, s in enumerate(symbols)),
+        "eos_idx": 0,
+        "unk_idx": symbols.index("<unk>"),
+    }
 
 
 SYMBOLS = ["<eos>", "the", ",", ".", "of", "<unk>", "and", "in", "Valkyria", "=", "@-@", "é"]
@@ -77,7 +87,9 @@ def test_other_globals_and_tensors_are_refused(tmp_path):
         safe_load_file(path)
 
 
-@pytest.mark.parametrize("layout", ["pickle protocol 2", "pickle protocol 5", "torch.save legacy", "torch.save zip"])
+@pytest.mark.parametrize(
+    "layout", ["pickle protocol 2", "pickle protocol 5", "torch.save legacy", "torch.save zip"]
+)
 def test_plain_vocab_pickles_load(tmp_path, layout):
     data = _hf_vocab_dict(SYMBOLS)
     path = tmp_path / "vocab.pkl"
@@ -87,7 +99,9 @@ def test_plain_vocab_pickles_load(tmp_path, layout):
         torch.save(data, path, _use_new_zipfile_serialization=layout.endswith("zip"))
     loaded = safe_load_file(path)
     assert loaded == data
-    assert isinstance(loaded["counter"], collections.Counter) and isinstance(loaded["sym2idx"], collections.OrderedDict)
+    assert isinstance(loaded["counter"], collections.Counter) and isinstance(
+        loaded["sym2idx"], collections.OrderedDict
+    )
 
 
 def test_hf_vocab_becomes_a_word_vocab_with_the_same_ids(tmp_path):
@@ -106,7 +120,9 @@ def test_hf_vocab_becomes_a_word_vocab_with_the_same_ids(tmp_path):
 
 
 def test_vocab_txt_and_json_exports(tmp_path):
-    (tmp_path / "vocab.txt").write_text("".join(f"{s} {100 - i}\n" for i, s in enumerate(SYMBOLS)), encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text(
+        "".join(f"{s} {100 - i}\n" for i, s in enumerate(SYMBOLS)), encoding="utf-8"
+    )
     assert list(load_hf_vocab(tmp_path / "vocab.txt").symbols) == SYMBOLS
     (tmp_path / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(SYMBOLS)}), encoding="utf-8")
     assert list(load_hf_vocab(tmp_path / "vocab.json").symbols) == SYMBOLS

@@ -40,7 +40,9 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(run_dir):
-    app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_tokens=300, max_prompt_chars=5000))
+    app = create_app(
+        load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_tokens=300, max_prompt_chars=5000)
+    )
     with TestClient(app) as c:
         yield c
 
@@ -48,8 +50,14 @@ def client(run_dir):
 def _reference(run_dir: Path, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
     """The library's text for the same settings (one generator seeded with ``seed``)."""
     run = load_run(run_dir)
-    return generate_text(run.model, run.vocab, prompt, max_new_tokens=n,
-                         generator=torch.Generator().manual_seed(seed), **sampling)
+    return generate_text(
+        run.model,
+        run.vocab,
+        prompt,
+        max_new_tokens=n,
+        generator=torch.Generator().manual_seed(seed),
+        **sampling,
+    )
 
 
 def _stream(client, **body) -> tuple[list[dict], list[str]]:
@@ -65,23 +73,33 @@ def _stream(client, **body) -> tuple[list[dict], list[str]]:
 
 
 def test_completion_equals_the_library(client, run_dir):
-    response = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0,
-                                                    "model": "anything"})
+    response = client.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "model": "anything"}
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     [choice] = body["choices"]
     assert choice["text"] == _reference(run_dir, PROMPT, 40, temperature=0)
     assert choice["finish_reason"] == "length" and choice["index"] == 0
-    assert body["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 40, "total_tokens": len(PROMPT) + 40}
+    assert body["usage"] == {
+        "prompt_tokens": len(PROMPT),
+        "completion_tokens": 40,
+        "total_tokens": len(PROMPT) + 40,
+    }
     assert body["tokens_per_s"] > 0
 
-    sampled = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.2,
-                                                   "top_k": 20, "top_p": 0.95, "seed": 7}).json()
+    sampled = client.post(
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.2, "top_k": 20, "top_p": 0.95, "seed": 7},
+    ).json()
     assert sampled["seed"] == 7
-    assert sampled["choices"][0]["text"] == _reference(run_dir, PROMPT, 30, seed=7, temperature=1.2, top_k=20,
-                                                       top_p=0.95)
-    other = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.2, "seed": 8})
+    assert sampled["choices"][0]["text"] == _reference(
+        run_dir, PROMPT, 30, seed=7, temperature=1.2, top_k=20, top_p=0.95
+    )
+    other = client.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.2, "seed": 8}
+    )
     assert other.json()["choices"][0]["text"] != sampled["choices"][0]["text"]
 
 
@@ -95,16 +113,20 @@ def test_stream_sends_one_event_per_token_then_usage(client, run_dir):
     assert text == _reference(run_dir, PROMPT, 25, seed=3, temperature=1.0)
     assert final["choices"][0]["finish_reason"] == "length" and final["choices"][0]["text"] == ""
     assert final["usage"]["completion_tokens"] == 25 and final["tokens_per_s"] > 0
-    plain = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 25, "seed": 3, "temperature": 1.0})
+    plain = client.post(
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 25, "seed": 3, "temperature": 1.0}
+    )
     assert plain.json()["choices"][0]["text"] == text
 
 
 def test_stop_cuts_the_text_and_ends_the_generation(client, run_dir):
     full = _reference(run_dir, PROMPT, 60, seed=5, temperature=1.0)
-    stop = next(full[i:i + 2] for i in range(5, len(full) - 2) if full[i:i + 2] not in full[:i + 1])
+    stop = next(full[i : i + 2] for i in range(5, len(full) - 2) if full[i : i + 2] not in full[: i + 1])
     cut = full.index(stop)
-    body = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 60, "temperature": 1.0, "seed": 5,
-                                                "stop": stop}).json()
+    body = client.post(
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 60, "temperature": 1.0, "seed": 5, "stop": stop},
+    ).json()
     assert body["choices"][0] == {"text": full[:cut], "index": 0, "logprobs": None, "finish_reason": "stop"}
     assert body["usage"]["completion_tokens"] == cut + len(stop)  # one token per character
     events, _ = _stream(client, prompt=PROMPT, max_tokens=60, temperature=1.0, seed=5, stop=["\x00", stop])
@@ -144,7 +166,9 @@ def test_score_equals_txl_eval_with_and_without_memory(client, run_dir):
     assert without["memory"] is False and without["mem_len"] == 0
     # The first segment has no memory either way; the later ones see it, and the loss differs.
     first = with_memory["tgt_len"] + 1
-    assert [t["logprob"] for t in with_memory["tokens"][:first]] == [t["logprob"] for t in without["tokens"][:first]]
+    assert [t["logprob"] for t in with_memory["tokens"][:first]] == [
+        t["logprob"] for t in without["tokens"][:first]
+    ]
     assert abs(with_memory["mean_loss"] - without["mean_loss"]) > 1e-4
     assert "".join(t["text"] for t in with_memory["tokens"]) == text
     assert [t["id"] for t in with_memory["tokens"]] == list(ids)
@@ -215,8 +239,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "param"), BAD, ids=[f"{p.rsplit('/', 1)[1]}-{f}-{i}"
-                                                            for i, (p, _, f) in enumerate(BAD)])
+@pytest.mark.parametrize(
+    ("path", "body", "param"), BAD, ids=[f"{p.rsplit('/', 1)[1]}-{f}-{i}" for i, (p, _, f) in enumerate(BAD)]
+)
 def test_bad_input_is_a_400_naming_the_field(client, path, body, param):
     response = client.post(path, json=body)
     assert response.status_code == 400, response.text
@@ -231,7 +256,9 @@ def test_bad_bodies(client):
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b"[" * 20_000 + b"]" * 20_000):
         response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
         assert response.status_code == 400 and "error" in response.json()
-    huge = client.post("/v1/score", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"})
+    huge = client.post(
+        "/v1/score", content=b"{" + b" " * 200_000 + b"}", headers={"content-type": "application/json"}
+    )
     assert huge.status_code == 413
     assert client.get("/v1/nothing").status_code == 404
     assert client.get("/v1/completions").status_code == 405
@@ -242,13 +269,16 @@ def test_a_failing_request_is_a_500_and_the_server_goes_on(run_dir, monkeypatch)
     run = load_run(run_dir)
     app = create_app(run, run_dir=run_dir)
     with TestClient(app, raise_server_exceptions=False) as c:
+
         def broken(*args, **kwargs):
             raise RuntimeError("injected failure")
 
         monkeypatch.setattr(run.model, "forward", broken)
         response = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
         assert response.status_code == 500 and "injected failure" in response.json()["error"]["message"]
-        events = sse_data(c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "stream": True}).text)
+        events = sse_data(
+            c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "stream": True}).text
+        )
         assert "injected failure" in json.loads(events[0])["error"]["message"] and events[-1] == "[DONE]"
         monkeypatch.undo()
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
@@ -297,7 +327,9 @@ def test_requests_over_the_queue_bound_get_429(run_dir):
             results[key] = c.post("/v1/completions", json=body).status_code
 
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
-        first = threading.Thread(target=request, args=("running", {"prompt": PROMPT, "max_tokens": 5, "stream": True}))
+        first = threading.Thread(
+            target=request, args=("running", {"prompt": PROMPT, "max_tokens": 5, "stream": True})
+        )
         first.start()
         wait_for(lambda: gate.calls >= 1, what="the first request to reach the model")
         second = threading.Thread(target=request, args=("queued", {"prompt": PROMPT, "max_tokens": 5}))
@@ -321,7 +353,9 @@ def test_a_client_that_disconnects_stops_its_generation(run_dir):
     gate = _Gate(run.model, delay=0.01)
     app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_tokens=3000, stream_buffer=4))
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3000, "stream": True}) as response:
+        with c.stream(
+            "POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3000, "stream": True}
+        ) as response:
             assert response.status_code == 200
             seen = 0
             for line in response.iter_lines():
@@ -349,15 +383,21 @@ def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
 
     def running() -> None:
         with httpx.Client(base_url=url, timeout=60) as c:
-            answered["tokens"] = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).json()["usage"]
+            answered["tokens"] = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).json()[
+                "usage"
+            ]
 
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
         first = threading.Thread(target=running)
         first.start()
         wait_for(lambda: gate.calls >= 1, what="the first request to reach the model")
-        with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 50, "stream": True}) as response:
+        with c.stream(
+            "POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 50, "stream": True}
+        ) as response:
             assert response.status_code == 200  # the headers come at once; the tokens would follow
-            wait_for(lambda: c.get("/v1/health").json()["admitted"] == 2, what="the streaming request to wait")
+            wait_for(
+                lambda: c.get("/v1/health").json()["admitted"] == 2, what="the streaming request to wait"
+            )
         with pytest.raises(httpx.ReadTimeout):  # a plain request whose client gives up after a second
             httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 50}, timeout=1.0)
         # Both left while waiting. The server notices within a second (a keep-alive comment to the streaming
@@ -374,13 +414,16 @@ def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
 # -- the command line, a word vocabulary -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flags", "fragment"), [
-    (["--port", "70000"], "--port must be a port number"),
-    (["--queue-size", "-1"], "--queue-size must be an integer >= 0"),
-    (["--max-tokens-limit", "0"], "--max-tokens-limit must be a positive integer"),
-    (["--max-prompt-chars", "x"], "--max-prompt-chars must be a positive integer"),
-    (["--checkpoint", "step-99999999"], "no checkpoint 'step-99999999'"),
-])
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--port", "70000"], "--port must be a port number"),
+        (["--queue-size", "-1"], "--queue-size must be an integer >= 0"),
+        (["--max-tokens-limit", "0"], "--max-tokens-limit must be a positive integer"),
+        (["--max-prompt-chars", "x"], "--max-prompt-chars must be a positive integer"),
+        (["--checkpoint", "step-99999999"], "no checkpoint 'step-99999999'"),
+    ],
+)
 def test_bad_serve_flags_give_one_line(run_dir, capsys, flags, fragment):
     assert main(["serve", str(run_dir), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -406,8 +449,25 @@ def test_a_word_vocabulary_reads_unknown_words_as_unk(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat .\nthe dog sat on the log .\n" * 200, encoding="utf-8")
     run = tmp_path / "run"
-    assert main(["train", "--config", "tiny", "--out", str(run), "--quiet", "--set", "data.vocab=\"word\"",
-                 "--set", f"data.corpus={json.dumps(str(corpus))}", "--set", "train.steps=3"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--out",
+                str(run),
+                "--quiet",
+                "--set",
+                'data.vocab="word"',
+                "--set",
+                f"data.corpus={json.dumps(str(corpus))}",
+                "--set",
+                "train.steps=3",
+            ]
+        )
+        == 0
+    )
     with TestClient(create_app(load_run(run), run_dir=run)) as c:
         body = c.post("/v1/completions", json={"prompt": "the zebra sat", "max_tokens": 4, "seed": 0}).json()
         assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
-selenium = pytest.importorskip("selenium", reason="the browser test needs selenium: pip install 'txl[serve-test]'")
+selenium = pytest.importorskip(
+    "selenium", reason="the browser test needs selenium: pip install 'txl[serve-test]'"
+)
 httpx = pytest.importorskip("httpx", reason="the browser test needs httpx")
 
 from selenium import webdriver  # noqa: E402
@@ -31,8 +33,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                       reason="headless Chromium not found: apt-get install chromium chromium-driver (.ci/run does)"),
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="headless Chromium not found: apt-get install chromium chromium-driver (.ci/run does)",
+    ),
 ]
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -42,8 +46,13 @@ def server(tmp_path_factory):
     """A ``txl serve`` process on a free 127.0.0.1 port; yields its URL."""
     run_dir = train_char_run(tmp_path_factory.mktemp("browser"), steps=300)  # seconds: shades worth a look
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", str(run_dir), "--port", "0", "--log-level",
-                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txl", "serve", str(run_dir), "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         first = proc.stdout.readline()
         second = proc.stdout.readline()
@@ -78,9 +87,18 @@ def server(tmp_path_factory):
 def browser(tmp_path):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_window_size(1280, 1500)
@@ -128,12 +146,15 @@ def test_the_page_generates_streams_and_scores(server, browser, tmp_path):
     status = by_id(By.ID, "gen-status").text
     assert re.search(r"1000 tokens · [\d.]+ tokens/s", status), status
     text = browser.execute_script("return document.getElementById('output').textContent;")
-    new = text[len(prompt):]
+    new = text[len(prompt) :]
     assert text.startswith(prompt) and len(new) > 0
     partial = sorted(n for n in lengths if 0 < n < len(new))
     assert partial, f"no partial text was seen while streaming (lengths seen: {sorted(lengths)})"
-    api = httpx.post(server + "/v1/completions", timeout=120,
-                     json={"prompt": prompt, "max_tokens": 1000, "temperature": 0.8, "seed": 11}).json()
+    api = httpx.post(
+        server + "/v1/completions",
+        timeout=120,
+        json={"prompt": prompt, "max_tokens": 1000, "temperature": 0.8, "seed": 11},
+    ).json()
     assert new == api["choices"][0]["text"]
 
     generating = tmp_path / "serve-page-generate.png"

@@ -59,7 +59,9 @@ def test_linear_cross_entropy_under_bf16_autocast_matches_upcast_log_softmax(sma
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}])
+@pytest.mark.parametrize(
+    "extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}]
+)
 def test_adaptive_nll_gradients_equal_those_of_the_log_probabilities(tiny_config, extra):
     model = TransformerXL(dataclasses.replace(tiny_config, **extra)).double()
     hidden = torch.randn(50, tiny_config.d_model, dtype=torch.float64, requires_grad=True)
@@ -70,8 +72,11 @@ def test_adaptive_nll_gradients_equal_those_of_the_log_probabilities(tiny_config
     fused = model.softmax.nll(hidden, target)
     plain = -model.softmax.log_prob(hidden).gather(1, target.clamp(min=0)[:, None])[:, 0] * keep
     torch.testing.assert_close(fused, plain, rtol=0, atol=1e-12)
-    for got, expected in zip(torch.autograd.grad(fused.sum(), params, allow_unused=True),
-                             torch.autograd.grad(plain.sum(), params, allow_unused=True), strict=True):
+    for got, expected in zip(
+        torch.autograd.grad(fused.sum(), params, allow_unused=True),
+        torch.autograd.grad(plain.sum(), params, allow_unused=True),
+        strict=True,
+    ):
         if expected is None:
             assert got is None or torch.all(got == 0)
         else:
@@ -125,9 +130,14 @@ def test_gpu_benchmark_runs_on_the_cpu():
     """benchmarks/gpu.sh --device cpu --steps 2: the GPU benchmark's code path (the wt103-base model, 151M
     parameters, 2 x 16 tokens), TF32 (plain float32 on the CPU) then bf16, one JSON line each."""
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh"), "--device", "cpu", "--steps", "2"],
-                         capture_output=True, text=True, timeout=600, check=True,
-                         env={**os.environ, "PYTHON": sys.executable})
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu.sh"), "--device", "cpu", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["variant"] for r in records] == ["tf32", "bf16"]
     for record in records:

@@ -43,15 +43,28 @@ from txl.train.trainer import (
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = (
+        str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    )
     return env
 
 
 def test_training_learns_and_writes_the_run(tmp_path, text_corpus):
-    config = run_config(text_corpus, "train.steps=60", "train.eval_every=30", "train.log_every=10", "train.lr=5e-3")
+    config = run_config(
+        text_corpus, "train.steps=60", "train.eval_every=30", "train.log_every=10", "train.lr=5e-3"
+    )
     summary = train(config, tmp_path / "run", progress=False)
-    for key in ("best_val_loss", "val_loss", "val_ppl", "val_bpc", "test_loss", "steps", "tokens",
-                "train_tokens_per_s", "params"):
+    for key in (
+        "best_val_loss",
+        "val_loss",
+        "val_ppl",
+        "val_bpc",
+        "test_loss",
+        "steps",
+        "tokens",
+        "train_tokens_per_s",
+        "params",
+    ):
         assert key in summary, key
     assert summary["steps"] == 60 and summary["tokens"] == 60 * 4 * 16
     losses = train_losses(tmp_path / "run")
@@ -75,14 +88,37 @@ def test_checkpoint_round_trip_gives_identical_outputs(trained_run):
 
 @pytest.mark.slow
 def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
-    common = ["train.schedule=\"constant\"", "train.log_every=1", "train.eval_every=0", "train.checkpoint_every=10",
-              "train.batch_size=8", "train.tgt_len=32", "model.dropout=0.1", "train.varlen=true"]
-    reference = train(run_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False)
+    common = [
+        'train.schedule="constant"',
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.checkpoint_every=10",
+        "train.batch_size=8",
+        "train.tgt_len=32",
+        "model.dropout=0.1",
+        "train.varlen=true",
+    ]
+    reference = train(
+        run_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False
+    )
     assert reference["steps"] == 50
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(killed), "--quiet",
-           "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "txl",
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(killed),
+        "--quiet",
+        "--set",
+        f"data.corpus={json.dumps(str(text_corpus))}",
+        "--set",
+        "train.steps=100000",
+    ]
     for item in common:
         cmd += ["--set", item]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -110,9 +146,27 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, signum):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(out), "--quiet",
-           "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=100000",
-           "--set", "train.checkpoint_every=100000", "--set", "train.eval_every=0", "--set", "train.log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "txl",
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.corpus={json.dumps(str(text_corpus))}",
+        "--set",
+        "train.steps=100000",
+        "--set",
+        "train.checkpoint_every=100000",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.log_every=1",
+    ]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 5:
@@ -132,8 +186,17 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, text_corpus, sign
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_corpus):
-    config = run_config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.checkpoint_every=1",
-                     "train.eval_every=0", "train.schedule=\"constant\"", "train.warmup_steps=0", "train.log_every=1")
+    config = run_config(
+        text_corpus,
+        "train.steps=50",
+        "train.lr=1e30",
+        "train.clip=null",
+        "train.checkpoint_every=1",
+        "train.eval_every=0",
+        'train.schedule="constant"',
+        "train.warmup_steps=0",
+        "train.log_every=1",
+    )
     with pytest.raises(TrainingDiverged, match="loss became"):
         train(config, tmp_path / "run", progress=False)
     folder = latest_checkpoint(tmp_path / "run")
@@ -147,6 +210,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_corpus
 def test_cli_eval_with_longer_memory_prints_one_json_line(trained_run, capsys):
     """The same split, the same segment length: a longer memory changes the loss of a model trained with
     memory, and asking for the memory it already has changes nothing."""
+
     def evaluate(*flags: str) -> dict:
         assert main(["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
@@ -172,9 +236,25 @@ def test_cli_generate_and_python_m(trained_run, capsys):
 
 def test_vanilla_baseline_trains_from_the_cli(tmp_path, text_corpus, capsys):
     run_dir = tmp_path / "vanilla"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=10",
-                 "--set", "model.attention=\"absolute\""]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--out",
+                str(run_dir),
+                "--quiet",
+                "--set",
+                f"data.corpus={json.dumps(str(text_corpus))}",
+                "--set",
+                "train.steps=10",
+                "--set",
+                'model.attention="absolute"',
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 10 and summary["val_loss"] > 0
     assert load_run(run_dir).model.config.attention == "absolute"
@@ -206,9 +286,29 @@ def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_corpus, capsys):
     """The real corpus by name, character level: train briefly, evaluate the whole validation split."""
     shared_data = shared_corpus("tinyshakespeare")
     run_dir = tmp_path / "shakespeare"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", "data.corpus=tinyshakespeare", "--set", f"data.data_dir={json.dumps(str(shared_data))}",
-                 "--set", "data.vocab=char", "--set", "train.steps=60", "--set", "train.lr=1e-2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--out",
+                str(run_dir),
+                "--quiet",
+                "--set",
+                "data.corpus=tinyshakespeare",
+                "--set",
+                f"data.data_dir={json.dumps(str(shared_data))}",
+                "--set",
+                "data.vocab=char",
+                "--set",
+                "train.steps=60",
+                "--set",
+                "train.lr=1e-2",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["vocab_size"] == 66 and summary["val_tokens"] == 111_539 and "test_loss" not in summary
     assert summary["val_loss"] < math.log(66) - 1.0  # well below a uniform guess over the 66 symbols
@@ -217,18 +317,41 @@ def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_corpus, capsys):
     assert record["tokens"] == 111_539 and record["loss"] < math.log(66) - 1.0
 
 
-@pytest.mark.parametrize("extra", [[], ["model.cutoffs=[64, 128]", "model.div_val=2"]], ids=["softmax", "adaptive"])
+@pytest.mark.parametrize(
+    "extra", [[], ["model.cutoffs=[64, 128]", "model.div_val=2"]], ids=["softmax", "adaptive"]
+)
 def test_bf16_autocast_trains(tmp_path, text_corpus, extra):
-    summary = train(run_config(text_corpus, "train.precision=\"bf16\"", "train.steps=4", *extra), tmp_path / "run",
-                    progress=False)
+    summary = train(
+        run_config(text_corpus, 'train.precision="bf16"', "train.steps=4", *extra),
+        tmp_path / "run",
+        progress=False,
+    )
     assert summary["steps"] == 4 and math.isfinite(summary["val_loss"])
 
 
 def test_cli_eval_defaults_to_the_runs_eval_settings(tmp_path, text_corpus, capsys):
     run_dir = tmp_path / "run"
-    assert main(["train", "--config", "tiny", "--out", str(run_dir), "--quiet",
-                 "--set", f"data.corpus={json.dumps(str(text_corpus))}", "--set", "train.steps=5",
-                 "--set", "eval.mem_len=40", "--set", "eval.same_length=true"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--out",
+                str(run_dir),
+                "--quiet",
+                "--set",
+                f"data.corpus={json.dumps(str(text_corpus))}",
+                "--set",
+                "train.steps=5",
+                "--set",
+                "eval.mem_len=40",
+                "--set",
+                "eval.same_length=true",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert main(["eval", str(run_dir), "--quiet"]) == 0
     saved = json.loads(capsys.readouterr().out)
@@ -249,8 +372,14 @@ def _small_corpus(tmp_path: Path) -> Path:
 def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkeypatch):
     """The first segment of epoch 2 starts the split again: it must not attend to the end of the split.
     Resuming from a checkpoint taken right before the wrap keeps the run exact."""
-    common = ["train.batch_size=8", "train.tgt_len=32", "train.schedule=\"constant\"", "train.eval_every=0",
-              "train.log_every=1", "model.dropout=0.1"]
+    common = [
+        "train.batch_size=8",
+        "train.tgt_len=32",
+        'train.schedule="constant"',
+        "train.eval_every=0",
+        "train.log_every=1",
+        "model.dropout=0.1",
+    ]
     config = run_config(_small_corpus(tmp_path), *common)
     epoch = train_stream(config, prepare_data(config.data).splits).n_batches
     assert 5 < epoch < 20
@@ -269,7 +398,11 @@ def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkey
 
     calls.clear()
     run = tmp_path / "run"
-    train(apply_overrides(config, [f"train.steps={epoch}", f"train.checkpoint_every={epoch}"]), run, progress=False)
+    train(
+        apply_overrides(config, [f"train.steps={epoch}", f"train.checkpoint_every={epoch}"]),
+        run,
+        progress=False,
+    )
     resume(run, overrides=(f"train.steps={epoch + 2}",), progress=False)
     assert calls[epoch:] == [True, False]  # the restored memory (the end of the split) is dropped too
     assert train_losses(run) == train_losses(tmp_path / "reference")
@@ -277,38 +410,80 @@ def test_memory_is_dropped_when_the_stream_wraps_to_a_new_epoch(tmp_path, monkey
 
 def test_resume_applies_optimizer_overrides_and_refuses_what_it_cannot_change(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(run_config(text_corpus, "train.steps=3", "train.checkpoint_every=1", "train.eval_every=0",
-                  "train.schedule=\"constant\""), run, progress=False)
+    train(
+        run_config(
+            text_corpus,
+            "train.steps=3",
+            "train.checkpoint_every=1",
+            "train.eval_every=0",
+            'train.schedule="constant"',
+        ),
+        run,
+        progress=False,
+    )
     before = snapshot(run)
     fixed = re.escape("train.batch_size: cannot be changed when resuming (the run has 4, asked 2)")
     with pytest.raises(RunError, match=f"^{fixed}$"):
         resume(run, overrides=("train.steps=5", "train.batch_size=2"), progress=False)
     with pytest.raises(RunError) as refused:
-        resume(run, overrides=("train.steps=5", "model.d_model=64", "data.vocab=\"char\"", "train.seed=1",
-                               "train.tgt_len=8", "train.varlen=true"), progress=False)
+        resume(
+            run,
+            overrides=(
+                "train.steps=5",
+                "model.d_model=64",
+                'data.vocab="char"',
+                "train.seed=1",
+                "train.tgt_len=8",
+                "train.varlen=true",
+            ),
+            progress=False,
+        )
     for field in ("model.d_model", "data.vocab", "train.seed", "train.tgt_len", "train.varlen"):
         assert f"{field}: cannot be changed when resuming" in str(refused.value)
     assert "\n" not in str(refused.value) and "(the run has 16, asked 8)" in str(refused.value)
     assert snapshot(run) == before
 
-    resume(run, overrides=("train.steps=5", "train.weight_decay=0.1", "train.beta1=0.8", "train.beta2=0.99",
-                           "train.accum_steps=2", "train.clip=0.5"), progress=False)
-    groups = json.loads((run / "checkpoints" / "step-00000005" / "state.json").read_text())["optimizer"]["param_groups"]
+    resume(
+        run,
+        overrides=(
+            "train.steps=5",
+            "train.weight_decay=0.1",
+            "train.beta1=0.8",
+            "train.beta2=0.99",
+            "train.accum_steps=2",
+            "train.clip=0.5",
+        ),
+        progress=False,
+    )
+    groups = json.loads((run / "checkpoints" / "step-00000005" / "state.json").read_text())["optimizer"][
+        "param_groups"
+    ]
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]  # the no-decay group keeps none
     assert all(g["betas"] == [0.8, 0.99] for g in groups)
     saved = json.loads((run / "config.json").read_text())["train"]
-    assert (saved["weight_decay"], saved["beta1"], saved["beta2"], saved["accum_steps"]) == (0.1, 0.8, 0.99, 2)
+    assert (saved["weight_decay"], saved["beta1"], saved["beta2"], saved["accum_steps"]) == (
+        0.1,
+        0.8,
+        0.99,
+        2,
+    )
 
 
 def test_resume_warns_when_new_steps_move_the_learning_rate(tmp_path, text_corpus):
     cosine = tmp_path / "cosine"
     train(run_config(text_corpus, "train.steps=4", "train.eval_every=0"), cosine, progress=False)
-    with pytest.warns(ResumeWarning, match=r"resuming at step 4 with train\.steps 4 -> 8: the learning rate "
-                                           r"jumps from 0 to 0\.00225 "):
+    with pytest.warns(
+        ResumeWarning,
+        match=r"resuming at step 4 with train\.steps 4 -> 8: the learning rate "
+        r"jumps from 0 to 0\.00225 ",
+    ):
         resume(cosine, overrides=("train.steps=8",), progress=False)
     constant = tmp_path / "constant"
-    train(run_config(text_corpus, "train.steps=4", "train.eval_every=0", "train.schedule=\"constant\""), constant,
-          progress=False)
+    train(
+        run_config(text_corpus, "train.steps=4", "train.eval_every=0", 'train.schedule="constant"'),
+        constant,
+        progress=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResumeWarning)
         resume(constant, overrides=("train.steps=6",), progress=False)  # the same rate: nothing to say
@@ -326,8 +501,16 @@ def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
     mine = tmp_path / "mine"  # a folder the user made, with a file of theirs
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    diverges = run_config(text_corpus, "train.steps=50", "train.lr=1e30", "train.clip=null", "train.eval_every=0",
-                       "train.checkpoint_every=0", "train.schedule=\"constant\"", "train.warmup_steps=0")
+    diverges = run_config(
+        text_corpus,
+        "train.steps=50",
+        "train.lr=1e30",
+        "train.clip=null",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        'train.schedule="constant"',
+        "train.warmup_steps=0",
+    )
     with pytest.raises(TrainingDiverged, match="no checkpoint was written yet"):
         train(diverges, mine, progress=False)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
@@ -340,6 +523,7 @@ def test_a_start_that_fails_leaves_nothing_behind(tmp_path, text_corpus):
 def test_sigterm_outside_the_training_steps_stops_cleanly(tmp_path, text_corpus, monkeypatch):
     """Between the start and the loop (and in the final evaluation) SIGTERM is an exception: the lock is
     released and a start without a checkpoint leaves nothing."""
+
     def terminated(self):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(10)
@@ -356,8 +540,19 @@ def test_cli_start_that_fails_on_data_can_be_run_again(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("too short\n" * 4, encoding="utf-8")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "txl", "train", "--config", "tiny", "--out", str(out), "--quiet",
-           "--set", f"data.corpus={json.dumps(str(short))}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "txl",
+        "train",
+        "--config",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.corpus={json.dumps(str(short))}",
+    ]
     for _ in range(2):
         proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
         lines = proc.stderr.strip().splitlines()
@@ -371,7 +566,9 @@ def test_an_empty_validation_slice_is_refused_before_anything_is_written(tmp_pat
     corpus = tmp_path / "long-last-line.txt"
     corpus.write_text("short line\n" * 50 + "x" * 1000 + "\n", encoding="utf-8")
     out = tmp_path / "run"
-    with pytest.raises(RunError, match=r"split 'valid' of corpus .*long-last-line\.txt' is empty \(0 tokens\)"):
+    with pytest.raises(
+        RunError, match=r"split 'valid' of corpus .*long-last-line\.txt' is empty \(0 tokens\)"
+    ):
         train(run_config(corpus), out, progress=False)
     assert not out.exists()
     with pytest.raises(RunError, match=r"train\.patience=2 .* train\.eval_every=0"):
@@ -411,19 +608,35 @@ def test_one_process_at_a_time_trains_in_a_run_folder(tmp_path, text_corpus):
 
 def test_checkpoints_are_found_by_name_and_only_complete_ones_are_read(tmp_path, text_corpus, capsys):
     run = tmp_path / "run"
-    train(run_config(text_corpus, "train.steps=4", "train.checkpoint_every=1", "train.keep_last=3",
-                  "train.eval_every=0"), run, progress=False)
+    train(
+        run_config(
+            text_corpus,
+            "train.steps=4",
+            "train.checkpoint_every=1",
+            "train.keep_last=3",
+            "train.eval_every=0",
+        ),
+        run,
+        progress=False,
+    )
     checkpoints = run / "checkpoints"
-    shutil.copytree(checkpoints / "step-00000004", checkpoints / ".tmp-step-00000009-123")  # a write in progress
+    shutil.copytree(
+        checkpoints / "step-00000004", checkpoints / ".tmp-step-00000009-123"
+    )  # a write in progress
     (checkpoints / "step-00000008").mkdir()  # a folder without state.json
     assert load_run(run, checkpoint="latest").checkpoint.name == "step-00000004"
     assert load_run(run, checkpoint="step-00000003").step == 3
     assert load_run(run, checkpoint="2").step == 2
     assert load_run(run, checkpoint=str(checkpoints / "step-00000003")).step == 3
     assert load_run(run, checkpoint="best").checkpoint.name == "best"
-    with pytest.raises(CheckpointError, match=re.escape(
-            "no checkpoint 'step-00000099' in " f"{checkpoints} (available: best, step-00000002, step-00000003, "
-            "step-00000004;")):
+    with pytest.raises(
+        CheckpointError,
+        match=re.escape(
+            "no checkpoint 'step-00000099' in "
+            f"{checkpoints} (available: best, step-00000002, step-00000003, "
+            "step-00000004;"
+        ),
+    ):
         load_run(run, checkpoint="step-00000099")
     for name in (".tmp-step-00000009-123", str(checkpoints / ".tmp-step-00000009-123")):
         with pytest.raises(CheckpointError, match="no checkpoint"):
@@ -450,8 +663,9 @@ def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, t
         result = real_load_model(model, filename, **kwargs)
         if not racing_load_model.raced:
             racing_load_model.raced = True
-            ckpt.save_checkpoint(best, model=newer, optimizer=None, memory=None, state=TrainingState(step=99),
-                                 meta=meta)
+            ckpt.save_checkpoint(
+                best, model=newer, optimizer=None, memory=None, state=TrainingState(step=99), meta=meta
+            )
         return result
 
     racing_load_model.raced = False
@@ -463,8 +677,11 @@ def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, t
 
 def test_flipped_byte_in_weights_is_a_clear_error(tmp_path, text_corpus):
     run = tmp_path / "run"
-    train(run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"), run,
-          progress=False)
+    train(
+        run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"),
+        run,
+        progress=False,
+    )
     weights = run / "checkpoints" / "step-00000002" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-100] ^= 0x01

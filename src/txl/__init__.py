@@ -1,9 +1,9 @@
 """txl: Transformer-XL language modelling, correct to the paper.
 
-    import torch, txl
-    model = txl.TransformerXL(txl.TransformerXLConfig(vocab_size=256))
-    out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
-    out = model(next_tokens, memory=out.memory, targets=next_targets)
+import torch, txl
+model = txl.TransformerXL(txl.TransformerXLConfig(vocab_size=256))
+out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
+out = model(next_tokens, memory=out.memory, targets=next_targets)
 """
 
 from . import interop

@@ -101,7 +101,9 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def _restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
@@ -123,8 +125,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, memory: Memory | None,
-           state: TrainingState, meta: dict[str, Any], rank_rng: Sequence[Mapping[str, torch.Tensor]]) -> None:
+def _write(
+    tmp: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    memory: Memory | None,
+    state: TrainingState,
+    meta: dict[str, Any],
+    rank_rng: Sequence[Mapping[str, torch.Tensor]],
+) -> None:
     """The files of a checkpoint, each fsynced, into the folder ``tmp``."""
     save_model(model, str(tmp / MODEL_FILE))
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
@@ -140,18 +150,33 @@ def _write(tmp: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | No
         optim_tensors, optim_meta = _optimizer_tensors(optimizer)
         tensors.update(optim_tensors)
     save_file(tensors, str(tmp / STATE_FILE))
-    files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
-             for name in (MODEL_FILE, STATE_FILE)}
-    document = {"format": FORMAT_VERSION, "state": asdict(state), "optimizer": optim_meta, "files": files, **meta}
+    files = {
+        name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+        for name in (MODEL_FILE, STATE_FILE)
+    }
+    document = {
+        "format": FORMAT_VERSION,
+        "state": asdict(state),
+        "optimizer": optim_meta,
+        "files": files,
+        **meta,
+    }
     (tmp / META_FILE).write_text(json.dumps(document, indent=1), encoding="utf-8")
     for name in (MODEL_FILE, STATE_FILE, META_FILE):
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
 
 
-def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    memory: Memory | None, state: TrainingState, meta: dict[str, Any],
-                    rank_rng: Sequence[Mapping[str, torch.Tensor]] = ()) -> Path:
+def save_checkpoint(
+    folder: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    memory: Memory | None,
+    state: TrainingState,
+    meta: dict[str, Any],
+    rank_rng: Sequence[Mapping[str, torch.Tensor]] = (),
+) -> Path:
     """Write a checkpoint folder atomically (replacing one of that name). ``meta`` holds JSON facts checked on
     load (``model``: the model config dict, ``vocab_fingerprint``, ...). ``rank_rng``: the RNG states of each
     process of a distributed run, in rank order (``{"torch": ..., "cuda": ...}``; see :func:`load_rank_rng`).
@@ -171,7 +196,9 @@ def save_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write(tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta, rank_rng=rank_rng)
+        _write(
+            tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta, rank_rng=rank_rng
+        )
         if folder.exists():  # re-saving the same name (best, or a step after a resume): swap, then clean up
             os.rename(folder, old)  # a kill between the two renames is undone by tidy_interrupted_saves
             os.rename(tmp, folder)
@@ -203,7 +230,7 @@ def tidy_interrupted_saves(parent: Path) -> None:
     if not parent.is_dir():
         return
     for old in sorted(parent.glob(".old-*")):
-        name = old.name[len(".old-"):].rsplit("-", 1)[0]
+        name = old.name[len(".old-") :].rsplit("-", 1)[0]
         if not (parent / name).exists() and is_checkpoint(old):
             os.rename(old, parent / name)
         else:
@@ -250,8 +277,10 @@ def _verify_file(folder: Path, name: str, document: dict[str, Any]) -> tuple[int
     if recorded is not None:
         actual = _sha256(path)
         if actual != recorded.get("sha256"):
-            raise DamagedCheckpoint(f"{path}: checksum mismatch, the file is corrupt (SHA-256 {actual[:12]}..., "
-                                    f"{META_FILE} records {str(recorded.get('sha256'))[:12]}...)")
+            raise DamagedCheckpoint(
+                f"{path}: checksum mismatch, the file is corrupt (SHA-256 {actual[:12]}..., "
+                f"{META_FILE} records {str(recorded.get('sha256'))[:12]}...)"
+            )
     return identity
 
 
@@ -267,13 +296,18 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
 def _check_meta(folder: Path, document: dict[str, Any], expected: dict[str, Any]) -> None:
     for key, what in (("vocab_fingerprint", "vocabulary"), ("corpus_fingerprint", "corpus")):
         if key in expected and document.get(key) != expected[key]:
-            raise CheckpointError(f"{folder}: checkpoint was trained with another {what} "
-                                  f"(fingerprint {str(document.get(key))[:12]}..., this run has "
-                                  f"{str(expected[key])[:12]}...)")
+            raise CheckpointError(
+                f"{folder}: checkpoint was trained with another {what} "
+                f"(fingerprint {str(document.get(key))[:12]}..., this run has "
+                f"{str(expected[key])[:12]}...)"
+            )
     if "model" in expected:
         saved = document.get("model", {})
-        diffs = [f"{k}={saved.get(k)!r} (expected {expected['model'].get(k)!r})" for k in architecture_fields()
-                 if saved.get(k) != expected["model"].get(k)]
+        diffs = [
+            f"{k}={saved.get(k)!r} (expected {expected['model'].get(k)!r})"
+            for k in architecture_fields()
+            if saved.get(k) != expected["model"].get(k)
+        ]
         if diffs:
             raise CheckpointError(f"{folder}: checkpoint is from another model size: {', '.join(diffs)}")
 
@@ -284,7 +318,9 @@ def _load_model_file(folder: Path, document: dict[str, Any], model: nn.Module) -
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for damaged files
-        raise DamagedCheckpoint(f"{path}: corrupt or truncated weights ({type(exc).__name__}: {exc})") from None
+        raise DamagedCheckpoint(
+            f"{path}: corrupt or truncated weights ({type(exc).__name__}: {exc})"
+        ) from None
     try:
         replaced = _identity(path) != before
     except FileNotFoundError:
@@ -292,8 +328,10 @@ def _load_model_file(folder: Path, document: dict[str, Any], model: nn.Module) -
     if replaced:
         raise DamagedCheckpoint(f"{path}: replaced while it was read")
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not fit this model (missing {sorted(missing)[:3]}, "
-                              f"unexpected {sorted(unexpected)[:3]})")
+        raise CheckpointError(
+            f"{path}: weights do not fit this model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
 
 
 def load_weights(folder: Path, model: nn.Module, *, expected: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -315,9 +353,12 @@ def _restore_rng(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
     if len(names) == count:
         torch.cuda.set_rng_state_all([tensors[k] for k in names])
     else:
-        warnings.warn(f"{folder}: the checkpoint holds the CUDA random state of {len(names)} GPU(s), this machine "
-                      f"has {count}; it is not restored, so the resumed run is not exact (dropout draws differ)",
-                      ResumeWarning, stacklevel=3)
+        warnings.warn(
+            f"{folder}: the checkpoint holds the CUDA random state of {len(names)} GPU(s), this machine "
+            f"has {count}; it is not restored, so the resumed run is not exact (dropout draws differ)",
+            ResumeWarning,
+            stacklevel=3,
+        )
 
 
 def load_rank_rng(folder: Path) -> list[dict[str, torch.Tensor]]:
@@ -330,14 +371,19 @@ def load_rank_rng(folder: Path) -> list[dict[str, torch.Tensor]]:
     with safe_open(str(folder / STATE_FILE), framework="pt") as fh:
         for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
             if name.startswith(RANK_RNG):
-                rank, kind = name[len(RANK_RNG):].split(".", 1)
+                rank, kind = name[len(RANK_RNG) :].split(".", 1)
                 states.setdefault(int(rank), {})[kind] = fh.get_tensor(name)
     return [states[rank] for rank in sorted(states)]
 
 
-def load_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    expected: dict[str, Any] | None = None,
-                    restore_rng: bool = True) -> tuple[TrainingState, Memory | None, dict[str, Any]]:
+def load_checkpoint(
+    folder: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    expected: dict[str, Any] | None = None,
+    restore_rng: bool = True,
+) -> tuple[TrainingState, Memory | None, dict[str, Any]]:
     """Restore model weights, optimizer state, RNG state; return the training state, memory and JSON document.
     Every file is checked (facts, checksums) before the model or optimizer is touched."""
     folder = Path(folder)
@@ -349,8 +395,9 @@ def load_checkpoint(folder: Path, *, model: nn.Module, optimizer: torch.optim.Op
     try:
         tensors = load_file(str(folder / STATE_FILE))
     except Exception as exc:  # noqa: BLE001
-        raise DamagedCheckpoint(f"{folder / STATE_FILE}: corrupt or truncated state "
-                                f"({type(exc).__name__}: {exc})") from None
+        raise DamagedCheckpoint(
+            f"{folder / STATE_FILE}: corrupt or truncated state ({type(exc).__name__}: {exc})"
+        ) from None
     _load_model_file(folder, document, model)
     if optimizer is not None:
         _restore_optimizer(optimizer, tensors, document["optimizer"])

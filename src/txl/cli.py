@@ -145,19 +145,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         config = apply_overrides(load_config(args.config), args.set)
     if args.nproc is not None and args.nproc > 1 and not under_torchrun():
-        for field in ("train.batch_size", "eval.batch_size"):  # refused here in one line, not by every process
+        for field in (
+            "train.batch_size",
+            "eval.batch_size",
+        ):  # refused here in one line, not by every process
             section, name = field.split(".")
             Distributed(world_size=args.nproc).rows(getattr(getattr(config, section), name), field=field)
         return launch(args.nproc, _without_nproc(args.argv))
     group = from_environment(config.train.device)
     if args.nproc is not None and args.nproc != group.world_size:
-        raise ConfigError(f"--nproc {args.nproc}: this command runs in a group of {group.world_size} processes "
-                          "started by torchrun; leave --nproc out under torchrun")
+        raise ConfigError(
+            f"--nproc {args.nproc}: this command runs in a group of {group.world_size} processes "
+            "started by torchrun; leave --nproc out under torchrun"
+        )
     try:
         if args.resume:
-            summary = resume(Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group)
+            summary = resume(
+                Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group
+            )
         else:
-            summary = train(config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet, group=group)
+            summary = train(
+                config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet, group=group
+            )
     finally:
         group.close()
     if group.is_main:
@@ -172,9 +181,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.mem_len == 0 and args.same_length:
         raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     with _library_warnings(args):
-        record = evaluate_run(args.run_dir, split=args.split, checkpoint=args.checkpoint, device=args.device,
-                              max_tokens=args.max_tokens, progress=not args.quiet,
-                              **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"))
+        record = evaluate_run(
+            args.run_dir,
+            split=args.split,
+            checkpoint=args.checkpoint,
+            device=args.device,
+            max_tokens=args.max_tokens,
+            progress=not args.quiet,
+            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"),
+        )
     print(json.dumps(record))
     return 0
 
@@ -200,10 +215,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeSettings
 
     _device(args.device)
-    settings = ServeSettings(max_tokens=args.max_tokens_limit, max_prompt_chars=args.max_prompt_chars,
-                             queue_size=args.queue_size)
-    serve(Path(args.run_dir), host=args.host, port=args.port, device=args.device, checkpoint=args.checkpoint,
-          settings=settings, log_level=args.log_level)
+    settings = ServeSettings(
+        max_tokens=args.max_tokens_limit, max_prompt_chars=args.max_prompt_chars, queue_size=args.queue_size
+    )
+    serve(
+        Path(args.run_dir),
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        checkpoint=args.checkpoint,
+        settings=settings,
+        log_level=args.log_level,
+    )
     return 0
 
 
@@ -220,7 +243,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if args.num_samples > 1:
             print(f"=== sample {index + 1}/{args.num_samples} ===")
 
-    def start(index: int, prompt_text: str) -> None:  # --stream: the prompt as the model reads it, then pieces
+    def start(
+        index: int, prompt_text: str
+    ) -> None:  # --stream: the prompt as the model reads it, then pieces
         nonlocal shown
         if shown >= 0:
             print()
@@ -233,12 +258,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         with _library_warnings(args):
-            result = generate_from_run(run, prompt, greedy=args.greedy, seed=args.seed, stop=args.stop,
-                                       num_samples=args.num_samples, unknown="unk",
-                                       on_start=start if args.stream else None,
-                                       on_text=show if args.stream else None,
-                                       **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"))
-    except ValueError as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
+            result = generate_from_run(
+                run,
+                prompt,
+                greedy=args.greedy,
+                seed=args.seed,
+                stop=args.stop,
+                num_samples=args.num_samples,
+                unknown="unk",
+                on_start=start if args.stream else None,
+                on_text=show if args.stream else None,
+                **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"),
+            )
+    except (
+        ValueError
+    ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
         raise TxlError(f"generate: {exc}") from None
     for index, text in enumerate(result.texts):
         if args.stream and index <= shown:
@@ -248,16 +282,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.stream and shown >= 0:
         print()
     if result.new_tokens:
-        print(f"txl: {result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)",
-              file=sys.stderr)
+        print(
+            f"txl: {result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)",
+            file=sys.stderr,
+        )
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(Path(args.out), steps=args.steps, minutes=args.minutes, overwrite=args.overwrite,
-             progress=not args.quiet)
+    run_demo(
+        Path(args.out),
+        steps=args.steps,
+        minutes=args.minutes,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
     return 0
 
 
@@ -265,13 +306,26 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from .data import CORPUS_NAMES, DOWNLOADS, GENERATED_CORPUS_NAMES, data_search_dirs, download_corpus
 
     if args.data_command == "download":
-        folder = download_corpus(args.name, dest=Path(args.dest) if args.dest else None, url=args.url,
-                                 sha256=args.sha256, progress=not args.quiet)
+        folder = download_corpus(
+            args.name,
+            dest=Path(args.dest) if args.dest else None,
+            url=args.url,
+            sha256=args.sha256,
+            progress=not args.quiet,
+        )
         print(folder)
     else:
-        print(json.dumps({"corpora": list(CORPUS_NAMES), "generated": list(GENERATED_CORPUS_NAMES),
-                          "downloadable": sorted(DOWNLOADS),
-                          "search_dirs": [str(p) for p in data_search_dirs()]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "corpora": list(CORPUS_NAMES),
+                    "generated": list(GENERATED_CORPUS_NAMES),
+                    "downloadable": sorted(DOWNLOADS),
+                    "search_dirs": [str(p) for p in data_search_dirs()],
+                },
+                indent=1,
+            )
+        )
     return 0
 
 
@@ -280,10 +334,20 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
-    folder = convert(Path(args.src), Path(args.dst), source=args.source, vocab=args.vocab, corpus=args.corpus,
-                     tgt_len=args.tgt_len, mem_len=args.mem_len, clamp_len=args.clamp_len,
-                     same_length=args.same_length, pre_norm=args.pre_norm, cutoffs=cutoffs,
-                     overwrite=args.overwrite)
+    folder = convert(
+        Path(args.src),
+        Path(args.dst),
+        source=args.source,
+        vocab=args.vocab,
+        corpus=args.corpus,
+        tgt_len=args.tgt_len,
+        mem_len=args.mem_len,
+        clamp_len=args.clamp_len,
+        same_length=args.same_length,
+        pre_norm=args.pre_norm,
+        cutoffs=cutoffs,
+        overwrite=args.overwrite,
+    )
     print(folder)
     return 0
 
@@ -292,29 +356,58 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_onnx
 
     _device(args.device)
-    result = export_onnx(Path(args.run_dir), Path(args.out), tgt_len=args.tgt_len, mem_len=args.mem_len,
-                         checkpoint=args.checkpoint, opset=args.opset, check=not args.no_check)
+    result = export_onnx(
+        Path(args.run_dir),
+        Path(args.out),
+        tgt_len=args.tgt_len,
+        mem_len=args.mem_len,
+        checkpoint=args.checkpoint,
+        opset=args.opset,
+        check=not args.no_check,
+    )
     print(json.dumps(result))
     return 0
 
 
 def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="a pretrained checkpoint (the authors' or Hugging Face's) as a txl run")
-    p.add_argument("src", help="a Hugging Face TransfoXL folder (config.json + weights + vocab.pkl) or the "
-                               "authors' state_dict file")
+    p = sub.add_parser(
+        "convert", help="a pretrained checkpoint (the authors' or Hugging Face's) as a txl run"
+    )
+    p.add_argument(
+        "src",
+        help="a Hugging Face TransfoXL folder (config.json + weights + vocab.pkl) or the "
+        "authors' state_dict file",
+    )
     p.add_argument("dst", help="the run folder to write")
-    p.add_argument("--from", dest="source", choices=("original", "hf"),
-                   help="the checkpoint's layout (default: hf for a folder with config.json, else original)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=("original", "hf"),
+        help="the checkpoint's layout (default: hf for a folder with config.json, else original)",
+    )
     p.add_argument("--vocab", help="vocab.pkl, vocab.txt or vocab.json (default: the one next to SRC)")
-    p.add_argument("--corpus", default="wikitext-103", help="the run's data.corpus, which txl eval reads "
-                                                             "(default: wikitext-103)")
-    p.add_argument("--tgt-len", type=_positive_int, help="evaluation segment length (default: the config's, else 128)")
+    p.add_argument(
+        "--corpus",
+        default="wikitext-103",
+        help="the run's data.corpus, which txl eval reads (default: wikitext-103)",
+    )
+    p.add_argument(
+        "--tgt-len", type=_positive_int, help="evaluation segment length (default: the config's, else 128)"
+    )
     p.add_argument("--mem-len", type=_non_negative_int, help="memory length (required --from original)")
     p.add_argument("--clamp-len", type=_positive_int, help="clamp of relative distances")
-    p.add_argument("--same-length", action=argparse.BooleanOptionalAction, default=None,
-                   help="every query sees the same number of keys")
-    p.add_argument("--pre-norm", action="store_true", help="--from original: the model was trained with pre_lnorm")
-    p.add_argument("--cutoffs", help="--from original, div_val 1: the adaptive softmax cutoffs, e.g. 20000,40000,200000")
+    p.add_argument(
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query sees the same number of keys",
+    )
+    p.add_argument(
+        "--pre-norm", action="store_true", help="--from original: the model was trained with pre_lnorm"
+    )
+    p.add_argument(
+        "--cutoffs", help="--from original, div_val 1: the adaptive softmax cutoffs, e.g. 20000,40000,200000"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a run already in DST")
     p.set_defaults(func=_cmd_convert)
 
@@ -322,7 +415,9 @@ def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     p.add_argument("--format", choices=("onnx",), default="onnx", help="onnx (the only format)")
     p.add_argument("--out", required=True, help="the .onnx file to write")
-    p.add_argument("--tgt-len", type=_positive_int, help="segment length traced (default: the run's eval tgt_len)")
+    p.add_argument(
+        "--tgt-len", type=_positive_int, help="segment length traced (default: the run's eval tgt_len)"
+    )
     p.add_argument("--mem-len", type=_positive_int, help="memory length M (default: the model's mem_len)")
     p.add_argument("--opset", type=_positive_int, default=18, help="ONNX opset (default: 18)")
     p.add_argument("--checkpoint", default="best", help="best (default), latest, a step or a folder")
@@ -350,9 +445,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .analysis.compare import compare
 
     config = apply_overrides(load_config(args.config), args.set)
-    result = compare(config, Path(args.out), config_name=args.config, overrides=args.set, stride=args.stride,
-                     prompts=args.prompt, sample_tokens=args.sample_tokens, seed=args.seed,
-                     overwrite=args.overwrite, progress=not args.quiet)
+    result = compare(
+        config,
+        Path(args.out),
+        config_name=args.config,
+        overrides=args.set,
+        stride=args.stride,
+        prompts=args.prompt,
+        sample_tokens=args.sample_tokens,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
@@ -361,10 +465,19 @@ def _cmd_analyze_memory(args: argparse.Namespace) -> int:
     from .analysis.memory import analyze_memory
 
     lengths = parse_ints(args.lengths, name="--lengths") if args.lengths else None
-    result = analyze_memory(Path(args.run_dir), lengths=lengths, clamp_len=args.clamp_len,
-                            same_length=args.same_length, split=args.split, max_tokens=args.max_tokens,
-                            tgt_len=args.tgt_len, batch_size=args.batch_size, checkpoint=args.checkpoint,
-                            device=args.device, progress=not args.quiet)
+    result = analyze_memory(
+        Path(args.run_dir),
+        lengths=lengths,
+        clamp_len=args.clamp_len,
+        same_length=args.same_length,
+        split=args.split,
+        max_tokens=args.max_tokens,
+        tgt_len=args.tgt_len,
+        batch_size=args.batch_size,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
@@ -373,11 +486,24 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
     from .analysis.speed import speed_benchmark
     from .config import TransformerXLConfig
 
-    sizes = TransformerXLConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
-                                d_head=args.d_head, d_model=args.d_model, d_inner=args.d_inner)
-    result = speed_benchmark(lengths=parse_ints(args.lengths, name="--lengths", minimum=1), model=sizes,
-                             segment=args.segment, tokens=args.tokens, xl_tokens=args.xl_tokens,
-                             repeats=args.repeats, device=args.device, progress=not args.quiet)
+    sizes = TransformerXLConfig(
+        vocab_size=args.vocab_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_head=args.d_head,
+        d_model=args.d_model,
+        d_inner=args.d_inner,
+    )
+    result = speed_benchmark(
+        lengths=parse_ints(args.lengths, name="--lengths", minimum=1),
+        model=sizes,
+        segment=args.segment,
+        tokens=args.tokens,
+        xl_tokens=args.xl_tokens,
+        repeats=args.repeats,
+        device=args.device,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
@@ -386,27 +512,50 @@ def _cmd_analyze_recl(args: argparse.Namespace) -> int:
     from .analysis.recl import analyze_recl
 
     lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
-    result = analyze_recl([Path(d) for d in args.run_dirs], lengths=lengths, delta=args.delta,
-                          r_percent=parse_floats(args.r, name="--r"), split=args.split,
-                          max_tokens=args.max_tokens, batch_size=args.batch_size, checkpoint=args.checkpoint,
-                          device=args.device, progress=not args.quiet)
+    result = analyze_recl(
+        [Path(d) for d in args.run_dirs],
+        lengths=lengths,
+        delta=args.delta,
+        r_percent=parse_floats(args.r, name="--r"),
+        split=args.split,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
 def _cmd_analyze_recall(args: argparse.Namespace) -> int:
     from .analysis.recall import recall_task
 
-    result = recall_task(Path(args.out), segment=args.segment, distance=args.distance, steps=args.steps,
-                         seed=args.seed, overwrite=args.overwrite, progress=not args.quiet)
+    result = recall_task(
+        Path(args.out),
+        segment=args.segment,
+        distance=args.distance,
+        steps=args.steps,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
 def _cmd_analyze_attention(args: argparse.Namespace) -> int:
     from .analysis.attention import analyze_attention
 
-    result = analyze_attention(Path(args.run_dir), split=args.split, max_tokens=args.max_tokens,
-                               mem_len=args.mem_len, tgt_len=args.tgt_len, batch_size=args.batch_size,
-                               checkpoint=args.checkpoint, device=args.device, progress=not args.quiet)
+    result = analyze_attention(
+        Path(args.run_dir),
+        split=args.split,
+        max_tokens=args.max_tokens,
+        mem_len=args.mem_len,
+        tgt_len=args.tgt_len,
+        batch_size=args.batch_size,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        progress=not args.quiet,
+    )
     return _report(args, result)
 
 
@@ -461,16 +610,25 @@ than the current segment, per layer (and head, in the JSON). Writes OUT/results.
 
 
 def _add_output_options(p: argparse.ArgumentParser, *, default_out: str | None) -> None:
-    p.add_argument("--out", required=default_out is None, default=default_out,
-                   help="folder for results.json and the figures" + (f" (default: {default_out})" if default_out else ""))
+    p.add_argument(
+        "--out",
+        required=default_out is None,
+        default=default_out,
+        help="folder for results.json and the figures"
+        + (f" (default: {default_out})" if default_out else ""),
+    )
     p.add_argument("--no-plots", action="store_true", help="write results.json only (no matplotlib needed)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, max_tokens: int | None) -> None:
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help=f"use the first N targets of the split (default: {max_tokens or 'all'})")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=max_tokens,
+        help=f"use the first N targets of the split (default: {max_tokens or 'all'})",
+    )
     p.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")
     p.add_argument("--device", default="cpu")
 
@@ -478,17 +636,38 @@ def _add_run_options(p: argparse.ArgumentParser, *, max_tokens: int | None) -> N
 def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     """``txl compare`` and ``txl analyze ...``."""
     raw = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("compare", help="train Transformer-XL and the vanilla baseline, compare them side by side",
-                       description=_COMPARE_HELP, formatter_class=raw)
-    p.add_argument("--config", required=True, help=f"the Transformer-XL: a preset ({', '.join(preset_names())}) "
-                                                   "or a TOML file")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config field of both runs (repeatable)")
-    p.add_argument("--stride", type=int, default=1, help="vanilla sliding window: predictions per window "
-                                                          "(1: the paper's protocol; larger is faster)")
-    p.add_argument("--prompt", action="append", help="a text to continue in samples.md (repeatable; default: "
-                                                     "three passages of the test split)")
-    p.add_argument("--sample-tokens", type=int, default=200, help="tokens each model writes per prompt (0: none)")
+    p = sub.add_parser(
+        "compare",
+        help="train Transformer-XL and the vanilla baseline, compare them side by side",
+        description=_COMPARE_HELP,
+        formatter_class=raw,
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help=f"the Transformer-XL: a preset ({', '.join(preset_names())}) or a TOML file",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field of both runs (repeatable)",
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=1,
+        help="vanilla sliding window: predictions per window (1: the paper's protocol; larger is faster)",
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        help="a text to continue in samples.md (repeatable; default: three passages of the test split)",
+    )
+    p.add_argument(
+        "--sample-tokens", type=int, default=200, help="tokens each model writes per prompt (0: none)"
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for both models)")
     p.add_argument("--overwrite", action="store_true", help="train both runs again from scratch")
     _add_output_options(p, default_out=None)
@@ -497,24 +676,42 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="check the paper's claims: memory, speed, recl, recall, attention")
     analyses = p.add_subparsers(dest="analysis", required=True)
 
-    a = analyses.add_parser("memory", help="loss of a trained Transformer-XL against its evaluation memory",
-                            description=_MEMORY_HELP, formatter_class=raw)
+    a = analyses.add_parser(
+        "memory",
+        help="loss of a trained Transformer-XL against its evaluation memory",
+        description=_MEMORY_HELP,
+        formatter_class=raw,
+    )
     a.add_argument("run_dir")
     a.add_argument("--lengths", help="comma-separated memory lengths (default: 0, M/4, M/2, M, 2M, 4M, 8M)")
-    a.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)")
-    a.add_argument("--same-length", action="store_true", help="every query attends to the same number of keys")
+    a.add_argument(
+        "--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)"
+    )
+    a.add_argument(
+        "--same-length", action="store_true", help="every query attends to the same number of keys"
+    )
     a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
     a.add_argument("--batch-size", type=int, help="parallel streams (default: the run's eval.batch_size)")
     _add_run_options(a, max_tokens=None)
     _add_output_options(a, default_out=None)
     a.set_defaults(func=_cmd_analyze_memory)
 
-    a = analyses.add_parser("speed", help="per-token evaluation time, vanilla sliding window vs XL (Table 9)",
-                            description=_SPEED_HELP, formatter_class=raw)
-    a.add_argument("--lengths", default="128,256,512,800", help="attention lengths (default: 128,256,512,800)")
+    a = analyses.add_parser(
+        "speed",
+        help="per-token evaluation time, vanilla sliding window vs XL (Table 9)",
+        description=_SPEED_HELP,
+        formatter_class=raw,
+    )
+    a.add_argument(
+        "--lengths", default="128,256,512,800", help="attention lengths (default: 128,256,512,800)"
+    )
     a.add_argument("--segment", type=int, default=64, help="Transformer-XL segment length (default: 64)")
-    a.add_argument("--tokens", type=int, default=128, help="vanilla predictions timed per length (default: 128)")
-    a.add_argument("--xl-tokens", type=int, default=2048, help="XL predictions timed per length (default: 2048)")
+    a.add_argument(
+        "--tokens", type=int, default=128, help="vanilla predictions timed per length (default: 128)"
+    )
+    a.add_argument(
+        "--xl-tokens", type=int, default=2048, help="XL predictions timed per length (default: 2048)"
+    )
     a.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the fastest counts")
     a.add_argument("--n-layer", type=int, default=2)
     a.add_argument("--n-head", type=int, default=4)
@@ -526,10 +723,16 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     _add_output_options(a, default_out="runs/speed")
     a.set_defaults(func=_cmd_analyze_speed)
 
-    a = analyses.add_parser("recl", help="relative effective context length of a group of runs",
-                            description=_RECL_HELP, formatter_class=raw)
+    a = analyses.add_parser(
+        "recl",
+        help="relative effective context length of a group of runs",
+        description=_RECL_HELP,
+        formatter_class=raw,
+    )
     a.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    a.add_argument("--lengths", help="contexts c (default: delta, 2 delta, ..., 8T; T the shortest training segment)")
+    a.add_argument(
+        "--lengths", help="contexts c (default: delta, 2 delta, ..., 8T; T the shortest training segment)"
+    )
     a.add_argument("--delta", type=int, help="extension c -> c + delta (default: T/2)")
     a.add_argument("--r", default="0.1,0.5,1.0", help="thresholds in percent (default: 0.1,0.5,1.0)")
     a.add_argument("--batch-size", type=int, default=8, help="rows read in parallel by the Transformer-XL")
@@ -537,18 +740,28 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     _add_output_options(a, default_out=None)
     a.set_defaults(func=_cmd_analyze_recl)
 
-    a = analyses.add_parser("recall", help="exact recall D positions back: XL near 100%%, vanilla at chance",
-                            description=_RECALL_HELP, formatter_class=raw)
+    a = analyses.add_parser(
+        "recall",
+        help="exact recall D positions back: XL near 100%%, vanilla at chance",
+        description=_RECALL_HELP,
+        formatter_class=raw,
+    )
     a.add_argument("--segment", type=int, default=16, help="training segment of both models (default: 16)")
-    a.add_argument("--distance", type=int, help="D, positions between a symbol and its repeat (default: 2 x segment)")
+    a.add_argument(
+        "--distance", type=int, help="D, positions between a symbol and its repeat (default: 2 x segment)"
+    )
     a.add_argument("--steps", type=int, default=400, help="training steps of each model (default: 400)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--overwrite", action="store_true", help="train both runs again from scratch")
     _add_output_options(a, default_out="runs/recall")
     a.set_defaults(func=_cmd_analyze_recall)
 
-    a = analyses.add_parser("attention", help="attention by distance and memory share, per layer",
-                            description=_ATTENTION_HELP, formatter_class=raw)
+    a = analyses.add_parser(
+        "attention",
+        help="attention by distance and memory share, per layer",
+        description=_ATTENTION_HELP,
+        formatter_class=raw,
+    )
     a.add_argument("run_dir")
     a.add_argument("--mem-len", type=int, help="memory length (default: the run's evaluation memory)")
     a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
@@ -564,58 +777,94 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="txl", description="Transformer-XL language modelling.")
     parser.add_argument("--version", action="version", version=f"txl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    checkpoint_help = ("which checkpoint: best (default; latest when the run has no best), latest, "
-                       "a checkpoint name such as step-00001750, or a checkpoint folder")
+    checkpoint_help = (
+        "which checkpoint: best (default; latest when the run has no best), latest, "
+        "a checkpoint name such as step-00001750, or a checkpoint folder"
+    )
 
     p = sub.add_parser("train", help="train a model (or --resume a run)")
     p.add_argument("--config", help=f"a preset ({', '.join(preset_names())}) or a TOML file")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config field, e.g. --set train.steps=500 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field, e.g. --set train.steps=500 (repeatable)",
+    )
     p.add_argument("--out", help="run folder to create")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--nproc", type=_positive_int, metavar="N",
-                   help="train data-parallel on N processes of this machine (launches torchrun; the "
-                        "train.batch_size streams are split over them)")
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        metavar="N",
+        help="train data-parallel on N processes of this machine (launches torchrun; the "
+        "train.batch_size streams are split over them)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
     p.add_argument("run_dir")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
-    p.add_argument("--tgt-len", type=_positive_int,
-                   help="segment length (default: the run's eval/train tgt_len)")
-    p.add_argument("--mem-len", type=_non_negative_int,
-                   help="memory length (default: the run's eval.mem_len, else the model's); 0: no memory")
-    p.add_argument("--clamp-len", type=_positive_int,
-                   help="clamp relative distances (default: the run's eval.clamp_len)")
-    p.add_argument("--same-length", action=argparse.BooleanOptionalAction, default=None,
-                   help="every query attends to the same number of keys (default: the run's eval setting; "
-                        "turned off with a note when there is no memory)")
-    p.add_argument("--batch-size", type=_positive_int,
-                   help="parallel streams (default: the run's eval.batch_size)")
+    p.add_argument(
+        "--tgt-len", type=_positive_int, help="segment length (default: the run's eval/train tgt_len)"
+    )
+    p.add_argument(
+        "--mem-len",
+        type=_non_negative_int,
+        help="memory length (default: the run's eval.mem_len, else the model's); 0: no memory",
+    )
+    p.add_argument(
+        "--clamp-len", type=_positive_int, help="clamp relative distances (default: the run's eval.clamp_len)"
+    )
+    p.add_argument(
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query attends to the same number of keys (default: the run's eval setting; "
+        "turned off with a note when there is no memory)",
+    )
+    p.add_argument(
+        "--batch-size", type=_positive_int, help="parallel streams (default: the run's eval.batch_size)"
+    )
     p.add_argument("--max-tokens", type=_positive_int, help="evaluate only the first N tokens")
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("generate", help="sample text from a trained run, with a key/value cache of the memory")
+    p = sub.add_parser(
+        "generate", help="sample text from a trained run, with a key/value cache of the memory"
+    )
     p.add_argument("run_dir")
     p.add_argument("--prompt", help="text to continue (default: a newline)")
     p.add_argument("--prompt-file", metavar="FILE", help="continue the text of this UTF-8 file")
-    p.add_argument("--max-new-tokens", type=_non_negative_int,
-                   help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_non_negative_int,
+        help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt",
+    )
     p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
     p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=_top_p,
-                   help="sample among the most likely tokens whose probability reaches p")
+    p.add_argument(
+        "--top-p", type=_top_p, help="sample among the most likely tokens whose probability reaches p"
+    )
     p.add_argument("--greedy", action="store_true", help="always the most likely token (temperature 0)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end a sample when its new text contains TEXT, cut before it (repeatable)")
-    p.add_argument("--num-samples", type=_positive_int, default=1, metavar="N", help="samples, one after the other")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample when its new text contains TEXT, cut before it (repeatable)",
+    )
+    p.add_argument(
+        "--num-samples", type=_positive_int, default=1, metavar="N", help="samples, one after the other"
+    )
     p.add_argument("--stream", action="store_true", help="print the text as it is produced")
-    p.add_argument("--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)")
+    p.add_argument(
+        "--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
@@ -623,32 +872,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve a run over HTTP: OpenAI-shaped completions, scores, a web page")
     p.add_argument("run_dir")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)",
+    )
     p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: any free port)")
-    p.add_argument("--max-tokens-limit", type=_positive_int, default=1024,
-                   help="the largest max_tokens a request may ask for (default: 1024)")
-    p.add_argument("--max-prompt-chars", type=_positive_int, default=20_000,
-                   help="the longest prompt or scored text, in characters (default: 20000)")
-    p.add_argument("--queue-size", type=_non_negative_int, default=8,
-                   help="requests that may wait while one runs; more get 429 (default: 8)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (default: info, one line per request)")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=_positive_int,
+        default=1024,
+        help="the largest max_tokens a request may ask for (default: 1024)",
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=_positive_int,
+        default=20_000,
+        help="the longest prompt or scored text, in characters (default: 20000)",
+    )
+    p.add_argument(
+        "--queue-size",
+        type=_non_negative_int,
+        default=8,
+        help="requests that may wait while one runs; more get 429 (default: 8)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default: info, one line per request)",
+    )
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("demo", help="train Transformer-XL and the vanilla baseline on Python's stdlib, compare")
-    p.add_argument("--out", default="runs/demo",
-                   help="folder for the two runs and demo.json (default: runs/demo); "
-                        "a second demo there replaces the first")
+    p = sub.add_parser(
+        "demo", help="train Transformer-XL and the vanilla baseline on Python's stdlib, compare"
+    )
+    p.add_argument(
+        "--out",
+        default="runs/demo",
+        help="folder for the two runs and demo.json (default: runs/demo); "
+        "a second demo there replaces the first",
+    )
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=_positive_int,
-                        help=f"training steps of each model (default: {DEFAULT_STEPS}; "
-                             "the same steps give the same result everywhere)")
-    length.add_argument("--minutes", type=_positive_float,
-                        help="instead of --steps: time a few steps here and train as many steps as fit "
-                             "about this many minutes per model (the result then follows this machine's speed)")
+    length.add_argument(
+        "--steps",
+        type=_positive_int,
+        help=f"training steps of each model (default: {DEFAULT_STEPS}; "
+        "the same steps give the same result everywhere)",
+    )
+    length.add_argument(
+        "--minutes",
+        type=_positive_float,
+        help="instead of --steps: time a few steps here and train as many steps as fit "
+        "about this many minutes per model (the result then follows this machine's speed)",
+    )
     p.add_argument("--overwrite", action="store_true", default=True, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_demo)

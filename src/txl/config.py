@@ -53,14 +53,20 @@ def _check(cond: bool, name: str, message: str) -> None:
 
 def _positive_int(obj: Any, name: str) -> None:
     value = getattr(obj, name)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
-           f"must be a positive integer, got {value!r}")
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        name,
+        f"must be a positive integer, got {value!r}",
+    )
 
 
 def _non_negative_int(obj: Any, name: str) -> None:
     value = getattr(obj, name)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name,
-           f"must be a non-negative integer, got {value!r}")
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        name,
+        f"must be a non-negative integer, got {value!r}",
+    )
 
 
 def _probability(obj: Any, name: str) -> None:
@@ -112,9 +118,16 @@ class Span:
         _non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
             _positive_int(self, "clamp_len")
-        _check(isinstance(self.same_length, bool), "same_length", f"must be true or false, got {self.same_length!r}")
-        _check(not (self.same_length and self.mem_len == 0), "same_length",
-               "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)")
+        _check(
+            isinstance(self.same_length, bool),
+            "same_length",
+            f"must be true or false, got {self.same_length!r}",
+        )
+        _check(
+            not (self.same_length and self.mem_len == 0),
+            "same_length",
+            "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)",
+        )
 
     def replace(self, **changes: Any) -> Span:
         """A new span with some lengths changed (validated)."""
@@ -125,7 +138,9 @@ class SameLengthOff(TxlWarning):
     """Same-length attention was turned off because the span has no memory (it would mask every key)."""
 
 
-def span_of(*, mem_len: int, clamp_len: int | None, same_length: bool, same_length_asked: bool = False) -> Span:
+def span_of(
+    *, mem_len: int, clamp_len: int | None, same_length: bool, same_length_asked: bool = False
+) -> Span:
     """The span of these lengths. Without memory, same-length attention would leave a query no key to attend
     to: when it comes with the settings (it was not asked for with ``mem_len``) it is turned off, with a
     :class:`SameLengthOff` warning; asked for with ``same_length_asked``, it is a ConfigError."""
@@ -198,7 +213,9 @@ class TransformerXLConfig:
             object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
         for name in ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner", "div_val"):
             _positive_int(self, name)
-        _check(self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}")
+        _check(
+            self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}"
+        )
         if self.d_embed is not None:
             _positive_int(self, "d_embed")
         _probability(self, "dropout")
@@ -208,18 +225,37 @@ class TransformerXLConfig:
         if self.clamp_len is not None:
             _positive_int(self, "clamp_len")
         for name in ("same_length", "pre_norm", "final_norm", "tie_weights", "share_rel_bias", "tie_projs"):
-            _check(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
+            _check(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"must be true or false, got {getattr(self, name)!r}",
+            )
         if self.attention == "relative":  # the baseline ignores mem_len and same_length
             _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
         cut = self.cutoffs
-        _check(all(isinstance(c, int) and not isinstance(c, bool) for c in cut), "cutoffs", "must be integers")
-        _check(all(a < b for a, b in zip(cut, cut[1:], strict=False)), "cutoffs", f"must increase strictly, got {cut}")
-        _check(all(0 < c < self.vocab_size for c in cut), "cutoffs",
-               f"must lie strictly between 0 and vocab_size={self.vocab_size}, got {cut}")
+        _check(
+            all(isinstance(c, int) and not isinstance(c, bool) for c in cut), "cutoffs", "must be integers"
+        )
+        _check(
+            all(a < b for a, b in zip(cut, cut[1:], strict=False)),
+            "cutoffs",
+            f"must increase strictly, got {cut}",
+        )
+        _check(
+            all(0 < c < self.vocab_size for c in cut),
+            "cutoffs",
+            f"must lie strictly between 0 and vocab_size={self.vocab_size}, got {cut}",
+        )
         if self.div_val > 1:
-            _check(bool(cut), "div_val", "needs cutoffs (div_val > 1 shrinks the embeddings of adaptive clusters)")
+            _check(
+                bool(cut),
+                "div_val",
+                "needs cutoffs (div_val > 1 shrinks the embeddings of adaptive clusters)",
+            )
             smallest = self.embed_dim // self.div_val ** len(cut)
-            _check(smallest > 0, "div_val", f"d_embed // div_val**{len(cut)} must be positive, got {smallest}")
+            _check(
+                smallest > 0, "div_val", f"d_embed // div_val**{len(cut)} must be positive, got {smallest}"
+            )
         for name in ("init_std", "proj_init_std"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and value > 0, name, f"must be positive, got {value!r}")
@@ -280,14 +316,19 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
-        _check(isinstance(self.text_field, str) and bool(self.text_field), "text_field", "must be a column name")
+        _check(
+            isinstance(self.text_field, str) and bool(self.text_field), "text_field", "must be a column name"
+        )
         if self.vocab is not None:
             _one_of(self, "vocab", typing.get_args(VocabKind))
         _positive_int(self, "min_freq")
         if self.max_size is not None:
             _positive_int(self, "max_size")
-        _check(isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260, "bpe_vocab_size",
-               f"must be an integer >= 260, got {self.bpe_vocab_size!r}")
+        _check(
+            isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260,
+            "bpe_vocab_size",
+            f"must be an integer >= 260, got {self.bpe_vocab_size!r}",
+        )
         if self.tokenizer is not None:
             _one_of(self, "tokenizer", typing.get_args(Tokenizer))
 
@@ -351,25 +392,37 @@ class TrainConfig:
         for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
             _non_negative_int(self, name)
         _check(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", f"must be positive, got {self.lr!r}")
-        _check(isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr, "min_lr",
-               f"must be in [0, lr], got {self.min_lr!r}")
+        _check(
+            isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr,
+            "min_lr",
+            f"must be in [0, lr], got {self.min_lr!r}",
+        )
         _one_of(self, "schedule", typing.get_args(Schedule))
-        _check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "weight_decay",
-               "must be >= 0")
+        _check(
+            isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0,
+            "weight_decay",
+            "must be >= 0",
+        )
         for name in ("beta1", "beta2"):
             _probability(self, name)
         if self.clip is not None:
             _check(isinstance(self.clip, (int, float)) and self.clip > 0, "clip", "must be positive or null")
         _one_of(self, "precision", typing.get_args(Precision))
-        _check(self.batch_size % self.accum_steps == 0, "accum_steps",
-               f"must divide batch_size={self.batch_size}, got {self.accum_steps}")
+        _check(
+            self.batch_size % self.accum_steps == 0,
+            "accum_steps",
+            f"must divide batch_size={self.batch_size}, got {self.accum_steps}",
+        )
         if self.eval_tokens is not None:
             _positive_int(self, "eval_tokens")
         if self.patience is not None:
             _positive_int(self, "patience")
         if self.time_limit is not None:
-            _check(isinstance(self.time_limit, (int, float)) and self.time_limit > 0, "time_limit",
-                   f"must be a positive number of minutes, got {self.time_limit!r}")
+            _check(
+                isinstance(self.time_limit, (int, float)) and self.time_limit > 0,
+                "time_limit",
+                f"must be a positive number of minutes, got {self.time_limit!r}",
+            )
 
 
 @dataclass(frozen=True)
@@ -396,7 +449,11 @@ class EvalConfig:
         if self.clamp_len is not None:
             _positive_int(self, "clamp_len")
         if self.same_length is not None:
-            _check(isinstance(self.same_length, bool), "same_length", f"must be true or false, got {self.same_length!r}")
+            _check(
+                isinstance(self.same_length, bool),
+                "same_length",
+                f"must be true or false, got {self.same_length!r}",
+            )
         _check(not (self.same_length is True and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
 
 
@@ -421,13 +478,18 @@ class GenerateConfig:
 def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None) -> None:
     """Validate sampling settings (the one place: :class:`GenerateConfig` and :mod:`txl.generate` use it).
     Raises ConfigError (a ValueError) naming the setting."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature) or temperature < 0):
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
         raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ConfigError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):
         raise ConfigError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 
 
@@ -448,25 +510,37 @@ def first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def eval_span(config: RunConfig, *, mem_len: int | None = None, clamp_len: int | None = None,
-              same_length: bool | None = None) -> Span:
+def eval_span(
+    config: RunConfig,
+    *,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+) -> Span:
     """The span to evaluate a run with: the lengths given here, else its ``[eval]`` lengths where set, else
     the model's (one place resolves them for the trainer, ``txl eval`` and the analyses). A memory of 0 turns
     off same-length attention not given with it (see :func:`span_of`). The vanilla baseline has no memory:
     giving it lengths is an error."""
     model, ev = config.model, config.eval
     if model.attention != "relative":
-        given = [name for name, value in (("mem_len", mem_len), ("clamp_len", clamp_len), ("same_length", same_length))
-                 if value is not None]
+        given = [
+            name
+            for name, value in (("mem_len", mem_len), ("clamp_len", clamp_len), ("same_length", same_length))
+            if value is not None
+        ]
         if given:
-            raise ConfigError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the Transformer-XL "
-                              "only (this run is the vanilla baseline: no memory, no relative positions)")
+            raise ConfigError(
+                f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the Transformer-XL "
+                "only (this run is the vanilla baseline: no memory, no relative positions)"
+            )
         return model.span
     try:
-        return span_of(mem_len=first_set(mem_len, ev.mem_len, model.mem_len),
-                       clamp_len=first_set(clamp_len, ev.clamp_len, model.clamp_len),
-                       same_length=first_set(same_length, ev.same_length, model.same_length),
-                       same_length_asked=same_length is not None)
+        return span_of(
+            mem_len=first_set(mem_len, ev.mem_len, model.mem_len),
+            clamp_len=first_set(clamp_len, ev.clamp_len, model.clamp_len),
+            same_length=first_set(same_length, ev.same_length, model.same_length),
+            same_length_asked=same_length is not None,
+        )
     except ConfigError as exc:
         raise ConfigError(f"eval.{exc}") from None
 
@@ -565,6 +639,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """Nested plain values (tuples as lists) for JSON or TOML."""
+
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -590,8 +665,10 @@ def load_config(name_or_path: str | Path) -> RunConfig:
     if not (path.suffix == ".toml" or path.exists()):
         path = _presets_dir() / f"{name_or_path}.toml"
         if not path.exists():
-            raise ConfigError(f"unknown preset {str(name_or_path)!r} (presets: {', '.join(preset_names())}; "
-                              "or give a path to a .toml file)")
+            raise ConfigError(
+                f"unknown preset {str(name_or_path)!r} (presets: {', '.join(preset_names())}; "
+                "or give a path to a .toml file)"
+            )
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

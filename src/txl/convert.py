@@ -49,10 +49,21 @@ def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
     raise CheckpointError(f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass --vocab PATH")
 
 
-def convert(src: str | Path, dst: str | Path, *, source: Source | None = None, vocab: str | Path | None = None,
-            corpus: str = "wikitext-103", tgt_len: int | None = None, mem_len: int | None = None,
-            clamp_len: int | None = None, same_length: bool | None = None, pre_norm: bool = False,
-            cutoffs: tuple[int, ...] | None = None, overwrite: bool = False) -> Path:
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    source: Source | None = None,
+    vocab: str | Path | None = None,
+    corpus: str = "wikitext-103",
+    tgt_len: int | None = None,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    pre_norm: bool = False,
+    cutoffs: tuple[int, ...] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the checkpoint ``src`` as a run folder ``dst`` and return it.
 
     ``source``: ``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file), detected
@@ -73,24 +84,36 @@ def convert(src: str | Path, dst: str | Path, *, source: Source | None = None, v
     else:
         if mem_len is None:
             raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
-        model = load_original(src, pre_norm=pre_norm, mem_len=mem_len, same_length=bool(same_length),
-                              clamp_len=clamp_len, cutoffs=cutoffs)
+        model = load_original(
+            src,
+            pre_norm=pre_norm,
+            mem_len=mem_len,
+            same_length=bool(same_length),
+            clamp_len=clamp_len,
+            cutoffs=cutoffs,
+        )
         tgt_len = tgt_len or 128
     model = model.float()
     if len(words) != model.config.vocab_size:
         raise CheckpointError(f"the vocabulary has {len(words)} symbols, the model {model.config.vocab_size}")
-    config = RunConfig(model=_with_span(model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length),
-                       data=DataConfig(corpus=corpus, vocab="word", tokenizer="whitespace"),
-                       train=TrainConfig(tgt_len=int(tgt_len)), eval=EvalConfig(tgt_len=int(tgt_len)))
+    config = RunConfig(
+        model=_with_span(model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length),
+        data=DataConfig(corpus=corpus, vocab="word", tokenizer="whitespace"),
+        train=TrainConfig(tgt_len=int(tgt_len)),
+        eval=EvalConfig(tgt_len=int(tgt_len)),
+    )
     if paths.holds_run():
         clear_run(paths)
     paths.root.mkdir(parents=True, exist_ok=True)
     words.save(paths.vocab)
     save_run_config(paths.root, config)
-    meta = {"config": config_to_dict(config), "model": config_to_dict(config.model),
-            "vocab_fingerprint": words.fingerprint, "converted_from": {"source": source, "path": str(src)}}
-    save_checkpoint(paths.best, model=model, optimizer=None, memory=None, state=TrainingState(),
-                    meta=meta)
+    meta = {
+        "config": config_to_dict(config),
+        "model": config_to_dict(config.model),
+        "vocab_fingerprint": words.fingerprint,
+        "converted_from": {"source": source, "path": str(src)},
+    }
+    save_checkpoint(paths.best, model=model, optimizer=None, memory=None, state=TrainingState(), meta=meta)
     return paths.root
 
 

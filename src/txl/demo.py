@@ -38,12 +38,25 @@ _REFERENCE_S_PER_STEP = {"transformer-xl": 175 / 3037, "vanilla": 95 / 3037}
 def demo_config(steps: int) -> RunConfig:
     """The demo's Transformer-XL: 4 layers, d_model 128, segments of 64 bytes, memory of 64 (128 at eval)."""
     return RunConfig(
-        model=TransformerXLConfig(vocab_size=256, n_layer=4, n_head=4, d_head=32, d_model=128, d_inner=512,
-                                  mem_len=64),
+        model=TransformerXLConfig(
+            vocab_size=256, n_layer=4, n_head=4, d_head=32, d_model=128, d_inner=512, mem_len=64
+        ),
         data=DataConfig(corpus="python-stdlib", vocab="byte"),
-        train=TrainConfig(steps=steps, batch_size=12, tgt_len=64, lr=1e-3, min_lr=1e-4, warmup_steps=min(100, steps // 10),
-                          weight_decay=0.1, beta2=0.99, clip=1.0, log_every=25, eval_every=0,
-                          checkpoint_every=0, seed=0),
+        train=TrainConfig(
+            steps=steps,
+            batch_size=12,
+            tgt_len=64,
+            lr=1e-3,
+            min_lr=1e-4,
+            warmup_steps=min(100, steps // 10),
+            weight_decay=0.1,
+            beta2=0.99,
+            clip=1.0,
+            log_every=25,
+            eval_every=0,
+            checkpoint_every=0,
+            seed=0,
+        ),
         eval=EvalConfig(batch_size=32, tgt_len=64, mem_len=128),
     )
 
@@ -83,11 +96,16 @@ def choose_steps(steps: int | None, minutes: float | None) -> int:
         return steps
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes < float("inf"):
         raise ValueError(f"minutes must be a positive number, got {minutes!r}")
-    print(f"timing a few steps to fit about {minutes:g} min of training per model on this machine...",
-          flush=True)
+    print(
+        f"timing a few steps to fit about {minutes:g} min of training per model on this machine...",
+        flush=True,
+    )
     steps = _steps_for(demo_config(1), minutes)
-    print(f"{steps:,} steps: this count follows this machine's speed and present load; "
-          f"for a result that is the same everywhere, use --steps (default {DEFAULT_STEPS:,})", flush=True)
+    print(
+        f"{steps:,} steps: this count follows this machine's speed and present load; "
+        f"for a result that is the same everywhere, use --steps (default {DEFAULT_STEPS:,})",
+        flush=True,
+    )
     return steps
 
 
@@ -95,18 +113,30 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = None, overwrite: bool = True,
-             progress: bool = True) -> dict[str, Any]:
+def run_demo(
+    out: Path,
+    *,
+    steps: int | None = None,
+    minutes: float | None = None,
+    overwrite: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train both models for ``steps`` steps each (default :data:`DEFAULT_STEPS`), or for as many steps as
     fit about ``minutes`` each here (timed at start-up; not both), and print the comparison and a sample.
     Writes ``out/transformer-xl``, ``out/vanilla`` and ``out/demo.json``, replacing an earlier demo there."""
     out = Path(out)
-    print("txl demo: byte-level language modelling of this machine's Python standard library "
-          "(no network needed)", flush=True)
+    print(
+        "txl demo: byte-level language modelling of this machine's Python standard library "
+        "(no network needed)",
+        flush=True,
+    )
     data = prepare_data(demo_config(1).data)
     sizes = {s: len(v) for s, v in data.splits.items()}
-    print(f"corpus: {sizes['train']:,} train / {sizes['valid']:,} validation bytes "
-          f"({len(data.corpus.sources['train'])} train files)", flush=True)
+    print(
+        f"corpus: {sizes['train']:,} train / {sizes['valid']:,} validation bytes "
+        f"({len(data.corpus.sources['train'])} train files)",
+        flush=True,
+    )
     steps = choose_steps(steps, minutes)
     xl_config = demo_config(steps)
     # No time limit: both models always train exactly ``steps`` steps, whatever the machine.
@@ -119,27 +149,34 @@ def run_demo(out: Path, *, steps: int | None = None, minutes: float | None = Non
         else:  # scale the time measured here for the first model by the two models' reference ratio
             ratio = _REFERENCE_S_PER_STEP[name] / _REFERENCE_S_PER_STEP["transformer-xl"]
             measured = results["transformer-xl"]["elapsed_s"]
-            how_long = (f"about {_minutes(measured * ratio)} here: the Transformer-XL's {_minutes(measured)} "
-                        f"x {ratio:.2f}, their ratio on a quiet machine")
+            how_long = (
+                f"about {_minutes(measured * ratio)} here: the Transformer-XL's {_minutes(measured)} "
+                f"x {ratio:.2f}, their ratio on a quiet machine"
+            )
         print(f"\ntraining {name} for {steps:,} steps ({how_long}), then evaluating it...", flush=True)
         results[name] = train(config, out / name, overwrite=overwrite, progress=progress)
 
     print("\nvalidation and test bits per byte (lower is better), every byte of each split predicted once:")
     print(f"{'model':<16}{'params':>10}{'steps':>8}{'val bpb':>9}{'test bpb':>10}")
     for name, summary in results.items():
-        print(f"{name:<16}{summary['params']:>10,}{summary['steps']:>8}"
-              f"{summary['val_bpc']:>9.3f}{summary.get('test_bpc', float('nan')):>10.3f}")
+        print(
+            f"{name:<16}{summary['params']:>10,}{summary['steps']:>8}"
+            f"{summary['val_bpc']:>9.3f}{summary.get('test_bpc', float('nan')):>10.3f}"
+        )
     xl, vanilla = results["transformer-xl"]["val_bpc"], results["vanilla"]["val_bpc"]
-    print(f"Transformer-XL vs vanilla: {vanilla - xl:+.3f} bits per byte "
-          f"({'better' if xl < vanilla else 'not better'} with memory and relative positions)")
+    print(
+        f"Transformer-XL vs vanilla: {vanilla - xl:+.3f} bits per byte "
+        f"({'better' if xl < vanilla else 'not better'} with memory and relative positions)"
+    )
     times = ", ".join(f"{name} {summary['elapsed_s']:.0f} s" for name, summary in results.items())
     print(f"training time here: {times} (this machine's speed and load)")
 
     run = load_run(out / "transformer-xl")
     generator = torch.Generator().manual_seed(0)
     prompt = "def "
-    sample = generate_text(run.model, run.vocab, prompt, max_new_tokens=300, temperature=0.8, top_k=40,
-                           generator=generator)
+    sample = generate_text(
+        run.model, run.vocab, prompt, max_new_tokens=300, temperature=0.8, top_k=40, generator=generator
+    )
     print("\nsample from the Transformer-XL (prompt 'def ', temperature 0.8, top-k 40):\n")
     print(prompt + sample)
     report = {"steps": steps, "results": results, "sample": prompt + sample}

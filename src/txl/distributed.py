@@ -58,8 +58,10 @@ class Distributed:
         """This rank's contiguous batch rows ``[r·B/N, (r+1)·B/N)``; ``field`` names the setting in the error
         raised when B is not divisible by N."""
         if batch_size % self.world_size:
-            raise ConfigError(f"{field}={batch_size} cannot be split over {self.world_size} processes: it must "
-                              f"be a multiple of the number of processes")
+            raise ConfigError(
+                f"{field}={batch_size} cannot be split over {self.world_size} processes: it must "
+                f"be a multiple of the number of processes"
+            )
         per = batch_size // self.world_size
         return slice(self.rank * per, (self.rank + 1) * per)
 
@@ -85,7 +87,9 @@ class Distributed:
         """True on every rank when ``flag`` is true on any rank (so that all ranks take the same branch)."""
         if not self.enabled:
             return bool(flag)
-        return bool(self.all_reduce_sum(torch.tensor([int(bool(flag))], device=self._collective_device())) > 0)
+        return bool(
+            self.all_reduce_sum(torch.tensor([int(bool(flag))], device=self._collective_device())) > 0
+        )
 
     def gather_rows(self, tensor: Tensor) -> Tensor:
         """Every rank's ``tensor`` (rows of one shape) concatenated along dim 0 in rank order, on every rank."""
@@ -132,8 +136,9 @@ def from_environment(device: str = "cpu") -> Distributed:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return SINGLE
-    group = Distributed(rank=int(os.environ["RANK"]), world_size=world_size,
-                        local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    group = Distributed(
+        rank=int(os.environ["RANK"]), world_size=world_size, local_rank=int(os.environ.get("LOCAL_RANK", "0"))
+    )
     if not dist.is_initialized():
         on_gpu = group.device(device).type == "cuda"
         if on_gpu:
@@ -146,8 +151,16 @@ def launch_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs ``txl <argv>`` on ``nproc`` processes of this machine."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ConfigError(f"--nproc must be a positive integer, got {nproc!r}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "txl", *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "txl",
+        *argv,
+    ]
 
 
 def launch(nproc: int, argv: list[str]) -> int:

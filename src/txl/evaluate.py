@@ -45,10 +45,20 @@ def metrics_from_loss(loss: float) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_size: int, tgt_len: int,
-             span: Span | None = None, device: torch.device | str | None = None, precision: str = "fp32",
-             max_tokens: int | None = None, progress: bool = False, desc: str = "eval",
-             group: Distributed = SINGLE) -> EvalResult:
+def evaluate(
+    model: TransformerXL,
+    tokens: np.ndarray | torch.Tensor,
+    *,
+    batch_size: int,
+    tgt_len: int,
+    span: Span | None = None,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+    max_tokens: int | None = None,
+    progress: bool = False,
+    desc: str = "eval",
+    group: Distributed = SINGLE,
+) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
     its stream, carrying memory across segments. ``span`` sets the memory length, clamp and same-length
     attention (default: the model's). ``max_tokens`` limits evaluation to a prefix. Under data parallelism
@@ -68,8 +78,9 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
     count = 0
     memory = None
     try:
-        for batch in tqdm(stream, total=stream.n_batches, desc=desc, disable=not progress or not group.is_main,
-                          leave=False):
+        for batch in tqdm(
+            stream, total=stream.n_batches, desc=desc, disable=not progress or not group.is_main, leave=False
+        ):
             batch = batch.select(rows).to(device)  # (B/N, T): this process's streams
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
@@ -89,10 +100,20 @@ def evaluate(model: TransformerXL, tokens: np.ndarray | torch.Tensor, *, batch_s
     return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
 
 
-def evaluate_run(run_dir: Path, *, split: str = "valid", checkpoint: str = "best", device: str = "cpu",
-                 tgt_len: int | None = None, batch_size: int | None = None, mem_len: int | None = None,
-                 clamp_len: int | None = None, same_length: bool | None = None, max_tokens: int | None = None,
-                 progress: bool = False) -> dict[str, Any]:
+def evaluate_run(
+    run_dir: Path,
+    *,
+    split: str = "valid",
+    checkpoint: str = "best",
+    device: str = "cpu",
+    tgt_len: int | None = None,
+    batch_size: int | None = None,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+    max_tokens: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Evaluate a trained run over a whole split (its first ``max_tokens``) and return one record: the run,
     split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint`` is
     named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
@@ -104,8 +125,25 @@ def evaluate_run(run_dir: Path, *, split: str = "valid", checkpoint: str = "best
     tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
     batch_size = first_set(batch_size, config.eval.batch_size)
     tokens = prepare_data(config.data, vocab=run.vocab, splits=(split,)).splits[split]
-    result = evaluate(run.model, tokens, batch_size=batch_size, tgt_len=tgt_len, span=span, max_tokens=max_tokens,
-                      progress=progress, desc=split)
-    return {"run": str(run_dir), "split": split, "checkpoint": run.checkpoint.name, "step": run.step,
-            **result.as_dict(), "tgt_len": tgt_len, "batch_size": batch_size, "mem_len": span.mem_len,
-            "clamp_len": span.clamp_len, "same_length": span.same_length}
+    result = evaluate(
+        run.model,
+        tokens,
+        batch_size=batch_size,
+        tgt_len=tgt_len,
+        span=span,
+        max_tokens=max_tokens,
+        progress=progress,
+        desc=split,
+    )
+    return {
+        "run": str(run_dir),
+        "split": split,
+        "checkpoint": run.checkpoint.name,
+        "step": run.step,
+        **result.as_dict(),
+        "tgt_len": tgt_len,
+        "batch_size": batch_size,
+        "mem_len": span.mem_len,
+        "clamp_len": span.clamp_len,
+        "same_length": span.same_length,
+    }

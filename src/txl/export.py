@@ -51,14 +51,16 @@ def _names(n_layer: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def export_model(model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len: int, batch_size: int = 2,
-                 opset: int = 18) -> Path:
+def export_model(
+    model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len: int, batch_size: int = 2, opset: int = 18
+) -> Path:
     """Write ``model`` (relative attention, with memory) as ONNX to ``out``: segments of ``tgt_len`` tokens
     after a memory of ``mem_len`` positions (its clamp and same-length setting are the model's)."""
     cfg = model.config
     if cfg.attention != "relative":
-        raise ExportError("only the Transformer-XL (relative attention) exports with memory; the vanilla baseline "
-                          "has none")
+        raise ExportError(
+            "only the Transformer-XL (relative attention) exports with memory; the vanilla baseline has none"
+        )
     if mem_len <= 0 or tgt_len <= 0:
         raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
     if any(p.dtype != torch.float32 for p in model.parameters()):
@@ -76,10 +78,21 @@ def export_model(model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len
     with torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(step, (tokens, *memory), str(out), input_names=inputs, output_names=outputs,
-                              dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False)
+            torch.onnx.export(
+                step,
+                (tokens, *memory),
+                str(out),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=dynamic,
+                opset_version=opset,
+                dynamo=True,
+                external_data=False,
+            )
         except ImportError as exc:
-            raise ExportError(f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})") from None
+            raise ExportError(
+                f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
+            ) from None
         finally:
             model.train(was_training)
     return out
@@ -90,13 +103,23 @@ def onnxruntime_session(path: str | Path) -> Any:
     try:
         import onnxruntime
     except ImportError:
-        raise ExportError("checking the export needs onnxruntime: pip install 'txl[export]' "
-                          "(or pass --no-check)") from None
+        raise ExportError(
+            "checking the export needs onnxruntime: pip install 'txl[export]' (or pass --no-check)"
+        ) from None
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len: int, segments: int = 3,
-               batch_size: int = 3, atol: float = 1e-4, seed: int = 0) -> float:
+def check_onnx(
+    model: TransformerXL,
+    path: str | Path,
+    *,
+    tgt_len: int,
+    mem_len: int,
+    segments: int = 3,
+    batch_size: int = 3,
+    atol: float = 1e-4,
+    seed: int = 0,
+) -> float:
     """Run ``segments`` segments with memory carried through the exported file (onnxruntime) and through
     ``model``, from the same zero memory, on random tokens; returns the largest log-probability difference and
     raises ExportError when it exceeds ``atol``."""
@@ -113,7 +136,7 @@ def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len:
     model.eval()
     with torch.no_grad():
         for s in range(segments):
-            seg = tokens[:, s * tgt_len:(s + 1) * tgt_len]
+            seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
             expected = model(seg, memory=memory, span=span)
             got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
             worst = max(worst, float(np.abs(got[0] - expected.logits.numpy()).max()))
@@ -122,13 +145,23 @@ def check_onnx(model: TransformerXL, path: str | Path, *, tgt_len: int, mem_len:
             memory, feeds_memory = expected.memory, got[1:]
     model.train(was_training)
     if not worst <= atol:
-        raise ExportError(f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "
-                          f"{segments} segments")
+        raise ExportError(
+            f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "
+            f"{segments} segments"
+        )
     return worst
 
 
-def export_onnx(run_dir: Path, out: Path, *, tgt_len: int | None = None, mem_len: int | None = None,
-                checkpoint: str = "best", opset: int = 18, check: bool = True) -> dict[str, Any]:
+def export_onnx(
+    run_dir: Path,
+    out: Path,
+    *,
+    tgt_len: int | None = None,
+    mem_len: int | None = None,
+    checkpoint: str = "best",
+    opset: int = 18,
+    check: bool = True,
+) -> dict[str, Any]:
     """``txl export``: the run's model as ONNX in ``out``; with ``check`` the file is run by onnxruntime over
     3 segments against txl. ``tgt_len`` defaults to the run's evaluation segment length, ``mem_len`` to the
     model's. Returns what was written (a JSON-able record)."""
@@ -139,9 +172,16 @@ def export_onnx(run_dir: Path, out: Path, *, tgt_len: int | None = None, mem_len
     tgt_len = next(v for v in (tgt_len, config.eval.tgt_len, config.train.tgt_len) if v is not None)
     mem_len = mem_len if mem_len is not None else config.model.mem_len
     path = export_model(run.model, out, tgt_len=tgt_len, mem_len=mem_len, opset=opset)
-    record: dict[str, Any] = {"out": str(path), "format": "onnx", "tgt_len": tgt_len, "mem_len": mem_len,
-                              "n_layer": config.model.n_layer, "d_model": config.model.d_model,
-                              "vocab_size": config.model.vocab_size, "opset": opset}
+    record: dict[str, Any] = {
+        "out": str(path),
+        "format": "onnx",
+        "tgt_len": tgt_len,
+        "mem_len": mem_len,
+        "n_layer": config.model.n_layer,
+        "d_model": config.model.d_model,
+        "vocab_size": config.model.vocab_size,
+        "opset": opset,
+    }
     if check:
         record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, mem_len=mem_len)
     return record

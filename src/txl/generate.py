@@ -32,8 +32,21 @@ from .model import KVCache, Memory
 if TYPE_CHECKING:
     from .runs import LoadedRun
 
-__all__ = ["Generation", "filter_logits", "sample_next", "generate", "stream", "generate_text", "TextStream",
-           "generate_from_run", "TextSamples", "UnknownTokensWarning", "encode_prompt", "DEFAULT_CONTEXT", "PAD_ID"]
+__all__ = [
+    "Generation",
+    "filter_logits",
+    "sample_next",
+    "generate",
+    "stream",
+    "generate_text",
+    "TextStream",
+    "generate_from_run",
+    "TextSamples",
+    "UnknownTokensWarning",
+    "encode_prompt",
+    "DEFAULT_CONTEXT",
+    "PAD_ID",
+]
 
 DEFAULT_CONTEXT = 512
 """Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
@@ -65,17 +78,27 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
         out = out.masked_fill(ranks >= top_k, float("-inf"))
     if top_p is not None and top_p < 1:
         values, ranks = _ranks(out)
-        probs = torch.softmax(values.float() if values.dtype in (torch.float16, torch.bfloat16) else values, dim=-1)
+        probs = torch.softmax(
+            values.float() if values.dtype in (torch.float16, torch.bfloat16) else values, dim=-1
+        )
         mass = torch.cumsum(probs, dim=-1)  # (..., V)
-        mass_before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # better-ranked mass
+        mass_before = torch.cat(
+            [torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1
+        )  # better-ranked mass
         keep_sorted = mass_before < top_p  # rank 0 has mass_before 0 < p: always kept
         keep = torch.gather(keep_sorted, -1, ranks)  # (..., V) back to token order
         out = out.masked_fill(~keep, float("-inf"))
     return out
 
 
-def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One token id per row (B,) int64 from next-token scores ``logits`` (B, V) (raw logits or log-probs).
 
     ``temperature`` 0 is greedy (argmax, the lower id on ties; top-k/top-p cannot change it). Otherwise the
@@ -149,7 +172,9 @@ def _prepare_rows(prompt: Any, *, vocab_size: int, device: torch.device) -> list
     if isinstance(prompt, Tensor):
         return list(_prepare_prompt(prompt, vocab_size=vocab_size, device=device))
     if not isinstance(prompt, (list, tuple)) or not prompt:
-        raise ValueError(f"prompt must be a tensor of token ids or a non-empty list of rows, got {prompt!r:.80}")
+        raise ValueError(
+            f"prompt must be a tensor of token ids or a non-empty list of rows, got {prompt!r:.80}"
+        )
     rows = []
     for row in prompt:
         row = row if isinstance(row, Tensor) else torch.as_tensor(row)
@@ -168,8 +193,14 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _draw(logprobs: Tensor, *, temperature: float, top_k: int | None, top_p: float | None,
-          generator: torch.Generator | None) -> Tensor:
+def _draw(
+    logprobs: Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> Tensor:
     """:func:`sample_next` without the checks (the settings were validated once, before the loop)."""
     if logprobs.dtype in (torch.float16, torch.bfloat16):
         logprobs = logprobs.float()
@@ -185,13 +216,27 @@ def _draw(logprobs: Tensor, *, temperature: float, top_k: int | None, top_p: flo
 class _CachedRows:
     """Rows with prompts of one length decoded against one key/value cache (Transformer-XL with memory)."""
 
-    def __init__(self, model: nn.Module, prompt: Tensor, *, memory: Memory | None, span: Span, chunk: int,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        prompt: Tensor,
+        *,
+        memory: Memory | None,
+        span: Span,
+        chunk: int,
+        dtype: torch.dtype,
+    ) -> None:
         self.model = model
-        self.cache = KVCache(model.config, batch_size=prompt.shape[0], span=span, memory=memory, dtype=dtype,
-                             device=prompt.device)
+        self.cache = KVCache(
+            model.config,
+            batch_size=prompt.shape[0],
+            span=span,
+            memory=memory,
+            dtype=dtype,
+            device=prompt.device,
+        )
         for start in range(0, prompt.shape[1], chunk):  # at most `chunk` positions attend at once
-            out = model(prompt[:, start:start + chunk], cache=self.cache, last_only=True)
+            out = model(prompt[:, start : start + chunk], cache=self.cache, last_only=True)
         self.logprobs = out.logits[:, -1]  # (G, V)
 
     def feed(self, token: Tensor) -> None:
@@ -210,7 +255,7 @@ class _WindowRows:
 
     def feed(self, token: Tensor) -> None:
         self.seq = torch.cat([self.seq, token[:, None]], dim=1)  # (G, P + i)
-        window = self.seq[:, -self.context:]  # (G, min(C, P + i))
+        window = self.seq[:, -self.context :]  # (G, min(C, P + i))
         self.logprobs = self.model(window, span=self.span, last_only=True).logits[:, -1]  # (G, V)
 
     def memory(self) -> Memory | None:
@@ -221,10 +266,22 @@ class _Decoding:
     """One generation: validated settings, the rows grouped by prompt length, and the step loop shared by
     :func:`generate` and :func:`stream`."""
 
-    def __init__(self, model: nn.Module, prompt: Any, *, max_new_tokens: int, temperature: float,
-                 top_k: int | None, top_p: float | None, generator: torch.Generator | None,
-                 memory: Memory | None, stop_ids: Sequence[int] | Tensor | None, prompt_chunk: int | None,
-                 context: int | None, span: Span | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        prompt: Any,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        generator: torch.Generator | None,
+        memory: Memory | None,
+        stop_ids: Sequence[int] | Tensor | None,
+        prompt_chunk: int | None,
+        context: int | None,
+        span: Span | None,
+    ) -> None:
         config = model.config
         param = _model_param(model)
         device = param.device if param is not None else torch.device("cpu")
@@ -242,7 +299,11 @@ class _Decoding:
         batch = len(self.rows)
         if memory is not None:
             if not self.cached:
-                why = "the vanilla baseline (attention='absolute')" if config.attention == "absolute" else "mem_len=0"
+                why = (
+                    "the vanilla baseline (attention='absolute')"
+                    if config.attention == "absolute"
+                    else "mem_len=0"
+                )
                 raise ValueError(f"memory was given but the model has none ({why}): pass memory=None")
             if not isinstance(memory, Memory):
                 raise ValueError(f"memory must be a txl Memory, got {type(memory).__name__}")
@@ -254,7 +315,9 @@ class _Decoding:
             if ids.numel() == 0 or ids.dtype == torch.bool or ids.dtype.is_floating_point:
                 raise ValueError(f"stop_ids must be a non-empty sequence of token ids, got {stop_ids!r}")
             if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
-                raise ValueError(f"stop_ids must be token ids in [0, {config.vocab_size}), got {ids.tolist()}")
+                raise ValueError(
+                    f"stop_ids must be token ids in [0, {config.vocab_size}), got {ids.tolist()}"
+                )
             self.stop_ids = ids.to(device=device, dtype=torch.long)
         self.model, self.memory_in, self.span, self.max_new_tokens = model, memory, span, max_new_tokens
         self.chunk = prompt_chunk if prompt_chunk is not None else span.mem_len
@@ -277,8 +340,11 @@ class _Decoding:
             prompt = torch.stack([self.rows[r] for r in rows])  # (G, P)
             if self.cached:
                 memory = None if self.memory_in is None else self.memory_in.select(rows)
-                self.groups.append(_CachedRows(self.model, prompt, memory=memory, span=self.span, chunk=self.chunk,
-                                               dtype=self.dtype))
+                self.groups.append(
+                    _CachedRows(
+                        self.model, prompt, memory=memory, span=self.span, chunk=self.chunk, dtype=self.dtype
+                    )
+                )
             else:
                 self.groups.append(_WindowRows(self.model, prompt, context=self.context, span=self.span))
 
@@ -295,7 +361,7 @@ class _Decoding:
         grouped = token[self.order]  # (B,) in group order
         start = 0
         for group, rows in zip(self.groups, self.groups_rows, strict=True):
-            group.feed(grouped[start:start + len(rows)])
+            group.feed(grouped[start : start + len(rows)])
             start += len(rows)
 
     def steps(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -345,24 +411,45 @@ class _Decoding:
         width = max(len(row) for row in self.rows)
         out = torch.full((len(self.rows), width), PAD_ID, dtype=torch.long, device=self.rows[0].device)
         for r, row in enumerate(self.rows):
-            out[r, width - len(row):] = row
+            out[r, width - len(row) :] = row
         return out
 
 
-def stream(model: nn.Module, prompt: Tensor | Sequence[Tensor], *, max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-           memory: Memory | None = None, stop_ids: Sequence[int] | Tensor | None = None,
-           prompt_chunk: int | None = None, context: int | None = None,
-           span: Span | None = None) -> Iterator[Tensor]:
+def stream(
+    model: nn.Module,
+    prompt: Tensor | Sequence[Tensor],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    memory: Memory | None = None,
+    stop_ids: Sequence[int] | Tensor | None = None,
+    prompt_chunk: int | None = None,
+    context: int | None = None,
+    span: Span | None = None,
+) -> Iterator[Tensor]:
     """Like :func:`generate`, but yield the new token ids (B,) one step at a time, as they are sampled
     (:data:`PAD_ID` for rows that have stopped); it ends after ``max_new_tokens`` steps or when every row has
     met one of ``stop_ids``. The same arguments and seed give exactly the tokens :func:`generate` returns.
 
     The settings are checked when this is called; the model runs, in eval mode, while the stream is consumed,
     and gets its training flags back when the stream ends or is closed."""
-    decoding = _Decoding(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, generator=generator, memory=memory, stop_ids=stop_ids,
-                         prompt_chunk=prompt_chunk, context=context, span=span)
+    decoding = _Decoding(
+        model,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=generator,
+        memory=memory,
+        stop_ids=stop_ids,
+        prompt_chunk=prompt_chunk,
+        context=context,
+        span=span,
+    )
 
     def tokens() -> Iterator[Tensor]:
         for token, _ in decoding.steps():
@@ -371,11 +458,22 @@ def stream(model: nn.Module, prompt: Tensor | Sequence[Tensor], *, max_new_token
     return tokens()
 
 
-def generate(model: nn.Module, prompt: Tensor | Sequence[Tensor], *, max_new_tokens: int,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, memory: Memory | None = None,
-             stop_ids: Sequence[int] | Tensor | None = None, prompt_chunk: int | None = None,
-             context: int | None = None, span: Span | None = None, return_scores: bool = False) -> Generation:
+def generate(
+    model: nn.Module,
+    prompt: Tensor | Sequence[Tensor],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    memory: Memory | None = None,
+    stop_ids: Sequence[int] | Tensor | None = None,
+    prompt_chunk: int | None = None,
+    context: int | None = None,
+    span: Span | None = None,
+    return_scores: bool = False,
+) -> Generation:
     """Continue ``prompt`` by ``max_new_tokens`` tokens sampled by :func:`sample_next`.
 
     ``prompt``: (B, P) or (P,) int64, or a list of 1-D rows of different lengths (each row is then generated
@@ -399,19 +497,39 @@ def generate(model: nn.Module, prompt: Tensor | Sequence[Tensor], *, max_new_tok
 
     Runs in inference mode and eval mode, and restores every module's training flag afterwards. A 1-D prompt
     is treated as one row: the result is still batch-first (1, ...)."""
-    decoding = _Decoding(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, generator=generator, memory=memory, stop_ids=stop_ids,
-                         prompt_chunk=prompt_chunk, context=context, span=span)
+    decoding = _Decoding(
+        model,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=generator,
+        memory=memory,
+        stop_ids=stop_ids,
+        prompt_chunk=prompt_chunk,
+        context=context,
+        span=span,
+    )
     tokens, scores = [], []
     for token, logprobs in decoding.steps():
         tokens.append(token)
         if return_scores:
             scores.append(logprobs)
     new = torch.stack(tokens, dim=1)  # (B, N)
-    lengths = decoding.lengths.clone() if decoding.stop_ids is not None else torch.full_like(decoding.lengths, new.shape[1])
-    return Generation(tokens=torch.cat([decoding.prompt_tokens(), new], dim=1), new_tokens=new,
-                      memory=decoding.memory(), lengths=lengths, finished=decoding.finished.clone(),
-                      scores=torch.stack(scores, dim=1) if return_scores else None)
+    lengths = (
+        decoding.lengths.clone()
+        if decoding.stop_ids is not None
+        else torch.full_like(decoding.lengths, new.shape[1])
+    )
+    return Generation(
+        tokens=torch.cat([decoding.prompt_tokens(), new], dim=1),
+        new_tokens=new,
+        memory=decoding.memory(),
+        lengths=lengths,
+        finished=decoding.finished.clone(),
+        scores=torch.stack(scores, dim=1) if return_scores else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -459,9 +577,17 @@ def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"
     return ids
 
 
-def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_prompt: bool = False,
-                  unknown: Literal["unk", "error"] = "unk", stop: Sequence[str] = (),
-                  on_text: Callable[[str], None] | None = None, **kwargs: Any) -> str:
+def generate_text(
+    model: nn.Module,
+    vocab: _Vocab,
+    prompt: str,
+    *,
+    include_prompt: bool = False,
+    unknown: Literal["unk", "error"] = "unk",
+    stop: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+    **kwargs: Any,
+) -> str:
     """Encode ``prompt`` with ``vocab``, generate with :func:`generate` (``kwargs`` as there,
     ``max_new_tokens`` required), and return the new text (or, with ``include_prompt``, the prompt and the new
     text decoded together, which spaces words correctly).
@@ -478,13 +604,17 @@ def generate_text(model: nn.Module, vocab: _Vocab, prompt: str, *, include_promp
     ``on_text``: called once per generated token with the text that token made printable (see
     :class:`TextStream`: possibly empty, the last call flushes the rest), for printing as it is produced."""
     if len(vocab) != model.config.vocab_size:
-        raise ValueError(f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is "
-                         f"{model.config.vocab_size}: they must match")
+        raise ValueError(
+            f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is "
+            f"{model.config.vocab_size}: they must match"
+        )
     ids = encode_prompt(vocab, prompt, unknown=unknown)  # (P,)
     max_new_tokens = kwargs.get("max_new_tokens")
     if type(max_new_tokens) is int and max_new_tokens == 0:  # not a bool: False is refused by generate
         return vocab.decode(ids.tolist()) if include_prompt else ""
-    return _text_from_ids(model, vocab, ids, include_prompt=include_prompt, stop=stop, on_text=on_text, **kwargs)
+    return _text_from_ids(
+        model, vocab, ids, include_prompt=include_prompt, stop=stop, on_text=on_text, **kwargs
+    )
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -529,23 +659,31 @@ class TextStream:
         self.ids.append(int(token_id))
         self.new_ids.append(int(token_id))
         full = self.vocab.decode(self.ids)
-        new = full[_common_prefix(full, self.prompt_text):]
+        new = full[_common_prefix(full, self.prompt_text) :]
         cuts = [i for i in (new.find(s) for s in self.stop) if i >= 0]
         if cuts:
-            new, final, self.stopped = new[:min(cuts)], True, True
+            new, final, self.stopped = new[: min(cuts)], True, True
         self.text = new
         if not final:
             new = new.rstrip("\ufffd")
             hold = max((k for s in self.stop for k in range(1, len(s)) if new.endswith(s[:k])), default=0)
-            new = new[:len(new) - hold]
+            new = new[: len(new) - hold]
         if not new.startswith(self._shown):  # the decoding changed text already shown: show only what follows
             return ""
-        piece, self._shown = new[len(self._shown):], new
+        piece, self._shown = new[len(self._shown) :], new
         return piece
 
 
-def _text_from_ids(model: nn.Module, vocab: _Vocab, ids: Tensor, *, include_prompt: bool, stop: Sequence[str],
-                   on_text: Callable[[str], None] | None, **kwargs: Any) -> str:
+def _text_from_ids(
+    model: nn.Module,
+    vocab: _Vocab,
+    ids: Tensor,
+    *,
+    include_prompt: bool,
+    stop: Sequence[str],
+    on_text: Callable[[str], None] | None,
+    **kwargs: Any,
+) -> str:
     """Generate one row after the prompt ids (P,) and decode it (see :func:`generate_text`)."""
     pieces = TextStream(vocab, ids.tolist(), stop=stop)
     if not stop and on_text is None:
@@ -568,12 +706,12 @@ def _text_from_ids(model: nn.Module, vocab: _Vocab, ids: Tensor, *, include_prom
     if include_prompt:
         text = vocab.decode(ids.tolist() + new_ids)
         if pieces.stopped:
-            text = text[:_common_prefix(text, pieces.prompt_text)] + pieces.text
+            text = text[: _common_prefix(text, pieces.prompt_text)] + pieces.text
         return text
     text = vocab.decode(new_ids)
     if pieces.stopped:
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        text = text[:min(cuts)] if cuts else text
+        text = text[: min(cuts)] if cuts else text
     return text
 
 
@@ -604,12 +742,23 @@ class TextSamples:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None = None,
-                      temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                      greedy: bool = False, mem_len: int | None = None, seed: int = 0, stop: Sequence[str] = (),
-                      num_samples: int = 1, unknown: Literal["unk", "error"] = "unk",
-                      on_start: Callable[[int, str], None] | None = None,
-                      on_text: Callable[[int, str], None] | None = None) -> TextSamples:
+def generate_from_run(
+    run: LoadedRun,
+    prompt: str,
+    *,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    mem_len: int | None = None,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+    num_samples: int = 1,
+    unknown: Literal["unk", "error"] = "unk",
+    on_start: Callable[[int, str], None] | None = None,
+    on_text: Callable[[int, str], None] | None = None,
+) -> TextSamples:
     """Sample ``num_samples`` continuations of ``prompt`` from a loaded run (what ``txl generate`` does).
 
     Settings left as None come from the run's ``[generate]`` config; ``greedy`` means temperature 0;
@@ -634,7 +783,9 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
     span = None
     if mem_len is not None:
         if run.config.model.attention != "relative":
-            raise ValueError("a memory length applies to the Transformer-XL only (this run is the vanilla baseline)")
+            raise ValueError(
+                "a memory length applies to the Transformer-XL only (this run is the vanilla baseline)"
+            )
         base = run.config.model.span
         span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
     model, vocab = run.model, run.vocab
@@ -656,9 +807,20 @@ def generate_from_run(run: LoadedRun, prompt: str, *, max_new_tokens: int | None
                 on_text(index, piece)
 
         start = time.perf_counter()
-        _text_from_ids(model, vocab, ids, include_prompt=False, stop=stop, on_text=collect,
-                       max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-                       top_p=sampling.top_p, generator=generator, span=span)
+        _text_from_ids(
+            model,
+            vocab,
+            ids,
+            include_prompt=False,
+            stop=stop,
+            on_text=collect,
+            max_new_tokens=max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            generator=generator,
+            span=span,
+        )
         seconds += time.perf_counter() - start
         count += len(pieces)
         texts.append("".join(pieces))

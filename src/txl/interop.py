@@ -28,8 +28,19 @@ from .model import TransformerXL
 from .model.positional import inverse_frequencies
 from .safe_pickle import UnsafePickleError, safe_load_file
 
-__all__ = ["CheckpointError", "load_original", "original_to_txl", "txl_to_original", "config_from_original",
-           "load_hf", "load_hf_vocab", "config_from_hf", "hf_to_txl", "read_hf_state", "vocab_from_symbols"]
+__all__ = [
+    "CheckpointError",
+    "load_original",
+    "original_to_txl",
+    "txl_to_original",
+    "config_from_original",
+    "load_hf",
+    "load_hf_vocab",
+    "config_from_hf",
+    "hf_to_txl",
+    "read_hf_state",
+    "vocab_from_symbols",
+]
 
 
 def _count(keys: Mapping[str, Tensor], pattern: str) -> int:
@@ -44,9 +55,15 @@ def _same(a: Tensor | None, b: Tensor | None) -> bool:
     return a is not None and b is not None and a.shape == b.shape and torch.equal(a, b)
 
 
-def config_from_original(state: Mapping[str, Tensor], *, pre_norm: bool = False, mem_len: int,
-                         same_length: bool = False, clamp_len: int | None = None,
-                         cutoffs: tuple[int, ...] | None = None) -> TransformerXLConfig:
+def config_from_original(
+    state: Mapping[str, Tensor],
+    *,
+    pre_norm: bool = False,
+    mem_len: int,
+    same_length: bool = False,
+    clamp_len: int | None = None,
+    cutoffs: tuple[int, ...] | None = None,
+) -> TransformerXLConfig:
     """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes.
 
     The one size the shapes cannot tell is the cutoffs of an adaptive softmax with ``div_val = 1`` (the
@@ -54,11 +71,15 @@ def config_from_original(state: Mapping[str, Tensor], *, pre_norm: bool = False,
     required = ["r_w_bias", "r_r_bias", "word_emb.emb_layers.0.weight", "layers.0.dec_attn.qkv_net.weight"]
     missing = [k for k in required if k not in state]
     if missing:
-        raise CheckpointError(f"not an original MemTransformerLM state_dict with relative attention (attn_type 0): "
-                              f"missing {', '.join(missing)}")
+        raise CheckpointError(
+            f"not an original MemTransformerLM state_dict with relative attention (attn_type 0): "
+            f"missing {', '.join(missing)}"
+        )
     if state["r_w_bias"].dim() != 2:
-        raise CheckpointError("r_w_bias must be [n_head, d_head] (the shared biases of attn_type 0); "
-                              f"got shape {tuple(state['r_w_bias'].shape)}")
+        raise CheckpointError(
+            "r_w_bias must be [n_head, d_head] (the shared biases of attn_type 0); "
+            f"got shape {tuple(state['r_w_bias'].shape)}"
+        )
     n_head, d_head = state["r_w_bias"].shape
     n_layer = _count(state, r"layers\.(\d+)\.dec_attn\.qkv_net\.weight")
     d_model = state["layers.0.dec_attn.qkv_net.weight"].shape[1]
@@ -82,10 +103,12 @@ def config_from_original(state: Mapping[str, Tensor], *, pre_norm: bool = False,
         elif cutoffs is None or len(cutoffs) != n_clusters:
             # With div_val 1 all clusters share one table and one output layer: the state_dict records how
             # many clusters there are (cluster_weight rows) but not where they start.
-            raise CheckpointError(f"this checkpoint has an adaptive softmax with {n_clusters} tail clusters and "
-                                  f"div_val=1, whose cutoffs are not stored in the weights: pass cutoffs= "
-                                  f"({n_clusters} increasing token ids; e.g. 20000, 40000, 200000 for the "
-                                  f"authors' WikiText-103 model)")
+            raise CheckpointError(
+                f"this checkpoint has an adaptive softmax with {n_clusters} tail clusters and "
+                f"div_val=1, whose cutoffs are not stored in the weights: pass cutoffs= "
+                f"({n_clusters} increasing token ids; e.g. 20000, 40000, 200000 for the "
+                f"authors' WikiText-103 model)"
+            )
         else:
             cutoffs = tuple(int(c) for c in cutoffs)
     tie_weights = all(
@@ -94,15 +117,26 @@ def config_from_original(state: Mapping[str, Tensor], *, pre_norm: bool = False,
     )
     n_clusters = len(cutoffs)
     tie_projs = n_clusters > 0 and all(
-        _same(state.get(f"crit.out_projs.{i}"),
-              state.get(f"word_emb.emb_projs.{0 if div_val == 1 else i}"))
+        _same(state.get(f"crit.out_projs.{i}"), state.get(f"word_emb.emb_projs.{0 if div_val == 1 else i}"))
         for i in range(1, n_clusters + 1)
     )
     return TransformerXLConfig(
-        vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, d_head=d_head, d_model=d_model,
-        d_inner=d_inner, d_embed=None if d_embed == d_model else d_embed, attention="relative",
-        mem_len=mem_len, same_length=same_length, clamp_len=clamp_len, pre_norm=pre_norm,
-        tie_weights=tie_weights, share_rel_bias=True, cutoffs=cutoffs, div_val=div_val,
+        vocab_size=vocab_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_head=d_head,
+        d_model=d_model,
+        d_inner=d_inner,
+        d_embed=None if d_embed == d_model else d_embed,
+        attention="relative",
+        mem_len=mem_len,
+        same_length=same_length,
+        clamp_len=clamp_len,
+        pre_norm=pre_norm,
+        tie_weights=tie_weights,
+        share_rel_bias=True,
+        cutoffs=cutoffs,
+        div_val=div_val,
         tie_projs=tie_projs or not cutoffs,
     )
 
@@ -158,8 +192,9 @@ def original_to_txl(state: Mapping[str, Tensor], config: TransformerXLConfig) ->
                 raise CheckpointError(f"the original state_dict has no tensor for {name} (expected {theirs})")
             tensor = state[theirs]
             if tensor.shape != param.shape:
-                raise CheckpointError(f"{theirs} has shape {tuple(tensor.shape)}, the inferred model needs "
-                                      f"{tuple(param.shape)}")
+                raise CheckpointError(
+                    f"{theirs} has shape {tuple(tensor.shape)}, the inferred model needs {tuple(param.shape)}"
+                )
             param.copy_(tensor.to(param.dtype))
     return model
 
@@ -173,8 +208,15 @@ def txl_to_original(model: TransformerXL) -> dict[str, Tensor]:
     return state
 
 
-def load_original(path: str | Path, *, pre_norm: bool = False, mem_len: int, same_length: bool = False,
-                  clamp_len: int | None = None, cutoffs: tuple[int, ...] | None = None) -> TransformerXL:
+def load_original(
+    path: str | Path,
+    *,
+    pre_norm: bool = False,
+    mem_len: int,
+    same_length: bool = False,
+    clamp_len: int | None = None,
+    cutoffs: tuple[int, ...] | None = None,
+) -> TransformerXL:
     """Load the authors' ``MemTransformerLM`` weights (``torch.save(model.state_dict())``, attn_type 0)
     with ``weights_only=True`` and return an equivalent TransformerXL in eval mode.
 
@@ -187,12 +229,20 @@ def load_original(path: str | Path, *, pre_norm: bool = False, mem_len: int, sam
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise CheckpointError(f"{path}: not a readable torch state_dict ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"{path}: not a readable torch state_dict ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    config = config_from_original(state, pre_norm=pre_norm, mem_len=mem_len, same_length=same_length,
-                                  clamp_len=clamp_len, cutoffs=cutoffs)
+    config = config_from_original(
+        state,
+        pre_norm=pre_norm,
+        mem_len=mem_len,
+        same_length=same_length,
+        clamp_len=clamp_len,
+        cutoffs=cutoffs,
+    )
     return original_to_txl(state, config).eval()
 
 
@@ -200,8 +250,12 @@ def load_original(path: str | Path, *, pre_norm: bool = False, mem_len: int, sam
 # Hugging Face TransfoXL (transformers <= 4.35)
 # ---------------------------------------------------------------------------------------------------------
 
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                   "pytorch_model.bin.index.json")
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 """The weight files of a Hugging Face checkpoint folder, in the order they are looked for."""
 
 
@@ -258,16 +312,22 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
     if model_type != "transfo-xl":
         raise CheckpointError(f"not a TransfoXL config: model_type is {model_type!r}")
     if hf.get("attn_type", 0) != 0:
-        raise CheckpointError(f"attn_type {hf.get('attn_type')} is not supported: txl implements the relative "
-                              "attention of the paper (attn_type 0)")
+        raise CheckpointError(
+            f"attn_type {hf.get('attn_type')} is not supported: txl implements the relative "
+            "attention of the paper (attn_type 0)"
+        )
     if (hf.get("sample_softmax") or -1) > 0:
         raise CheckpointError("sample_softmax > 0 (a sampled softmax) is not supported")
     eps = hf.get("layer_norm_epsilon", 1e-5)
     if abs(eps - 1e-5) > 1e-12:
         raise CheckpointError(f"layer_norm_epsilon {eps} is not supported: txl's LayerNorms use 1e-5")
     cutoffs = tuple(int(c) for c in hf.get("cutoffs", ()))
-    tails = [bool(t) for t in hf.get("tie_projs", [False] + [bool(hf.get("proj_share_all_but_first", True))]
-                                                * len(cutoffs))][1:]
+    tails = [
+        bool(t)
+        for t in hf.get(
+            "tie_projs", [False] + [bool(hf.get("proj_share_all_but_first", True))] * len(cutoffs)
+        )
+    ][1:]
     if len(set(tails)) > 1:
         raise CheckpointError(f"tie_projs {hf.get('tie_projs')}: txl ties all tail projections or none")
     mem_len = int(hf.get("mem_len", 0) or 0)
@@ -275,15 +335,26 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
     d_model, d_embed = int(hf["d_model"]), int(hf.get("d_embed", hf["d_model"]))
     try:
         return TransformerXLConfig(
-            vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]),
-            d_head=int(hf["d_head"]), d_model=d_model, d_inner=int(hf["d_inner"]),
-            d_embed=None if d_embed == d_model else d_embed, dropout=float(hf.get("dropout", 0.0)),
-            dropatt=float(hf.get("dropatt", 0.0)), attention="relative", mem_len=mem_len,
+            vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]),
+            n_layer=int(hf["n_layer"]),
+            n_head=int(hf["n_head"]),
+            d_head=int(hf["d_head"]),
+            d_model=d_model,
+            d_inner=int(hf["d_inner"]),
+            d_embed=None if d_embed == d_model else d_embed,
+            dropout=float(hf.get("dropout", 0.0)),
+            dropatt=float(hf.get("dropatt", 0.0)),
+            attention="relative",
+            mem_len=mem_len,
             same_length=bool(hf.get("same_length", False)) and mem_len > 0,
             clamp_len=int(clamp_len) if clamp_len is not None and clamp_len > 0 else None,
-            pre_norm=bool(hf.get("pre_lnorm", False)), tie_weights=bool(hf.get("tie_word_embeddings", True)),
-            share_rel_bias=not hf.get("untie_r", True), cutoffs=cutoffs, div_val=int(hf.get("div_val", 1)),
-            tie_projs=all(tails) if cutoffs else True, init_std=float(hf.get("init_std", 0.02)),
+            pre_norm=bool(hf.get("pre_lnorm", False)),
+            tie_weights=bool(hf.get("tie_word_embeddings", True)),
+            share_rel_bias=not hf.get("untie_r", True),
+            cutoffs=cutoffs,
+            div_val=int(hf.get("div_val", 1)),
+            tie_projs=all(tails) if cutoffs else True,
+            init_std=float(hf.get("init_std", 0.02)),
             proj_init_std=float(hf.get("proj_init_std", 0.01)),
         )
     except KeyError as exc:
@@ -305,7 +376,9 @@ def _hf_candidates(config: TransformerXLConfig) -> dict[str, list[str]]:
             names[f"softmax.out_layers.{i}.weight"].append(f"transformer.word_emb.emb_layers.{i}.weight")
     if config.tie_projs:
         for i in range(1, len(config.cutoffs) + 1):
-            names[f"softmax.out_projs.{i}"].append(f"transformer.word_emb.emb_projs.{0 if config.div_val == 1 else i}")
+            names[f"softmax.out_projs.{i}"].append(
+                f"transformer.word_emb.emb_projs.{0 if config.div_val == 1 else i}"
+            )
     return names
 
 
@@ -348,14 +421,20 @@ def hf_to_txl(state: Mapping[str, Tensor], config: TransformerXLConfig) -> Trans
             if tensor is None:
                 if id(param) in done:  # tied to a parameter already filled
                     continue
-                raise CheckpointError(f"the checkpoint has no tensor for {name} (expected "
-                                      f"{' or '.join(candidates.get(name, ['?']))})")
+                raise CheckpointError(
+                    f"the checkpoint has no tensor for {name} (expected "
+                    f"{' or '.join(candidates.get(name, ['?']))})"
+                )
             if tensor.shape != param.shape:
-                raise CheckpointError(f"{options[0] if options else name} has shape {tuple(tensor.shape)}, the "
-                                      f"model of config.json needs {tuple(param.shape)}")
+                raise CheckpointError(
+                    f"{options[0] if options else name} has shape {tuple(tensor.shape)}, the "
+                    f"model of config.json needs {tuple(param.shape)}"
+                )
             if id(param) in done and not torch.equal(done[id(param)][1], tensor):
-                raise CheckpointError(f"{name} and {done[id(param)][0]} differ in the checkpoint, but config.json "
-                                      "ties them (tie_word_embeddings / tie_projs)")
+                raise CheckpointError(
+                    f"{name} and {done[id(param)][0]} differ in the checkpoint, but config.json "
+                    "ties them (tie_word_embeddings / tie_projs)"
+                )
             param.copy_(tensor.to(param.dtype))
             done[id(param)] = (name, tensor)
     return model
@@ -367,7 +446,9 @@ def read_hf_config(path: str | Path) -> dict:
     try:
         hf = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"{file.parent}: no config.json (not a Hugging Face checkpoint folder)") from None
+        raise CheckpointError(
+            f"{file.parent}: no config.json (not a Hugging Face checkpoint folder)"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
     if not isinstance(hf, dict):
@@ -400,12 +481,16 @@ def vocab_from_symbols(symbols: Sequence[str], *, eos_per_line: bool = True) -> 
 def _symbols_from_pickled(data: object, path: Path) -> list[str]:
     """idx2sym of the dict TransfoXLTokenizer (or the authors' Vocab) pickles, checked."""
     if not isinstance(data, Mapping):
-        raise CheckpointError(f"{path}: expected the pickled dict of a TransfoXL vocabulary, got {type(data).__name__}")
+        raise CheckpointError(
+            f"{path}: expected the pickled dict of a TransfoXL vocabulary, got {type(data).__name__}"
+        )
     if data.get("lower_case"):
         raise CheckpointError(f"{path}: a lower-casing vocabulary (lower_case true) is not supported")
     if data.get("delimiter") not in (None, "", " "):
-        raise CheckpointError(f"{path}: a vocabulary split on {data.get('delimiter')!r} is not supported "
-                              "(txl splits on whitespace)")
+        raise CheckpointError(
+            f"{path}: a vocabulary split on {data.get('delimiter')!r} is not supported "
+            "(txl splits on whitespace)"
+        )
     symbols = data.get("idx2sym")
     if symbols is None and isinstance(data.get("sym2idx"), Mapping):
         symbols = [s for s, _ in sorted(data["sym2idx"].items(), key=lambda item: item[1])]
@@ -441,5 +526,7 @@ def load_hf_vocab(path_or_dir: str | Path) -> WordVocab:
     try:
         data = safe_load_file(path)
     except UnsafePickleError as exc:
-        raise CheckpointError(f"{exc} (export the vocabulary as vocab.txt, one symbol per line, instead)") from None
+        raise CheckpointError(
+            f"{exc} (export the vocabulary as vocab.txt, one symbol per line, instead)"
+        ) from None
     return vocab_from_symbols(_symbols_from_pickled(data, path))

@@ -124,8 +124,10 @@ def check_new_run_dir(out: Path, *, overwrite: bool) -> RunPaths:
     if paths.root.exists() and not paths.root.is_dir():
         raise RunError(f"{paths.root} exists and is not a folder")
     if paths.holds_run() and not overwrite:
-        raise RunError(f"{paths.root} already holds a run; use 'txl train --resume {paths.root}' to continue "
-                       "it or --overwrite to replace it")
+        raise RunError(
+            f"{paths.root} already holds a run; use 'txl train --resume {paths.root}' to continue "
+            "it or --overwrite to replace it"
+        )
     return paths
 
 
@@ -215,8 +217,10 @@ def lock_run(root: Path) -> Iterator[Path]:
             if record is None:  # released meanwhile
                 continue
             if _lock_is_live(path, record):
-                raise RunError(f"{path.parent} is in use: another process ({_holder(record)}) holds the run; "
-                               f"wait for it to finish (if that process is gone, delete {path})") from None
+                raise RunError(
+                    f"{path.parent} is in use: another process ({_holder(record)}) holds the run; "
+                    f"wait for it to finish (if that process is gone, delete {path})"
+                ) from None
             _break_stale(path, record)
             continue
         except FileNotFoundError:
@@ -321,7 +325,11 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     evaluations (they are made again when the resumed run ends)."""
     path = RunPaths(Path(run_dir)).metrics
     if path.exists():
-        kept = [line for line, record in _metric_lines(path) if record.get("step", 0) <= step and not record.get("final")]
+        kept = [
+            line
+            for line, record in _metric_lines(path)
+            if record.get("step", 0) <= step and not record.get("final")
+        ]
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
@@ -336,8 +344,9 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = RunPaths(Path(run_dir)).checkpoints
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and is_checkpoint(p)),
-                  key=lambda p: p.name)
+    return sorted(
+        (p for p in root.iterdir() if STEP_NAME.fullmatch(p.name) and is_checkpoint(p)), key=lambda p: p.name
+    )
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -385,8 +394,12 @@ def newest_intact_checkpoint(run_dir: Path) -> Path:
             damaged.append(str(exc))
             continue
         if damaged:
-            warnings.warn(f"{'; '.join(damaged)}; resuming from the newest intact checkpoint {folder.name} "
-                          f"(step {step})", ResumeWarning, stacklevel=3)
+            warnings.warn(
+                f"{'; '.join(damaged)}; resuming from the newest intact checkpoint {folder.name} "
+                f"(step {step})",
+                ResumeWarning,
+                stacklevel=3,
+            )
         return folder
     raise DamagedCheckpoint(f"{'; '.join(damaged)}; no intact checkpoint to resume from")
 
@@ -410,8 +423,10 @@ def find_checkpoint(run_dir: Path, name: str) -> Path:
         else:
             steps = [p.name for p in list_checkpoints(paths.root)]
             available = ", ".join(([BEST_NAME] if best_checkpoint(paths.root) else []) + steps) or "none yet"
-            raise CheckpointError(f"no checkpoint {name!r} in {paths.checkpoints} (available: {available}; "
-                                  "or 'best', 'latest', a step number, a path)")
+            raise CheckpointError(
+                f"no checkpoint {name!r} in {paths.checkpoints} (available: {available}; "
+                "or 'best', 'latest', a step number, a path)"
+            )
     if folder is None:
         raise CheckpointError(f"{paths.root} has no checkpoint yet")
     return folder
@@ -427,7 +442,9 @@ def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") ->
         raise RunError(f"{paths.root} has no vocab.json")
     vocab = load_vocab(paths.vocab)
     if len(vocab) != config.model.vocab_size:
-        raise CheckpointError(f"{paths.vocab} has {len(vocab)} tokens, the run's model {config.model.vocab_size}")
+        raise CheckpointError(
+            f"{paths.vocab} has {len(vocab)} tokens, the run's model {config.model.vocab_size}"
+        )
     model = TransformerXL(config.model)
     expected = {"vocab_fingerprint": vocab.fingerprint, "model": config_to_dict(config.model)}
     for attempt in range(2):
@@ -439,4 +456,6 @@ def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") ->
             if attempt == 1:
                 raise
     model.to(resolve_device(device)).eval()
-    return LoadedRun(config=config, vocab=vocab, model=model, checkpoint=folder, step=document["state"]["step"])
+    return LoadedRun(
+        config=config, vocab=vocab, model=model, checkpoint=folder, step=document["state"]["step"]
+    )

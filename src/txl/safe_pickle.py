@@ -49,12 +49,16 @@ class _RestrictedUnpickler(pickle.Unpickler):
         found = ALLOWED_GLOBALS.get((module, name))
         if found is None:
             allowed = "dict, list, tuple, str, bytes, numbers, OrderedDict, Counter, set"
-            raise UnsafePickleError(f"the pickle refers to {module}.{name}, which txl does not load "
-                                    f"(only {allowed}): refused without running it")
+            raise UnsafePickleError(
+                f"the pickle refers to {module}.{name}, which txl does not load "
+                f"(only {allowed}): refused without running it"
+            )
         return found
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePickleError("the pickle holds tensors or other persistent objects (torch storages): refused")
+        raise UnsafePickleError(
+            "the pickle holds tensors or other persistent objects (torch storages): refused"
+        )
 
 
 def _load_one(stream: io.BufferedIOBase) -> Any:
@@ -69,14 +73,18 @@ def safe_loads(data: bytes) -> Any:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
                 if len(names) != 1:
-                    raise UnsafePickleError("a zip file that is not a torch.save archive (no single data.pkl)")
+                    raise UnsafePickleError(
+                        "a zip file that is not a torch.save archive (no single data.pkl)"
+                    )
                 data = archive.read(names[0])
         except zipfile.BadZipFile as exc:
             raise UnsafePickleError(f"a corrupt zip archive ({exc})") from None
     stream = io.BytesIO(data)
     try:
         obj = _load_one(stream)
-        if isinstance(obj, int) and obj == _TORCH_LEGACY_MAGIC:  # legacy torch.save: magic, protocol, sys info, object
+        if (
+            isinstance(obj, int) and obj == _TORCH_LEGACY_MAGIC
+        ):  # legacy torch.save: magic, protocol, sys info, object
             _load_one(stream)
             _load_one(stream)
             obj = _load_one(stream)

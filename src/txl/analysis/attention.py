@@ -87,9 +87,17 @@ class _Collector:
 
         return capture
 
-    def add(self, index: int, module: RelativeMultiHeadAttention, x: Tensor, memory: Tensor | None,
-            context: RelativeContext) -> None:
-        probs = torch.softmax(module.scores(x, memory=memory, context=context).double(), dim=-1)  # (B, H, T, K)
+    def add(
+        self,
+        index: int,
+        module: RelativeMultiHeadAttention,
+        x: Tensor,
+        memory: Tensor | None,
+        context: RelativeContext,
+    ) -> None:
+        probs = torch.softmax(
+            module.scores(x, memory=memory, context=context).double(), dim=-1
+        )  # (B, H, T, K)
         b, _, t, k = probs.shape
         m = k - t
         distance = (m + torch.arange(t)[:, None] - torch.arange(k)[None, :]).to(probs.device)  # (T, K)
@@ -104,32 +112,49 @@ class _Collector:
             self.queries += b * t
 
     def stats(self) -> AttentionStats:
-        return AttentionStats(prob_sum=self.prob_sum.numpy(), seen=self.seen.numpy(),
-                              memory_sum=self.memory_sum.numpy(), distance_sum=self.distance_sum.numpy(),
-                              queries=self.queries)
+        return AttentionStats(
+            prob_sum=self.prob_sum.numpy(),
+            seen=self.seen.numpy(),
+            memory_sum=self.memory_sum.numpy(),
+            distance_sum=self.distance_sum.numpy(),
+            queries=self.queries,
+        )
 
 
 @torch.no_grad()
-def attention_statistics(model: TransformerXL, tokens: np.ndarray, *, tgt_len: int, span: Span | None = None,
-                         batch_size: int = 4, progress: bool = False) -> AttentionStats:
+def attention_statistics(
+    model: TransformerXL,
+    tokens: np.ndarray,
+    *,
+    tgt_len: int,
+    span: Span | None = None,
+    batch_size: int = 4,
+    progress: bool = False,
+) -> AttentionStats:
     """Attention statistics of ``model`` over ``tokens`` cut into ``batch_size`` rows read in segments of
     ``tgt_len`` with memory (``span``: the model's by default). Segments are counted once the memory is
     full (the first ceil(M / T) are a warm-up), so every query sees the whole memory."""
     if model.config.attention != "relative":
-        raise TxlError("the attention analysis needs a Transformer-XL run (relative attention over a memory); "
-                       "this run is the vanilla baseline")
+        raise TxlError(
+            "the attention analysis needs a Transformer-XL run (relative attention over a memory); "
+            "this run is the vanilla baseline"
+        )
     span = span or model.config.span
     length = len(tokens) // batch_size
     warm = math.ceil(span.mem_len / tgt_len)
     if length < (warm + 1) * tgt_len:
-        raise TxlError(f"{len(tokens)} tokens in {batch_size} rows are too few to fill a memory of "
-                       f"{span.mem_len} and then read one segment of {tgt_len}; give more tokens")
+        raise TxlError(
+            f"{len(tokens)} tokens in {batch_size} rows are too few to fill a memory of "
+            f"{span.mem_len} and then read one segment of {tgt_len}; give more tokens"
+        )
     device = next(model.parameters()).device
     rows = torch.as_tensor(np.asarray(tokens[: batch_size * length], dtype=np.int64), device=device)
     rows = rows.view(batch_size, length)  # (B, L)
     collector = _Collector(model.config.n_layer, model.config.n_head, span.mem_len + tgt_len)
-    handles = [layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
-               for i, layer in enumerate(model.layers)]
+    handles = [
+        layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
+        for i, layer in enumerate(model.layers)
+    ]
     was_training = model.training
     model.eval()
     memory = None
@@ -137,7 +162,7 @@ def attention_statistics(model: TransformerXL, tokens: np.ndarray, *, tgt_len: i
         starts = range(0, length - tgt_len + 1, tgt_len)  # whole segments only: every query has T - 1 peers
         for s, start in enumerate(tqdm(starts, desc="attention", disable=not progress, leave=False)):
             collector.active = s >= warm
-            memory = model(rows[:, start:start + tgt_len], memory=memory, span=span).memory
+            memory = model(rows[:, start : start + tgt_len], memory=memory, span=span).memory
     finally:
         for handle in handles:
             handle.remove()
@@ -160,24 +185,41 @@ class AttentionResult:
         by_distance = self.stats.by_distance
         layers = []
         for n in range(by_distance.shape[0]):
-            layers.append({
-                "layer": n,
-                "memory_share": float(self.stats.memory_share[n].mean()),
-                "current_share": float(1 - self.stats.memory_share[n].mean()),
-                "mean_distance": float(self.stats.mean_distance[n].mean()),
-                "by_distance": by_distance[n].mean(0).tolist(),
-                "heads": [{"memory_share": float(self.stats.memory_share[n, h]),
-                           "mean_distance": float(self.stats.mean_distance[n, h]),
-                           "by_distance": by_distance[n, h].tolist()} for h in range(by_distance.shape[1])],
-            })
-        return {"run": self.run, "split": self.split, "tgt_len": self.tgt_len, "mem_len": self.mem_len,
-                "queries": self.queries, "distances": list(range(by_distance.shape[2])), "layers": layers}
+            layers.append(
+                {
+                    "layer": n,
+                    "memory_share": float(self.stats.memory_share[n].mean()),
+                    "current_share": float(1 - self.stats.memory_share[n].mean()),
+                    "mean_distance": float(self.stats.mean_distance[n].mean()),
+                    "by_distance": by_distance[n].mean(0).tolist(),
+                    "heads": [
+                        {
+                            "memory_share": float(self.stats.memory_share[n, h]),
+                            "mean_distance": float(self.stats.mean_distance[n, h]),
+                            "by_distance": by_distance[n, h].tolist(),
+                        }
+                        for h in range(by_distance.shape[1])
+                    ],
+                }
+            )
+        return {
+            "run": self.run,
+            "split": self.split,
+            "tgt_len": self.tgt_len,
+            "mem_len": self.mem_len,
+            "queries": self.queries,
+            "distances": list(range(by_distance.shape[2])),
+            "layers": layers,
+        }
 
     def _bands(self) -> list[tuple[str, slice]]:
         t, k = self.tgt_len, self.tgt_len + self.mem_len
         edges = sorted({0, 1, 2, 8, t, k} | ({t + self.mem_len // 2} if self.mem_len else set()))
         edges = [e for e in edges if e <= k]
-        return [(f"d {a}-{b - 1}" if b - 1 > a else f"d {a}", slice(a, b)) for a, b in zip(edges, edges[1:], strict=False)]
+        return [
+            (f"d {a}-{b - 1}" if b - 1 > a else f"d {a}", slice(a, b))
+            for a, b in zip(edges, edges[1:], strict=False)
+        ]
 
     def table(self) -> str:
         by_distance = self.stats.by_distance.mean(1)  # (N, K) averaged over heads
@@ -187,10 +229,16 @@ class AttentionResult:
             share = float(self.stats.memory_share[n].mean())
             means = [float(np.nanmean(by_distance[n, band])) for _, band in bands]
             rows.append([n, 1 - share, share, float(self.stats.mean_distance[n].mean()), *means])
-        head = (f"{self.run}: attention per layer on {self.queries:,} {self.split} queries (segments of "
-                f"{self.tgt_len}, memory {self.mem_len}; a query's current segment is at distances 0..i, its "
-                f"memory beyond; 'd a-b': mean probability per key at those distances)")
-        return head + "\n" + format_table(["layer", "current", "memory", "mean dist", *(n for n, _ in bands)], rows)
+        head = (
+            f"{self.run}: attention per layer on {self.queries:,} {self.split} queries (segments of "
+            f"{self.tgt_len}, memory {self.mem_len}; a query's current segment is at distances 0..i, its "
+            f"memory beyond; 'd a-b': mean probability per key at those distances)"
+        )
+        return (
+            head
+            + "\n"
+            + format_table(["layer", "current", "memory", "mean dist", *(n for n, _ in bands)], rows)
+        )
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
         return {"attention": self._plot}
@@ -202,8 +250,13 @@ class AttentionResult:
         fig = new_figure(width=10.0, height=1.2 + 0.6 * by_distance.shape[0] + 2.5)
         top, bottom = fig.subplots(2, 1, height_ratios=[max(1.0, 0.5 * by_distance.shape[0]), 1.2])
         positive = by_distance[np.isfinite(by_distance) & (by_distance > 0)]
-        image = top.imshow(np.where(by_distance > 0, by_distance, np.nan), aspect="auto", interpolation="nearest",
-                           norm=LogNorm(vmin=max(positive.min(), 1e-6), vmax=positive.max()), cmap="viridis")
+        image = top.imshow(
+            np.where(by_distance > 0, by_distance, np.nan),
+            aspect="auto",
+            interpolation="nearest",
+            norm=LogNorm(vmin=max(positive.min(), 1e-6), vmax=positive.max()),
+            cmap="viridis",
+        )
         top.axvline(self.tgt_len - 0.5, color="white", linestyle="--", linewidth=1)
         top.set_yticks(range(by_distance.shape[0]))
         top.set_ylabel("layer")
@@ -222,9 +275,18 @@ class AttentionResult:
         return fig
 
 
-def analyze_attention(run_dir: Path, *, split: str = "valid", max_tokens: int = 8192, mem_len: int | None = None,
-                      tgt_len: int | None = None, batch_size: int = 4, checkpoint: str = "best", device: str = "cpu",
-                      progress: bool = True) -> AttentionResult:
+def analyze_attention(
+    run_dir: Path,
+    *,
+    split: str = "valid",
+    max_tokens: int = 8192,
+    mem_len: int | None = None,
+    tgt_len: int | None = None,
+    batch_size: int = 4,
+    checkpoint: str = "best",
+    device: str = "cpu",
+    progress: bool = True,
+) -> AttentionResult:
     """Load a run and measure its attention on the first ``max_tokens`` tokens of ``split``, with the run's
     evaluation span (``mem_len`` overrides its memory) and segment length."""
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
@@ -234,7 +296,14 @@ def analyze_attention(run_dir: Path, *, split: str = "valid", max_tokens: int = 
         span = span.replace(mem_len=mem_len)
     tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
     tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
-    stats = attention_statistics(run.model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size,
-                                 progress=progress)
-    return AttentionResult(run=str(run_dir), split=split, tgt_len=tgt_len, mem_len=span.mem_len,
-                           queries=stats.queries, stats=stats)
+    stats = attention_statistics(
+        run.model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, progress=progress
+    )
+    return AttentionResult(
+        run=str(run_dir),
+        split=split,
+        tgt_len=tgt_len,
+        mem_len=span.mem_len,
+        queries=stats.queries,
+        stats=stats,
+    )

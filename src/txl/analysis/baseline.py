@@ -18,7 +18,10 @@ def vanilla_baseline(config: RunConfig) -> RunConfig:
     the input, standard causal attention) and no memory. Its evaluation uses disjoint segments of the length
     it was trained with (``eval.tgt_len = train.tgt_len``, no memory, clamp or same-length setting): with
     absolute positions, a longer segment would show it positions it never saw in training."""
-    model = dataclasses.replace(config.model, attention="absolute", mem_len=0, clamp_len=None, same_length=False)
-    evaluation = dataclasses.replace(config.eval, tgt_len=config.train.tgt_len, mem_len=None, clamp_len=None,
-                                     same_length=None)
+    model = dataclasses.replace(
+        config.model, attention="absolute", mem_len=0, clamp_len=None, same_length=False
+    )
+    evaluation = dataclasses.replace(
+        config.eval, tgt_len=config.train.tgt_len, mem_len=None, clamp_len=None, same_length=None
+    )
     return dataclasses.replace(config, model=model, eval=evaluation)

@@ -31,12 +31,15 @@ def split_tokens(config: RunConfig, vocab: Vocab, split: str, *, max_tokens: int
 
 def _same_recipe(saved: RunConfig, wanted: RunConfig) -> bool:
     """Whether a saved run was made from ``wanted`` (training sets model.vocab_size from the vocabulary)."""
-    wanted = dataclasses.replace(wanted, model=dataclasses.replace(wanted.model, vocab_size=saved.model.vocab_size))
+    wanted = dataclasses.replace(
+        wanted, model=dataclasses.replace(wanted.model, vocab_size=saved.model.vocab_size)
+    )
     return config_to_dict(saved) == config_to_dict(wanted)
 
 
-def train_or_reuse(config: RunConfig, run_dir: Path, *, overwrite: bool = False,
-                   progress: bool = True) -> tuple[dict[str, Any], str]:
+def train_or_reuse(
+    config: RunConfig, run_dir: Path, *, overwrite: bool = False, progress: bool = True
+) -> tuple[dict[str, Any], str]:
     """Make ``run_dir`` a finished run of ``config`` and return (its summary, what was done).
 
     An empty folder, or ``overwrite``: train from scratch ("trained"). A finished run of the same config:
@@ -51,8 +54,10 @@ def train_or_reuse(config: RunConfig, run_dir: Path, *, overwrite: bool = False,
     except RunError:
         saved = None
     if saved is None or not _same_recipe(saved, config):
-        raise RunError(f"{paths.root} holds a run of another config; pass --overwrite to replace it or choose "
-                       "another --out")
+        raise RunError(
+            f"{paths.root} holds a run of another config; pass --overwrite to replace it or choose "
+            "another --out"
+        )
     latest = latest_checkpoint(paths.root)
     if latest is None:
         return train(config, paths.root, overwrite=True, progress=progress), "trained"

@@ -75,9 +75,18 @@ class CompareResult:
     curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "overrides": list(self.overrides), "level": self.level, "stride": self.stride,
-                "window": self.window, **self.models, "relative": self.relative, "throughput": self.throughput,
-                "runs": self.actions, "samples": "samples.md" if self.samples else None}
+        return {
+            "config": self.config,
+            "overrides": list(self.overrides),
+            "level": self.level,
+            "stride": self.stride,
+            "window": self.window,
+            **self.models,
+            "relative": self.relative,
+            "throughput": self.throughput,
+            "runs": self.actions,
+            "samples": "samples.md" if self.samples else None,
+        }
 
     def _metrics(self) -> list[str]:
         units = ("loss", "ppl", "bpc") if self.level in ("char", "byte") else ("loss", "ppl")
@@ -85,14 +94,23 @@ class CompareResult:
 
     def table(self) -> str:
         metrics = [m for m in self._metrics() if any(self.models[k].get(m) is not None for k in MODELS)]
-        rows = [[_LABELS[k], *(self.models[k].get(m) for m in metrics),
-                 self.models[k].get("train_tokens_per_s")] for k in MODELS]
+        rows = [
+            [_LABELS[k], *(self.models[k].get(m) for m in metrics), self.models[k].get("train_tokens_per_s")]
+            for k in MODELS
+        ]
         for base in ("vanilla", "vanilla_sliding"):
-            rows.append([f"XL vs {_LABELS[base]}", *(_percent(self.relative[base].get(m)) for m in metrics), ""])
-        note = (f"{self.config}: every token of each split predicted once; vanilla on disjoint segments of "
-                f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}")
-        throughput = (f"training throughput, XL / vanilla: {self.throughput['ratio_xl_over_vanilla']:.2f}"
-                      if self.throughput.get("ratio_xl_over_vanilla") else "")
+            rows.append(
+                [f"XL vs {_LABELS[base]}", *(_percent(self.relative[base].get(m)) for m in metrics), ""]
+            )
+        note = (
+            f"{self.config}: every token of each split predicted once; vanilla on disjoint segments of "
+            f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}"
+        )
+        throughput = (
+            f"training throughput, XL / vanilla: {self.throughput['ratio_xl_over_vanilla']:.2f}"
+            if self.throughput.get("ratio_xl_over_vanilla")
+            else ""
+        )
         return "\n".join([note, format_table(["model", *metrics, "train tok/s"], rows), throughput])
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
@@ -104,15 +122,31 @@ class CompareResult:
         for name in ("xl", "vanilla"):
             records = [r for r in self.curves.get(name, []) if r.get("split") == "valid"]
             periodic = [r for r in records if not r.get("final")]
-            line = ax.plot([r["step"] for r in periodic], [r["loss"] for r in periodic], marker=".",
-                           label=f"{_LABELS[name]} (periodic)")[0]
+            line = ax.plot(
+                [r["step"] for r in periodic],
+                [r["loss"] for r in periodic],
+                marker=".",
+                label=f"{_LABELS[name]} (periodic)",
+            )[0]
             for r in records:
                 if r.get("final"):
-                    ax.plot([r["step"]], [r["loss"]], marker="*", markersize=12, color=line.get_color(),
-                            linestyle="none", label=f"{_LABELS[name]}, final: {r['loss']:.3f}")
+                    ax.plot(
+                        [r["step"]],
+                        [r["loss"]],
+                        marker="*",
+                        markersize=12,
+                        color=line.get_color(),
+                        linestyle="none",
+                        label=f"{_LABELS[name]}, final: {r['loss']:.3f}",
+                    )
         sliding = self.models["vanilla_sliding"].get("val_loss")
         if sliding is not None:
-            ax.axhline(sliding, color="gray", linestyle="--", label=f"{_LABELS['vanilla_sliding']}, final: {sliding:.3f}")
+            ax.axhline(
+                sliding,
+                color="gray",
+                linestyle="--",
+                label=f"{_LABELS['vanilla_sliding']}, final: {sliding:.3f}",
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats per token)")
         ax.set_title(f"Validation loss: {self.config}")
@@ -125,7 +159,9 @@ class CompareResult:
         ax = fig.subplots()
         for name in ("xl", "vanilla"):
             records = [r for r in self.curves.get(name, []) if r.get("split") == "train" and "tokens" in r]
-            ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], label=_LABELS[name], alpha=0.8)
+            ax.plot(
+                [r["tokens"] for r in records], [r["loss"] for r in records], label=_LABELS[name], alpha=0.8
+            )
         ax.set_xlabel("training tokens seen")
         ax.set_ylabel("training loss (nats per token)")
         ax.set_title(f"Training loss: {self.config}")
@@ -142,12 +178,20 @@ def _row(summary: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys}
 
 
-def _sliding_row(run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, stride: int, level: str,
-                 progress: bool) -> dict[str, Any]:
+def _sliding_row(
+    run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, stride: int, level: str, progress: bool
+) -> dict[str, Any]:
     row: dict[str, Any] = {"window": window, "stride": stride}
     for split, tokens in splits.items():
-        losses = sliding_losses(run.model, tokens, window=window, stride=stride, batch_size=max(1, 16384 // window),
-                                progress=progress, desc=f"vanilla sliding {split}")
+        losses = sliding_losses(
+            run.model,
+            tokens,
+            window=window,
+            stride=stride,
+            batch_size=max(1, 16384 // window),
+            progress=progress,
+            desc=f"vanilla sliding {split}",
+        )
         loss = float(losses.mean())
         metrics = metrics_from_loss(loss)
         prefix = "val" if split == "valid" else split
@@ -157,7 +201,9 @@ def _sliding_row(run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, 
     return row
 
 
-def default_prompts(tokens: np.ndarray, vocab: Vocab, *, count: int = 3, length: int = 32) -> list[np.ndarray]:
+def default_prompts(
+    tokens: np.ndarray, vocab: Vocab, *, count: int = 3, length: int = 32
+) -> list[np.ndarray]:
     """``count`` prompts of ``length`` tokens from evenly spaced places of ``tokens`` (for character and
     byte vocabularies each starts after a newline when one is near)."""
     n = len(tokens)
@@ -168,26 +214,47 @@ def default_prompts(tokens: np.ndarray, vocab: Vocab, *, count: int = 3, length:
     for i in range(count):
         start = (i + 1) * (n - length) // (count + 1)
         if vocab.kind in ("char", "byte") and len(newline) == 1:
-            ahead = np.flatnonzero(np.asarray(tokens[start:start + 400]) == newline[0])
+            ahead = np.flatnonzero(np.asarray(tokens[start : start + 400]) == newline[0])
             if len(ahead) and start + ahead[0] + 1 + length <= n:
                 start += int(ahead[0]) + 1
-        prompts.append(np.asarray(tokens[start:start + length], dtype=np.int64))
+        prompts.append(np.asarray(tokens[start : start + length], dtype=np.int64))
     return prompts
 
 
-def _samples(xl: LoadedRun, vanilla: LoadedRun, prompts: Sequence[np.ndarray], *, new_tokens: int,
-             seed: int) -> tuple[Sample, ...]:
+def _samples(
+    xl: LoadedRun, vanilla: LoadedRun, prompts: Sequence[np.ndarray], *, new_tokens: int, seed: int
+) -> tuple[Sample, ...]:
     gen = xl.config.generate
-    settings = {"max_new_tokens": new_tokens, "temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
+    settings = {
+        "max_new_tokens": new_tokens,
+        "temperature": gen.temperature,
+        "top_k": gen.top_k,
+        "top_p": gen.top_p,
+    }
     samples = []
     for i, ids in enumerate(prompts):
         prompt = torch.as_tensor(ids, dtype=torch.long)
-        xl_new = generate(xl.model, prompt, span=eval_span(xl.config),
-                          generator=torch.Generator().manual_seed(seed + i), **settings).new_tokens[0]
-        vanilla_new = generate(vanilla.model, prompt, context=vanilla.config.train.tgt_len,
-                               generator=torch.Generator().manual_seed(seed + i), **settings).new_tokens[0]
-        samples.append(Sample(prompt=xl.vocab.decode(ids), xl=xl.vocab.decode(xl_new.numpy()),
-                              vanilla=xl.vocab.decode(vanilla_new.numpy())))
+        xl_new = generate(
+            xl.model,
+            prompt,
+            span=eval_span(xl.config),
+            generator=torch.Generator().manual_seed(seed + i),
+            **settings,
+        ).new_tokens[0]
+        vanilla_new = generate(
+            vanilla.model,
+            prompt,
+            context=vanilla.config.train.tgt_len,
+            generator=torch.Generator().manual_seed(seed + i),
+            **settings,
+        ).new_tokens[0]
+        samples.append(
+            Sample(
+                prompt=xl.vocab.decode(ids),
+                xl=xl.vocab.decode(xl_new.numpy()),
+                vanilla=xl.vocab.decode(vanilla_new.numpy()),
+            )
+        )
     return tuple(samples)
 
 
@@ -199,20 +266,42 @@ def samples_markdown(samples: Sequence[Sample], *, title: str, note: str) -> str
 
     parts = [f"# {title}", "", note, ""]
     for i, s in enumerate(samples, 1):
-        parts += [f"## Prompt {i}", "", "```text", s.prompt, "```", "", "| Transformer-XL | vanilla |",
-                  "| --- | --- |", f"| {cell(s.xl)} | {cell(s.vanilla)} |", ""]
+        parts += [
+            f"## Prompt {i}",
+            "",
+            "```text",
+            s.prompt,
+            "```",
+            "",
+            "| Transformer-XL | vanilla |",
+            "| --- | --- |",
+            f"| {cell(s.xl)} | {cell(s.vanilla)} |",
+            "",
+        ]
     return "\n".join(parts)
 
 
-def compare(config: RunConfig, out: Path, *, config_name: str = "", overrides: Sequence[str] = (),
-            stride: int = 1, prompts: Sequence[str] | None = None, sample_tokens: int = 200, seed: int = 0,
-            overwrite: bool = False, progress: bool = True) -> CompareResult:
+def compare(
+    config: RunConfig,
+    out: Path,
+    *,
+    config_name: str = "",
+    overrides: Sequence[str] = (),
+    stride: int = 1,
+    prompts: Sequence[str] | None = None,
+    sample_tokens: int = 200,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> CompareResult:
     """Train (or continue, or reuse) both runs under ``out`` and compare them (see the module docstring).
     ``config`` is the Transformer-XL's; ``prompts``: texts to continue (default: three from the test split,
     else the validation split); ``sample_tokens`` 0 skips the samples. Writes ``out/samples.md``."""
     if config.model.attention != "relative":
-        raise ConfigError("compare: the config must describe the Transformer-XL (model.attention = \"relative\"); "
-                          "the vanilla baseline is derived from it")
+        raise ConfigError(
+            'compare: the config must describe the Transformer-XL (model.attention = "relative"); '
+            "the vanilla baseline is derived from it"
+        )
     window = config.train.tgt_len
     if not 1 <= stride <= window:
         raise ConfigError(f"compare: --stride must be in 1..{window} (the training segment), got {stride}")
@@ -220,50 +309,86 @@ def compare(config: RunConfig, out: Path, *, config_name: str = "", overrides: S
     summaries, actions = {}, {}
     for name, cfg in (("xl", config), ("vanilla", vanilla_baseline(config))):
         try:
-            summaries[name], actions[name] = train_or_reuse(cfg, out / name, overwrite=overwrite, progress=progress)
+            summaries[name], actions[name] = train_or_reuse(
+                cfg, out / name, overwrite=overwrite, progress=progress
+            )
         except Interrupted as exc:
-            raise Interrupted(f"{name} interrupted at a checkpoint; run the same 'txl compare' command again to "
-                              "continue", signum=exc.signum) from None
+            raise Interrupted(
+                f"{name} interrupted at a checkpoint; run the same 'txl compare' command again to continue",
+                signum=exc.signum,
+            ) from None
     xl, vanilla = load_run(out / "xl", checkpoint="latest"), load_run(out / "vanilla", checkpoint="latest")
     level = xl.vocab.kind
-    splits = {s: split_tokens(vanilla.config, vanilla.vocab, s) for s in ("valid", "test")
-              if f"{'val' if s == 'valid' else s}_loss" in summaries["vanilla"]}
+    splits = {
+        s: split_tokens(vanilla.config, vanilla.vocab, s)
+        for s in ("valid", "test")
+        if f"{'val' if s == 'valid' else s}_loss" in summaries["vanilla"]
+    }
     units = ("loss", "ppl", "tokens", "bpc") if level in ("char", "byte") else ("loss", "ppl", "tokens")
     keys = [f"{p}_{u}" for p in ("val", "test") for u in units]
     extra = ("steps", "params", "train_tokens_per_s", "elapsed_s")
     models = {
         "xl": {**_row(summaries["xl"], keys + list(extra)), "eval": _lengths(xl.config)},
         "vanilla": {**_row(summaries["vanilla"], keys + list(extra)), "eval": _lengths(vanilla.config)},
-        "vanilla_sliding": {**dict.fromkeys(keys),
-                            **_sliding_row(vanilla, splits, window=window, stride=stride, level=level,
-                                           progress=progress)},
+        "vanilla_sliding": {
+            **dict.fromkeys(keys),
+            **_sliding_row(vanilla, splits, window=window, stride=stride, level=level, progress=progress),
+        },
     }
-    relative = {base: {k: (models["xl"][k] - models[base][k]) / models[base][k]
-                       for k in keys if not k.endswith("_tokens")
-                       and models["xl"].get(k) is not None and models[base].get(k)}
-                for base in ("vanilla", "vanilla_sliding")}
-    xl_tps, vanilla_tps = summaries["xl"].get("train_tokens_per_s"), summaries["vanilla"].get("train_tokens_per_s")
-    throughput = {"xl_tokens_per_s": xl_tps, "vanilla_tokens_per_s": vanilla_tps,
-                  "ratio_xl_over_vanilla": xl_tps / vanilla_tps if xl_tps and vanilla_tps else None}
+    relative = {
+        base: {
+            k: (models["xl"][k] - models[base][k]) / models[base][k]
+            for k in keys
+            if not k.endswith("_tokens") and models["xl"].get(k) is not None and models[base].get(k)
+        }
+        for base in ("vanilla", "vanilla_sliding")
+    }
+    xl_tps, vanilla_tps = (
+        summaries["xl"].get("train_tokens_per_s"),
+        summaries["vanilla"].get("train_tokens_per_s"),
+    )
+    throughput = {
+        "xl_tokens_per_s": xl_tps,
+        "vanilla_tokens_per_s": vanilla_tps,
+        "ratio_xl_over_vanilla": xl_tps / vanilla_tps if xl_tps and vanilla_tps else None,
+    }
     samples: tuple[Sample, ...] = ()
     if sample_tokens > 0:
         samples = _samples(xl, vanilla, _prompt_ids(xl, prompts), new_tokens=sample_tokens, seed=seed)
         gen = xl.config.generate
-        note = (f"{sample_tokens} tokens from each model after the same prompt, the same seed and settings "
-                f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
-                f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of {window}.")
+        note = (
+            f"{sample_tokens} tokens from each model after the same prompt, the same seed and settings "
+            f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
+            f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of {window}."
+        )
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "samples.md", samples_markdown(samples, title=f"Samples: {config_name or 'compare'}",
-                                                               note=note) + "\n")
-    return CompareResult(config=config_name, overrides=tuple(overrides), level=level, stride=stride, window=window,
-                         models=models, relative=relative, throughput=throughput, actions=actions, samples=samples,
-                         curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")})
+        atomic_write_text(
+            out / "samples.md",
+            samples_markdown(samples, title=f"Samples: {config_name or 'compare'}", note=note) + "\n",
+        )
+    return CompareResult(
+        config=config_name,
+        overrides=tuple(overrides),
+        level=level,
+        stride=stride,
+        window=window,
+        models=models,
+        relative=relative,
+        throughput=throughput,
+        actions=actions,
+        samples=samples,
+        curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")},
+    )
 
 
 def _lengths(config: RunConfig) -> dict[str, Any]:
     span = eval_span(config)
-    return {"tgt_len": config.eval.tgt_len or config.train.tgt_len, "mem_len": span.mem_len,
-            "clamp_len": span.clamp_len, "same_length": span.same_length}
+    return {
+        "tgt_len": config.eval.tgt_len or config.train.tgt_len,
+        "mem_len": span.mem_len,
+        "clamp_len": span.clamp_len,
+        "same_length": span.same_length,
+    }
 
 
 def _prompt_ids(run: LoadedRun, prompts: Sequence[str] | None) -> list[np.ndarray]:

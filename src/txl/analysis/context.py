@@ -74,9 +74,19 @@ def _check_first(first: int, n: int) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _stream(model: TransformerXL, tokens: np.ndarray | Tensor, *, tgt_len: int, span: Span | None, first: int,
-            batch_size: int, progress: bool, desc: str,
-            read: Callable[[ModelOutput, Tensor], Tensor], with_targets: bool) -> np.ndarray:
+def _stream(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    tgt_len: int,
+    span: Span | None,
+    first: int,
+    batch_size: int,
+    progress: bool,
+    desc: str,
+    read: Callable[[ModelOutput, Tensor], Tensor],
+    with_targets: bool,
+) -> np.ndarray:
     """Run the rows segment by segment and return ``read(output, targets)`` (B, T) for targets first..N-1."""
     device = _device(model)
     ids = _as_tensor(tokens, device)
@@ -85,8 +95,10 @@ def _stream(model: TransformerXL, tokens: np.ndarray | Tensor, *, tgt_len: int, 
     rows = min(batch_size, n - first)
     per_row = math.ceil((n - first) / rows)  # counted targets per row (C)
     length = first - 1 + per_row  # inputs per row (L): first - 1 warm-up targets, then C counted ones
-    index = (torch.arange(rows, device=device)[:, None] * per_row
-             + torch.arange(length + 1, device=device)[None, :])  # (B, L+1)
+    index = (
+        torch.arange(rows, device=device)[:, None] * per_row
+        + torch.arange(length + 1, device=device)[None, :]
+    )  # (B, L+1)
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
     inputs, targets = padded[:, :-1], padded[:, 1:]  # (B, L) each
     pieces = []
@@ -94,28 +106,67 @@ def _stream(model: TransformerXL, tokens: np.ndarray | Tensor, *, tgt_len: int, 
     with _evaluating(model):
         for start in tqdm(range(0, length, tgt_len), desc=desc, disable=not progress, leave=False):
             seg = slice(start, start + tgt_len)
-            out = model(inputs[:, seg], memory=memory, targets=targets[:, seg] if with_targets else None, span=span)
+            out = model(
+                inputs[:, seg], memory=memory, targets=targets[:, seg] if with_targets else None, span=span
+            )
             pieces.append(read(out, targets[:, seg]).double().cpu())  # (B, T)
             memory = out.memory
-    values = torch.cat(pieces, dim=1)[:, first - 1:]  # (B, C): the counted targets, row after row
+    values = torch.cat(pieces, dim=1)[:, first - 1 :]  # (B, C): the counted targets, row after row
     return values.reshape(-1)[: n - first].numpy()
 
 
-def stream_losses(model: TransformerXL, tokens: np.ndarray | Tensor, *, tgt_len: int, span: Span | None = None,
-                  first: int = 1, batch_size: int = 8, progress: bool = False, desc: str = "stream") -> np.ndarray:
+def stream_losses(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    tgt_len: int,
+    span: Span | None = None,
+    first: int = 1,
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "stream",
+) -> np.ndarray:
     """Loss in nats (float64) of every target ``first .. N-1``, reading B = ``batch_size`` rows in segments
     of ``tgt_len`` with memory (``span``: the model's by default). With ``first = 1`` this is the protocol
     of :func:`txl.evaluate.evaluate` (same rows, same segments, the same mean)."""
-    return _stream(model, tokens, tgt_len=tgt_len, span=span, first=first, batch_size=batch_size,
-                   progress=progress, desc=desc, read=lambda out, _: out.loss, with_targets=True)
+    return _stream(
+        model,
+        tokens,
+        tgt_len=tgt_len,
+        span=span,
+        first=first,
+        batch_size=batch_size,
+        progress=progress,
+        desc=desc,
+        read=lambda out, _: out.loss,
+        with_targets=True,
+    )
 
 
-def stream_predictions(model: TransformerXL, tokens: np.ndarray | Tensor, *, tgt_len: int,
-                       span: Span | None = None, first: int = 1, batch_size: int = 8, progress: bool = False,
-                       desc: str = "stream") -> np.ndarray:
+def stream_predictions(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    tgt_len: int,
+    span: Span | None = None,
+    first: int = 1,
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "stream",
+) -> np.ndarray:
     """The most likely next token (int64) for every target ``first .. N-1``, as :func:`stream_losses`."""
-    return _stream(model, tokens, tgt_len=tgt_len, span=span, first=first, batch_size=batch_size,
-                   progress=progress, desc=desc, read=lambda out, _: out.logits.argmax(-1), with_targets=False)
+    return _stream(
+        model,
+        tokens,
+        tgt_len=tgt_len,
+        span=span,
+        first=first,
+        batch_size=batch_size,
+        progress=progress,
+        desc=desc,
+        read=lambda out, _: out.logits.argmax(-1),
+        with_targets=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -140,8 +191,18 @@ def absolute_hidden(model: TransformerXL, windows: Tensor) -> Tensor:
     return model.drop(h)  # (W, T, D)
 
 
-def _windows(model: TransformerXL, ids: Tensor, starts: np.ndarray, *, window: int, keep: int, batch_size: int,
-             read: Callable[[Tensor, Tensor], Tensor], progress: bool, desc: str) -> Tensor:
+def _windows(
+    model: TransformerXL,
+    ids: Tensor,
+    starts: np.ndarray,
+    *,
+    window: int,
+    keep: int,
+    batch_size: int,
+    read: Callable[[Tensor, Tensor], Tensor],
+    progress: bool,
+    desc: str,
+) -> Tensor:
     """For each window ``ids[start : start + window]``, ``read(hidden, targets)`` of its last ``keep``
     positions: (len(starts), keep). Windows run ``batch_size`` at a time."""
     device = ids.device
@@ -149,7 +210,7 @@ def _windows(model: TransformerXL, ids: Tensor, starts: np.ndarray, *, window: i
     parts = []
     chunks = range(0, len(starts), batch_size)
     for begin in tqdm(chunks, desc=desc, disable=not progress or len(chunks) < 2, leave=False):
-        first = torch.as_tensor(starts[begin:begin + batch_size], device=device)  # (W,)
+        first = torch.as_tensor(starts[begin : begin + batch_size], device=device)  # (W,)
         grid = ids[first[:, None] + offsets[None, :]]  # (W, T+1)
         hidden = absolute_hidden(model, grid[:, :-1])[:, -keep:]  # (W, S, D): only what is predicted
         targets = grid[:, -keep:]  # (W, S)
@@ -160,14 +221,25 @@ def _windows(model: TransformerXL, ids: Tensor, starts: np.ndarray, *, window: i
 
 def _check_window(model: TransformerXL, window: int, stride: int) -> None:
     if model.config.attention != "absolute":
-        raise ValueError("sliding-window evaluation is for the vanilla model (attention='absolute'); "
-                         "the Transformer-XL reads streams with memory (stream_losses)")
+        raise ValueError(
+            "sliding-window evaluation is for the vanilla model (attention='absolute'); "
+            "the Transformer-XL reads streams with memory (stream_losses)"
+        )
     if window < 1 or not 1 <= stride <= window:
         raise ValueError(f"need window >= 1 and 1 <= stride <= window, got window={window}, stride={stride}")
 
 
-def sliding_losses(model: TransformerXL, tokens: np.ndarray | Tensor, *, window: int, stride: int = 1,
-                   first: int = 1, batch_size: int = 64, progress: bool = False, desc: str = "sliding") -> np.ndarray:
+def sliding_losses(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    window: int,
+    stride: int = 1,
+    first: int = 1,
+    batch_size: int = 64,
+    progress: bool = False,
+    desc: str = "sliding",
+) -> np.ndarray:
     """Loss in nats (float64) of every target ``first .. N-1`` by a vanilla model reading windows of
     ``window`` tokens: target t is predicted from ``tokens[t - window : t]`` (from ``tokens[:t]`` while
     t <= window, all by one window at the start). With ``stride`` s, a window ``tokens[e - window : e]``
@@ -185,26 +257,51 @@ def sliding_losses(model: TransformerXL, tokens: np.ndarray | Tensor, *, window:
     with _evaluating(model):
         head = min(window, n - 1)  # the first window predicts targets 1..head, each from all tokens before it
         if first <= head:
-            losses = _windows(model, ids, np.zeros(1, dtype=np.int64), window=head, keep=head, batch_size=1,
-                              read=nll, progress=False, desc=desc)
-            out.append(losses[0, first - 1:])
+            losses = _windows(
+                model,
+                ids,
+                np.zeros(1, dtype=np.int64),
+                window=head,
+                keep=head,
+                batch_size=1,
+                read=nll,
+                progress=False,
+                desc=desc,
+            )
+            out.append(losses[0, first - 1 :])
         targets = np.arange(max(first, head + 1), n)  # each needs a window that ends at it
         if len(targets):
-            ends = targets[stride - 1::stride]  # the last target of each full group of s
+            ends = targets[stride - 1 :: stride]  # the last target of each full group of s
             partial = len(targets) % stride
             if partial:
                 ends = np.append(ends, n - 1)
-            losses = _windows(model, ids, ends - window, window=window, keep=stride, batch_size=batch_size,
-                              read=nll, progress=progress, desc=desc).reshape(-1)
+            losses = _windows(
+                model,
+                ids,
+                ends - window,
+                window=window,
+                keep=stride,
+                batch_size=batch_size,
+                read=nll,
+                progress=progress,
+                desc=desc,
+            ).reshape(-1)
             if partial:  # the last window's first s - r positions were predicted by the window before it
-                losses = torch.cat([losses[: -stride], losses[-partial:]])
+                losses = torch.cat([losses[:-stride], losses[-partial:]])
             out.append(losses)
     return torch.cat(out).double().numpy()
 
 
-def sliding_predictions(model: TransformerXL, tokens: np.ndarray | Tensor, *, window: int,
-                        positions: np.ndarray, batch_size: int = 64, progress: bool = False,
-                        desc: str = "sliding") -> np.ndarray:
+def sliding_predictions(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    window: int,
+    positions: np.ndarray,
+    batch_size: int = 64,
+    progress: bool = False,
+    desc: str = "sliding",
+) -> np.ndarray:
     """The vanilla model's most likely token (int64) at each target position p in ``positions`` (1 <= p < N),
     each from the window of the ``window`` tokens before it (``tokens[:p]`` while p <= window)."""
     _check_window(model, window, 1)
@@ -222,11 +319,33 @@ def sliding_predictions(model: TransformerXL, tokens: np.ndarray | Tensor, *, wi
     early = positions <= head
     with _evaluating(model):
         if early.any():
-            preds = _windows(model, ids, np.zeros(1, dtype=np.int64), window=head, keep=head, batch_size=1,
-                             read=argmax, progress=False, desc=desc)[0]
+            preds = _windows(
+                model,
+                ids,
+                np.zeros(1, dtype=np.int64),
+                window=head,
+                keep=head,
+                batch_size=1,
+                read=argmax,
+                progress=False,
+                desc=desc,
+            )[0]
             result[early] = preds[positions[early] - 1].numpy()
         late = positions[~early]
         if len(late):
-            result[~early] = _windows(model, ids, late - window, window=window, keep=1, batch_size=batch_size,
-                                      read=argmax, progress=progress, desc=desc).reshape(-1).numpy()
+            result[~early] = (
+                _windows(
+                    model,
+                    ids,
+                    late - window,
+                    window=window,
+                    keep=1,
+                    batch_size=batch_size,
+                    read=argmax,
+                    progress=progress,
+                    desc=desc,
+                )
+                .reshape(-1)
+                .numpy()
+            )
     return result

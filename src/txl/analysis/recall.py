@@ -38,7 +38,14 @@ from .report import format_table, new_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["DEFAULT_SEGMENT", "DEFAULT_STEPS", "recall_config", "RecallResult", "recall_accuracy", "recall_task"]
+__all__ = [
+    "DEFAULT_SEGMENT",
+    "DEFAULT_STEPS",
+    "recall_config",
+    "RecallResult",
+    "recall_accuracy",
+    "recall_task",
+]
 
 DEFAULT_SEGMENT = 16
 """Training segment of both models; the distance defaults to twice this."""
@@ -46,23 +53,44 @@ DEFAULT_STEPS = 400
 """Training steps of each model (the XL is exact after about 250 on this task)."""
 
 
-def recall_config(*, segment: int = DEFAULT_SEGMENT, distance: int | None = None, steps: int = DEFAULT_STEPS,
-                  seed: int = 0) -> RunConfig:
+def recall_config(
+    *, segment: int = DEFAULT_SEGMENT, distance: int | None = None, steps: int = DEFAULT_STEPS, seed: int = 0
+) -> RunConfig:
     """The Transformer-XL run of the recall task: 2 layers, 4 heads, d_model 64, memory = distance (default
     2 x segment), on ``synthetic-recall:distance=D,seed=S`` at character level."""
     distance = 2 * segment if distance is None else distance
     if segment < 1 or steps < 1:
         raise ConfigError(f"recall: --segment and --steps must be positive, got {segment} and {steps}")
     if distance <= segment:
-        raise ConfigError(f"recall: --distance ({distance}) must exceed --segment ({segment}), or the vanilla "
-                          "model sees the symbol to repeat")
+        raise ConfigError(
+            f"recall: --distance ({distance}) must exceed --segment ({segment}), or the vanilla "
+            "model sees the symbol to repeat"
+        )
     return RunConfig(
-        model=TransformerXLConfig(vocab_size=len(RECALL_ALPHABET) + 3, n_layer=2, n_head=4, d_head=16, d_model=64,
-                                  d_inner=128, mem_len=distance),
+        model=TransformerXLConfig(
+            vocab_size=len(RECALL_ALPHABET) + 3,
+            n_layer=2,
+            n_head=4,
+            d_head=16,
+            d_model=64,
+            d_inner=128,
+            mem_len=distance,
+        ),
         data=DataConfig(corpus=f"synthetic-recall:distance={distance},seed={seed}", vocab="char"),
-        train=TrainConfig(steps=steps, batch_size=16, tgt_len=segment, lr=3e-3, min_lr=3e-4, warmup_steps=min(50, steps // 4),
-                          clip=1.0, seed=seed, log_every=10, eval_every=max(1, steps // 4), eval_tokens=4096,
-                          checkpoint_every=max(1, steps // 4)),
+        train=TrainConfig(
+            steps=steps,
+            batch_size=16,
+            tgt_len=segment,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup_steps=min(50, steps // 4),
+            clip=1.0,
+            seed=seed,
+            log_every=10,
+            eval_every=max(1, steps // 4),
+            eval_tokens=4096,
+            checkpoint_every=max(1, steps // 4),
+        ),
         eval=EvalConfig(batch_size=16, tgt_len=segment),
     )
 
@@ -84,17 +112,29 @@ class RecallResult:
     curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"distance": self.distance, "segment": self.segment, "xl_accuracy": self.xl_accuracy,
-                "vanilla_accuracy": self.vanilla_accuracy, "chance": self.chance, "positions": self.positions,
-                "steps": self.steps, "xl_mem_len": self.xl_mem_len, "runs": self.runs,
-                "accuracy_by_offset": self.by_offset}
+        return {
+            "distance": self.distance,
+            "segment": self.segment,
+            "xl_accuracy": self.xl_accuracy,
+            "vanilla_accuracy": self.vanilla_accuracy,
+            "chance": self.chance,
+            "positions": self.positions,
+            "steps": self.steps,
+            "xl_mem_len": self.xl_mem_len,
+            "runs": self.runs,
+            "accuracy_by_offset": self.by_offset,
+        }
 
     def table(self) -> str:
-        head = (f"exact recall of {self.positions:,} symbols that repeat the one {self.distance} positions "
-                f"earlier (segments of {self.segment}, {self.steps} training steps each)")
-        rows = [["Transformer-XL", f"memory {self.xl_mem_len}", self.xl_accuracy],
-                ["vanilla", f"window {self.segment}", self.vanilla_accuracy],
-                ["chance", f"1/{len(RECALL_ALPHABET)}", self.chance]]
+        head = (
+            f"exact recall of {self.positions:,} symbols that repeat the one {self.distance} positions "
+            f"earlier (segments of {self.segment}, {self.steps} training steps each)"
+        )
+        rows = [
+            ["Transformer-XL", f"memory {self.xl_mem_len}", self.xl_accuracy],
+            ["vanilla", f"window {self.segment}", self.vanilla_accuracy],
+            ["chance", f"1/{len(RECALL_ALPHABET)}", self.chance],
+        ]
         return head + "\n" + format_table(["model", "context", "accuracy"], rows)
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
@@ -105,7 +145,9 @@ class RecallResult:
         left, right = fig.subplots(1, 2)
         for name, label in (("xl", "Transformer-XL"), ("vanilla", "vanilla")):
             acc = self.by_offset.get(name, [])
-            left.plot(range(len(acc)), acc, marker=".", label=f"{label}: {getattr(self, f'{name}_accuracy'):.1%}")
+            left.plot(
+                range(len(acc)), acc, marker=".", label=f"{label}: {getattr(self, f'{name}_accuracy'):.1%}"
+            )
             records = [r for r in self.curves.get(name, []) if r.get("split") == "train"]
             right.plot([r["step"] for r in records], [r["loss"] for r in records], label=label)
         left.axhline(self.chance, color="gray", linestyle="--", label=f"chance ({self.chance:.1%})")
@@ -122,25 +164,46 @@ class RecallResult:
         return fig
 
 
-def recall_accuracy(run: LoadedRun, tokens: np.ndarray, positions: np.ndarray, *, distance: int,
-                    progress: bool = False) -> np.ndarray:
+def recall_accuracy(
+    run: LoadedRun, tokens: np.ndarray, positions: np.ndarray, *, distance: int, progress: bool = False
+) -> np.ndarray:
     """Whether ``run`` predicts the token at each of ``positions`` (all >= ``distance``) exactly: bool array.
     Transformer-XL: a stream with its evaluation memory, every row warmed up by ``distance`` tokens;
     vanilla: a window of its training segment before each position."""
     config = run.config
     if config.model.attention == "relative":
-        predictions = stream_predictions(run.model, tokens, tgt_len=config.eval.tgt_len or config.train.tgt_len,
-                                         span=eval_span(config), first=distance, batch_size=config.eval.batch_size,
-                                         progress=progress, desc="recall xl")[positions - distance]
+        predictions = stream_predictions(
+            run.model,
+            tokens,
+            tgt_len=config.eval.tgt_len or config.train.tgt_len,
+            span=eval_span(config),
+            first=distance,
+            batch_size=config.eval.batch_size,
+            progress=progress,
+            desc="recall xl",
+        )[positions - distance]
     else:
-        predictions = sliding_predictions(run.model, tokens, window=config.train.tgt_len, positions=positions,
-                                          progress=progress, desc="recall vanilla")
+        predictions = sliding_predictions(
+            run.model,
+            tokens,
+            window=config.train.tgt_len,
+            positions=positions,
+            progress=progress,
+            desc="recall vanilla",
+        )
     return predictions == np.asarray(tokens)[positions]
 
 
-def recall_task(out: Path, *, segment: int = DEFAULT_SEGMENT, distance: int | None = None,
-                steps: int = DEFAULT_STEPS, seed: int = 0, overwrite: bool = False,
-                progress: bool = True) -> RecallResult:
+def recall_task(
+    out: Path,
+    *,
+    segment: int = DEFAULT_SEGMENT,
+    distance: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> RecallResult:
     """Train (or continue, or reuse) both models under ``out`` (``out/xl``, ``out/vanilla``) and measure
     their recall on the test split."""
     config = recall_config(segment=segment, distance=distance, steps=steps, seed=seed)
@@ -150,21 +213,37 @@ def recall_task(out: Path, *, segment: int = DEFAULT_SEGMENT, distance: int | No
         try:
             actions[name] = train_or_reuse(cfg, Path(out) / name, overwrite=overwrite, progress=progress)[1]
         except Interrupted as exc:
-            raise Interrupted(f"{name} interrupted at a checkpoint; run the same 'txl analyze recall' command "
-                              "again to continue", signum=exc.signum) from None
+            raise Interrupted(
+                f"{name} interrupted at a checkpoint; run the same 'txl analyze recall' command "
+                "again to continue",
+                signum=exc.signum,
+            ) from None
     runs = {name: load_run(Path(out) / name, checkpoint="latest") for name in ("xl", "vanilla")}
     corpus = load_corpus(config.data.corpus)
     positions = recall_positions(corpus.text("test"), distance=distance)
     positions = positions[positions >= distance]
     tokens = split_tokens(config, runs["xl"].vocab, "test")
-    hits = {name: recall_accuracy(run, tokens, positions, distance=distance, progress=progress)
-            for name, run in runs.items()}
+    hits = {
+        name: recall_accuracy(run, tokens, positions, distance=distance, progress=progress)
+        for name, run in runs.items()
+    }
     offsets = _copy_offsets(corpus.text("test"), positions)
-    by_offset = {name: [float(h[offsets == j].mean()) for j in range(distance - 1)] for name, h in hits.items()}
-    return RecallResult(distance=distance, segment=segment, xl_accuracy=float(hits["xl"].mean()),
-                        vanilla_accuracy=float(hits["vanilla"].mean()), chance=1 / len(RECALL_ALPHABET),
-                        positions=len(positions), steps=steps, xl_mem_len=distance, runs=actions,
-                        by_offset=by_offset, curves={n: read_metrics(Path(out) / n) for n in ("xl", "vanilla")})
+    by_offset = {
+        name: [float(h[offsets == j].mean()) for j in range(distance - 1)] for name, h in hits.items()
+    }
+    return RecallResult(
+        distance=distance,
+        segment=segment,
+        xl_accuracy=float(hits["xl"].mean()),
+        vanilla_accuracy=float(hits["vanilla"].mean()),
+        chance=1 / len(RECALL_ALPHABET),
+        positions=len(positions),
+        steps=steps,
+        xl_mem_len=distance,
+        runs=actions,
+        by_offset=by_offset,
+        curves={n: read_metrics(Path(out) / n) for n in ("xl", "vanilla")},
+    )
 
 
 def _copy_offsets(text: str, positions: np.ndarray) -> np.ndarray:

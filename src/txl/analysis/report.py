@@ -50,8 +50,10 @@ def new_figure(*, width: float = 6.4, height: float = 4.0) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotsUnavailable(f"figures need matplotlib, which is not installed: {PLOTS_HINT} "
-                               "(results.json was written; --no-plots skips the figures)") from None
+        raise PlotsUnavailable(
+            f"figures need matplotlib, which is not installed: {PLOTS_HINT} "
+            "(results.json was written; --no-plots skips the figures)"
+        ) from None
     return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -91,10 +93,14 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain-text table: a header, a rule, one line per row; numbers right-aligned, text left-aligned."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(headers))]
+    numeric = [
+        all(isinstance(row[i], (int, float)) or row[i] is None for row in rows) for i in range(len(headers))
+    ]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)
+        )
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)])
 

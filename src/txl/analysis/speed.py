@@ -64,15 +64,23 @@ class SpeedResult:
     rows: tuple[SpeedRow, ...]
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [asdict(r) for r in self.rows]}
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "rows"},
+            "rows": [asdict(r) for r in self.rows],
+        }
 
     def table(self) -> str:
         sizes = ", ".join(f"{k} {v}" for k, v in self.model.items())
-        head = (f"evaluation time per token, batch 1 ({sizes}; XL segments of {self.segment}; fastest of "
-                f"{self.repeats}; {self.threads} threads on {self.device})")
+        head = (
+            f"evaluation time per token, batch 1 ({sizes}; XL segments of {self.segment}; fastest of "
+            f"{self.repeats}; {self.threads} threads on {self.device})"
+        )
         rows = [[r.length, r.vanilla_ms_per_token, r.xl_ms_per_token, r.ratio] for r in self.rows]
-        return head + "\n" + format_table(["attention length", "vanilla ms/token", "XL ms/token", "vanilla / XL"],
-                                          rows)
+        return (
+            head
+            + "\n"
+            + format_table(["attention length", "vanilla ms/token", "XL ms/token", "vanilla / XL"], rows)
+        )
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
         return {"speed": self._plot}
@@ -81,8 +89,12 @@ class SpeedResult:
         fig = new_figure(width=9.0)
         left, right = fig.subplots(1, 2)
         lengths = [r.length for r in self.rows]
-        left.plot(lengths, [r.vanilla_ms_per_token for r in self.rows], marker="o", label="vanilla (sliding window)")
-        left.plot(lengths, [r.xl_ms_per_token for r in self.rows], marker="o", label="Transformer-XL (memory)")
+        left.plot(
+            lengths, [r.vanilla_ms_per_token for r in self.rows], marker="o", label="vanilla (sliding window)"
+        )
+        left.plot(
+            lengths, [r.xl_ms_per_token for r in self.rows], marker="o", label="Transformer-XL (memory)"
+        )
         left.set_yscale("log")
         left.set_xlabel("attention length")
         left.set_ylabel("ms per token (log)")
@@ -106,8 +118,15 @@ def _fastest(run: Callable[[], None], repeats: int) -> float:
     return best
 
 
-def time_vanilla(model: TransformerXL, tokens: torch.Tensor, *, length: int, predictions: int,
-                 windows_per_batch: int, repeats: int = 3) -> float:
+def time_vanilla(
+    model: TransformerXL,
+    tokens: torch.Tensor,
+    *,
+    length: int,
+    predictions: int,
+    windows_per_batch: int,
+    repeats: int = 3,
+) -> float:
     """Seconds per token for ``predictions`` predictions, each by a full window of ``length`` tokens
     (``tokens`` needs at least length + predictions + 1)."""
     ids = tokens[: length + predictions + 1]
@@ -121,8 +140,15 @@ def time_vanilla(model: TransformerXL, tokens: torch.Tensor, *, length: int, pre
     return _fastest(run, repeats) / predictions
 
 
-def time_xl(model: TransformerXL, tokens: torch.Tensor, *, length: int, segment: int, predictions: int,
-            repeats: int = 3) -> float:
+def time_xl(
+    model: TransformerXL,
+    tokens: torch.Tensor,
+    *,
+    length: int,
+    segment: int,
+    predictions: int,
+    repeats: int = 3,
+) -> float:
     """Seconds per token for the Transformer-XL: segments of ``segment`` with a full memory of ``length``
     and same-length attention (each prediction attends to ``length`` positions). Returns the time per token
     of ``ceil(predictions / segment)`` whole segments after ``ceil(length / segment)`` to fill the memory."""
@@ -134,7 +160,7 @@ def time_xl(model: TransformerXL, tokens: torch.Tensor, *, length: int, segment:
 
     def segments(first: int, count: int, memory):
         for s in range(first, first + count):
-            x = ids[:, s * segment:(s + 1) * segment + 1]  # (1, T+1)
+            x = ids[:, s * segment : (s + 1) * segment + 1]  # (1, T+1)
             memory = model(x[:, :-1], memory=memory, targets=x[:, 1:], span=span).memory
         return memory
 
@@ -150,21 +176,39 @@ def time_xl(model: TransformerXL, tokens: torch.Tensor, *, length: int, segment:
     return seconds / (timed * segment)
 
 
-def speed_benchmark(*, lengths: Sequence[int] = DEFAULT_LENGTHS, model: TransformerXLConfig | None = None,
-                    segment: int = 64, tokens: int = 128, xl_tokens: int = 2048, windows_per_batch: int | None = None,
-                    repeats: int = 3, seed: int = 0, device: str = "cpu", progress: bool = True) -> SpeedResult:
+def speed_benchmark(
+    *,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    model: TransformerXLConfig | None = None,
+    segment: int = 64,
+    tokens: int = 128,
+    xl_tokens: int = 2048,
+    windows_per_batch: int | None = None,
+    repeats: int = 3,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+) -> SpeedResult:
     """Time both models at every attention length. ``model``: the sizes (default: 2 layers, 4 heads of 32,
     d_model 128, d_inner 512, byte vocabulary); its attention and memory are set per length. ``tokens``:
     vanilla predictions timed per length, ``xl_tokens`` for the XL (rounded up to whole segments).
     ``windows_per_batch``: vanilla windows per forward (default: about 16k positions per batch)."""
-    for name, value in (("segment", segment), ("tokens", tokens), ("xl_tokens", xl_tokens), ("repeats", repeats)):
+    for name, value in (
+        ("segment", segment),
+        ("tokens", tokens),
+        ("xl_tokens", xl_tokens),
+        ("repeats", repeats),
+    ):
         if value < 1:
             raise ConfigError(f"speed: {name} must be positive, got {value}")
     if not lengths or min(lengths) < 1:
         raise ConfigError(f"speed: attention lengths must be positive, got {list(lengths)}")
-    sizes = model or TransformerXLConfig(vocab_size=256, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512)
-    sizes = dataclasses.replace(sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None,
-                                same_length=False)
+    sizes = model or TransformerXLConfig(
+        vocab_size=256, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512
+    )
+    sizes = dataclasses.replace(
+        sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None, same_length=False
+    )
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for length in tqdm(lengths, desc="attention lengths", disable=not progress, leave=False):
@@ -172,15 +216,31 @@ def speed_benchmark(*, lengths: Sequence[int] = DEFAULT_LENGTHS, model: Transfor
         torch.manual_seed(seed)
         xl = TransformerXL(xl_config.model).to(device)
         vanilla = TransformerXL(vanilla_baseline(xl_config).model).to(device)
-        needed = max(length + tokens + 1, (math.ceil(length / segment) + math.ceil(xl_tokens / segment)) * segment + 1)
+        needed = max(
+            length + tokens + 1, (math.ceil(length / segment) + math.ceil(xl_tokens / segment)) * segment + 1
+        )
         ids = torch.randint(0, sizes.vocab_size, (needed,), generator=generator).to(device)
         per_batch = windows_per_batch or max(1, 16384 // length)
         xl_s = time_xl(xl, ids, length=length, segment=segment, predictions=xl_tokens, repeats=repeats)
-        vanilla_s = time_vanilla(vanilla, ids, length=length, predictions=tokens, windows_per_batch=per_batch,
-                                 repeats=repeats)
-        rows.append(SpeedRow(length=length, xl_ms_per_token=1e3 * xl_s, vanilla_ms_per_token=1e3 * vanilla_s,
-                             ratio=vanilla_s / xl_s))
+        vanilla_s = time_vanilla(
+            vanilla, ids, length=length, predictions=tokens, windows_per_batch=per_batch, repeats=repeats
+        )
+        rows.append(
+            SpeedRow(
+                length=length,
+                xl_ms_per_token=1e3 * xl_s,
+                vanilla_ms_per_token=1e3 * vanilla_s,
+                ratio=vanilla_s / xl_s,
+            )
+        )
     fields = ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner")
-    return SpeedResult(model={f: getattr(sizes, f) for f in fields}, segment=segment, tokens=tokens,
-                       xl_tokens=math.ceil(xl_tokens / segment) * segment, repeats=repeats,
-                       threads=torch.get_num_threads(), device=str(device), rows=tuple(rows))
+    return SpeedResult(
+        model={f: getattr(sizes, f) for f in fields},
+        segment=segment,
+        tokens=tokens,
+        xl_tokens=math.ceil(xl_tokens / segment) * segment,
+        repeats=repeats,
+        threads=torch.get_num_threads(),
+        device=str(device),
+        rows=tuple(rows),
+    )

@@ -531,8 +531,11 @@ def synthetic_recall(*, distance: int = RECALL_DEFAULT_DISTANCE, seed: int = 0) 
     for index, (split, size) in enumerate(RECALL_SPLIT_TOKENS.items()):
         text = synthetic_recall_text(size, distance=distance, seed=seed * 3 + index)
         parts[split] = [(text.encode("ascii"), f"<synthetic-recall {split}>", 0)]
-    name = "synthetic-recall" if (distance, seed) == (RECALL_DEFAULT_DISTANCE, 0) else (
-        f"synthetic-recall-d{distance}-s{seed}")
+    name = (
+        "synthetic-recall"
+        if (distance, seed) == (RECALL_DEFAULT_DISTANCE, 0)
+        else (f"synthetic-recall-d{distance}-s{seed}")
+    )
     return _make(name, "char", False, parts)
 
 
@@ -543,7 +546,9 @@ def _recall_options(spec: str) -> dict[str, int]:
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in ("distance", "seed") or not value.strip().isdigit():
-            raise CorpusError(f"corpus {spec!r}: expected synthetic-recall:distance=D,seed=S (non-negative "
-                              f"integers), got {item!r}")
+            raise CorpusError(
+                f"corpus {spec!r}: expected synthetic-recall:distance=D,seed=S (non-negative "
+                f"integers), got {item!r}"
+            )
         options[key.strip()] = int(value)
     return options

@@ -31,7 +31,9 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise CorpusError("hf: and hf-disk: corpora need Hugging Face datasets: pip install 'txl[datasets]'") from None
+        raise CorpusError(
+            "hf: and hf-disk: corpora need Hugging Face datasets: pip install 'txl[datasets]'"
+        ) from None
     return datasets
 
 
@@ -47,26 +49,33 @@ def _open(spec: str) -> tuple[Any, str]:
 
     datasets = _datasets()
     if spec.startswith(HF_DISK_PREFIX):
-        path = Path(spec[len(HF_DISK_PREFIX):]).expanduser()
+        path = Path(spec[len(HF_DISK_PREFIX) :]).expanduser()
         if not path.exists():
             raise CorpusError(f"corpus {spec}: {path} does not exist (a folder written by save_to_disk)")
         try:
             return datasets.load_from_disk(str(path)), f"{HF_DISK_PREFIX}{path.name}"
         except Exception as exc:  # noqa: BLE001 - datasets raises many types for a bad folder
-            raise CorpusError(f"corpus {spec}: not a dataset saved with save_to_disk ({_one_line(exc)})") from None
-    name, _, config = spec[len(HF_PREFIX):].partition(":")
+            raise CorpusError(
+                f"corpus {spec}: not a dataset saved with save_to_disk ({_one_line(exc)})"
+            ) from None
+    name, _, config = spec[len(HF_PREFIX) :].partition(":")
     if not name:
-        raise CorpusError(f"corpus {spec!r}: expected hf:NAME or hf:NAME:CONFIG, e.g. hf:wikitext:wikitext-2-raw-v1")
+        raise CorpusError(
+            f"corpus {spec!r}: expected hf:NAME or hf:NAME:CONFIG, e.g. hf:wikitext:wikitext-2-raw-v1"
+        )
     try:
         return datasets.load_dataset(name, config or None), spec
     except Exception as exc:  # noqa: BLE001 - network, hub and script errors all end here
         raise CorpusError(
-            f"cannot load the Hugging Face dataset {spec[len(HF_PREFIX):]!r} ({_one_line(exc)}): the hub cannot be "
+            f"cannot load the Hugging Face dataset {spec[len(HF_PREFIX) :]!r} ({_one_line(exc)}): the hub cannot be "
             "reached or has no such dataset; on a machine with network run datasets.load_dataset(...)"
-            ".save_to_disk(PATH) and use data.corpus=\"hf-disk:PATH\"") from None
+            '.save_to_disk(PATH) and use data.corpus="hf-disk:PATH"'
+        ) from None
 
 
-def load_hf_corpus(spec: str, *, text_field: str = "text") -> tuple[str, dict[str, list[tuple[bytes, str, None]]]]:
+def load_hf_corpus(
+    spec: str, *, text_field: str = "text"
+) -> tuple[str, dict[str, list[tuple[bytes, str, None]]]]:
     """The corpus name and its splits as pieces (UTF-8 bytes, source, None), for :func:`corpora._make`."""
     from .corpora import CorpusError
 
@@ -79,13 +88,17 @@ def load_hf_corpus(spec: str, *, text_field: str = "text") -> tuple[str, dict[st
         if ours is None:
             continue
         if text_field not in dataset.column_names:
-            raise CorpusError(f"corpus {spec}: split {split!r} has no column {text_field!r} (columns: "
-                              f"{', '.join(dataset.column_names)}); set data.text_field")
+            raise CorpusError(
+                f"corpus {spec}: split {split!r} has no column {text_field!r} (columns: "
+                f"{', '.join(dataset.column_names)}); set data.text_field"
+            )
         rows = dataset[text_field]
         if not all(isinstance(row, str) for row in rows):
             raise CorpusError(f"corpus {spec}: column {text_field!r} must hold text")
         text = "".join(row if row.endswith("\n") else row + "\n" for row in rows)
         parts.setdefault(ours, []).append((text.encode("utf-8"), f"{spec}[{split}]", None))
     if not parts:
-        raise CorpusError(f"corpus {spec}: no train, validation or test split (splits: {', '.join(splits) or 'none'})")
+        raise CorpusError(
+            f"corpus {spec}: no train, validation or test split (splits: {', '.join(splits) or 'none'})"
+        )
     return name, parts

@@ -30,16 +30,29 @@ class PreparedData:
     splits: dict[str, np.ndarray]
 
 
-def prepare_data(config: DataConfig, *, vocab: Vocab | None = None,
-                 splits: Sequence[str] | None = None) -> PreparedData:
+def prepare_data(
+    config: DataConfig, *, vocab: Vocab | None = None, splits: Sequence[str] | None = None
+) -> PreparedData:
     """Load the corpus of ``config``, build the vocabulary (or use ``vocab``, a run's own) and encode
     ``splits``: each one named must exist (CorpusError otherwise); None encodes every split the corpus has."""
-    corpus = load_corpus(config.corpus, data_dir=Path(config.data_dir) if config.data_dir else None,
-                         text_field=config.text_field)
+    corpus = load_corpus(
+        config.corpus,
+        data_dir=Path(config.data_dir) if config.data_dir else None,
+        text_field=config.text_field,
+    )
     if vocab is None:
-        vocab = build_vocab(config.vocab or corpus.level, corpus, min_freq=config.min_freq, max_size=config.max_size,
-                            bpe_vocab_size=config.bpe_vocab_size, tokenizer=config.tokenizer)
+        vocab = build_vocab(
+            config.vocab or corpus.level,
+            corpus,
+            min_freq=config.min_freq,
+            max_size=config.max_size,
+            bpe_vocab_size=config.bpe_vocab_size,
+            tokenizer=config.tokenizer,
+        )
     cache_dir = Path(config.cache_dir) if config.cache_dir else None
     names = [s for s in SPLITS if corpus.has(s)] if splits is None else list(splits)
-    return PreparedData(corpus=corpus, vocab=vocab,
-                        splits={s: encode_split(corpus, s, vocab, cache_dir=cache_dir) for s in names})
+    return PreparedData(
+        corpus=corpus,
+        vocab=vocab,
+        splits={s: encode_split(corpus, s, vocab, cache_dir=cache_dir) for s in names},
+    )

@@ -140,8 +140,14 @@ class WordVocab(_TableVocab):
     eos_id = 1
     unknown_as_unk = True
 
-    def __init__(self, words: Sequence[str], *, tokenizer: str = "whitespace", eos_per_line: bool = False,
-                 as_given: bool = False):
+    def __init__(
+        self,
+        words: Sequence[str],
+        *,
+        tokenizer: str = "whitespace",
+        eos_per_line: bool = False,
+        as_given: bool = False,
+    ):
         """``as_given``: keep ``words`` in their order, specials wherever they are (a vocabulary imported
         with a pretrained model, whose ids must not move); a missing ``<unk>`` makes unknown words an error."""
         if tokenizer not in TOKENIZERS:
@@ -373,8 +379,12 @@ def vocab_from_dict(d: dict[str, Any]) -> Vocab:
     if d.get("format", FORMAT_VERSION) != FORMAT_VERSION:
         raise ValueError(f"unsupported vocabulary format {d.get('format')!r} (expected {FORMAT_VERSION})")
     if kind == "word":
-        return WordVocab(d["symbols"], tokenizer=d["tokenizer"], eos_per_line=bool(d["eos_per_line"]),
-                         as_given=bool(d.get("as_given", False)))
+        return WordVocab(
+            d["symbols"],
+            tokenizer=d["tokenizer"],
+            eos_per_line=bool(d["eos_per_line"]),
+            as_given=bool(d.get("as_given", False)),
+        )
     if kind == "char":
         return CharVocab(d["symbols"])
     if kind == "byte":

@@ -64,8 +64,12 @@ class AdaptiveEmbedding(nn.Module):
                 {"0": nn.Parameter(torch.empty(config.d_model, config.embed_dim))} if projected else {}
             )
         else:
-            self.emb_layers = nn.ModuleList([nn.Embedding(end - start, d) for (start, end), d in zip(self.bounds, dims, strict=True)])
-            self.emb_projs = nn.ParameterDict({str(i): nn.Parameter(torch.empty(config.d_model, d)) for i, d in enumerate(dims)})
+            self.emb_layers = nn.ModuleList(
+                [nn.Embedding(end - start, d) for (start, end), d in zip(self.bounds, dims, strict=True)]
+            )
+            self.emb_projs = nn.ParameterDict(
+                {str(i): nn.Parameter(torch.empty(config.d_model, d)) for i, d in enumerate(dims)}
+            )
 
     @torch.no_grad()
     def reset_projections(self, std: float) -> None:
@@ -114,12 +118,20 @@ class AdaptiveLogSoftmax(nn.Module):
             self.out_layers = nn.ModuleList([nn.Linear(config.embed_dim, config.vocab_size)])
             projected = config.embed_dim != config.d_model
             self.out_projs = nn.ParameterDict(
-                {str(i): nn.Parameter(torch.empty(config.d_model, config.embed_dim)) for i in range(len(self.bounds))}
-                if projected else {}
+                {
+                    str(i): nn.Parameter(torch.empty(config.d_model, config.embed_dim))
+                    for i in range(len(self.bounds))
+                }
+                if projected
+                else {}
             )
         else:
-            self.out_layers = nn.ModuleList([nn.Linear(d, end - start) for (start, end), d in zip(self.bounds, dims, strict=True)])
-            self.out_projs = nn.ParameterDict({str(i): nn.Parameter(torch.empty(config.d_model, d)) for i, d in enumerate(dims)})
+            self.out_layers = nn.ModuleList(
+                [nn.Linear(d, end - start) for (start, end), d in zip(self.bounds, dims, strict=True)]
+            )
+            self.out_projs = nn.ParameterDict(
+                {str(i): nn.Parameter(torch.empty(config.d_model, d)) for i, d in enumerate(dims)}
+            )
         if self.n_clusters > 0:
             self.cluster_weight = nn.Parameter(torch.empty(self.n_clusters, dims[0]))
             self.cluster_bias = nn.Parameter(torch.empty(self.n_clusters))
@@ -192,13 +204,17 @@ class AdaptiveLogSoftmax(nn.Module):
             head_target = torch.where((target >= start) & (target < end), column, head_target)
         nll = linear_cross_entropy(head, weight, bias, head_target, ignore_index=ignore_index)  # (N,)
         for i, (start, end) in enumerate(self.bounds[1:], start=1):
-            rows = ((target >= start) & (target < end)).nonzero().squeeze(1)  # data-dependent, as the original
+            rows = (
+                ((target >= start) & (target < end)).nonzero().squeeze(1)
+            )  # data-dependent, as the original
             if rows.numel() == 0:
                 continue
             weight, bias, proj = self.cluster_params(i)
             tail = hidden.index_select(0, rows)  # (n_i, D)
             tail = tail if proj is None else tail @ proj  # (n_i, E_i)
-            nll = nll.index_add(0, rows, linear_cross_entropy(tail, weight, bias, target.index_select(0, rows) - start))
+            nll = nll.index_add(
+                0, rows, linear_cross_entropy(tail, weight, bias, target.index_select(0, rows) - start)
+            )
         return nll
 
     def log_prob(self, hidden: Tensor) -> Tensor:

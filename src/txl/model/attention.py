@@ -113,7 +113,9 @@ class MultiHeadAttention(nn.Module):
         else:  # queries of the current positions only; keys and values of [memory ; current]
             inner = self.n_head * self.d_head
             q = F.linear(x, self.qkv.weight[:inner])  # (B, T, H*Dh)
-            k, v = F.linear(torch.cat([memory, x], dim=1), self.qkv.weight[inner:]).chunk(2, dim=-1)  # 2 x (B, K, H*Dh)
+            k, v = F.linear(torch.cat([memory, x], dim=1), self.qkv.weight[inner:]).chunk(
+                2, dim=-1
+            )  # 2 x (B, K, H*Dh)
         q = q.reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
         k = k.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
@@ -123,8 +125,14 @@ class MultiHeadAttention(nn.Module):
         """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
-                cache: LayerCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory: Tensor | None = None,
+        context: RelativeContext | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
         """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
 
         With ``cache`` (incremental decoding; ``memory`` must be None) only the T new positions are projected:
@@ -153,7 +161,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 
     def position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
         """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
-        by_distance = (q + v_bias[:, None, :]) @ self.project_distances(pos)  # (B, H, T, K), column m = distance K-1-m
+        by_distance = (q + v_bias[:, None, :]) @ self.project_distances(
+            pos
+        )  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
     def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
@@ -169,10 +179,17 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         rel = self.project_distances(pos)  # (H, Dh, R)
         rel = rel.unsqueeze(0).expand(b, h, dh, rel.shape[-1]).reshape(b * h, dh, -1)  # (B*H, Dh, R)
         q_bias = torch.cat([u.reshape(-1), u.new_zeros(2 * h * dh)])  # (3*H*Dh,): [u | 0 | 0]
-        return OneQueryContext(rel=rel, q_bias=q_bias, v_minus_u=v - u, qkv_t=self.qkv.weight.t().contiguous(),
-                               out_t=self.out.weight.t().contiguous())
+        return OneQueryContext(
+            rel=rel,
+            q_bias=q_bias,
+            v_minus_u=v - u,
+            qkv_t=self.qkv.weight.t().contiguous(),
+            out_t=self.out.weight.t().contiguous(),
+        )
 
-    def forward_one(self, x: Tensor, *, context: OneQueryContext, cache: LayerCache, residual: Tensor) -> Tensor:
+    def forward_one(
+        self, x: Tensor, *, context: OneQueryContext, cache: LayerCache, residual: Tensor
+    ) -> Tensor:
         """One new position per row against the cache (incremental decoding), eval mode only (no dropout):
         x (B, D) -> residual + attention output (B, D).
 
@@ -186,8 +203,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, Dh, K), (B*H, K, Dh), x's k, v included
         q_u = qkv[:, 0]  # (B, H, Dh)
         q_v = (q_u + context.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
-        score = torch.baddbmm(torch.bmm(q_v, context.rel), q_u.reshape(b * h, 1, dh), k_t,
-                              beta=self.scale, alpha=self.scale)  # (B*H, 1, K): (b)+(d), + (a)+(c), scaled
+        score = torch.baddbmm(
+            torch.bmm(q_v, context.rel), q_u.reshape(b * h, 1, dh), k_t, beta=self.scale, alpha=self.scale
+        )  # (B*H, 1, K): (b)+(d), + (a)+(c), scaled
         attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
         return torch.addmm(residual, attn.view(b, h * dh), context.out_t)  # (B, D)
 
@@ -199,18 +217,30 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         bias = self.position_term(q, context.pos, context.v) * self.scale  # (B, H, T, K)
         bias = bias.masked_fill(context.mask, float("-inf"))
         return F.scaled_dot_product_attention(
-            q + context.u[:, None, :], k, v, attn_mask=bias,
-            dropout_p=self.dropatt if self.training else 0.0, scale=self.scale,
+            q + context.u[:, None, :],
+            k,
+            v,
+            attn_mask=bias,
+            dropout_p=self.dropatt if self.training else 0.0,
+            scale=self.scale,
         )  # (B, H, T, Dh)
 
 
 class AbsoluteMultiHeadAttention(MultiHeadAttention):
     """Standard causal attention for the vanilla baseline: positions enter at the input, no memory."""
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
-                cache: LayerCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory: Tensor | None = None,
+        context: RelativeContext | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
         if memory is not None or context is not None or cache is not None:
-            raise ValueError("absolute attention (the vanilla baseline) takes no memory, cache or relative positions")
+            raise ValueError(
+                "absolute attention (the vanilla baseline) takes no memory, cache or relative positions"
+            )
         return super().forward(x)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:

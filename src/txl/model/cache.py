@@ -141,20 +141,31 @@ class KVCache:
     A cache is mutable state of one decoding session: it belongs to the caller, never to the model, and is
     valid only while the weights stay as they were."""
 
-    def __init__(self, config: TransformerXLConfig, *, batch_size: int | None = None, span: Span | None = None,
-                 memory: Memory | None = None, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        config: TransformerXLConfig,
+        *,
+        batch_size: int | None = None,
+        span: Span | None = None,
+        memory: Memory | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         span = config.span if span is None else span
         if config.attention != "relative" or span.mem_len == 0:
-            raise ValueError("a key/value cache needs a Transformer-XL with memory (relative attention, mem_len > 0)")
+            raise ValueError(
+                "a key/value cache needs a Transformer-XL with memory (relative attention, mem_len > 0)"
+            )
         if memory is not None:
             if not isinstance(memory, Memory):
                 raise ValueError(f"memory must be a txl Memory, got {type(memory).__name__}")
             if batch_size is not None and batch_size != memory.batch_size:
                 raise ValueError(f"memory has {memory.batch_size} batch rows, batch_size is {batch_size}")
             if len(memory) != config.n_layer or memory.states[0].shape[-1] != config.d_model:
-                raise ValueError(f"memory has {len(memory)} states of size {memory.states[0].shape[-1]}, the model "
-                                 f"needs {config.n_layer} of size {config.d_model}")
+                raise ValueError(
+                    f"memory has {len(memory)} states of size {memory.states[0].shape[-1]}, the model "
+                    f"needs {config.n_layer} of size {config.d_model}"
+                )
             batch_size = memory.batch_size
             dtype = memory.states[0].dtype if dtype is None else dtype
             device = memory.states[0].device if device is None else device
@@ -206,19 +217,25 @@ class KVCache:
             raise ValueError("a key/value cache needs a Transformer-XL with relative attention")
         sizes = ("n_layer", "n_head", "d_head", "d_model")
         if any(getattr(model.config, f) != getattr(self.config, f) for f in sizes):
-            raise ValueError(f"this key/value cache was built for other sizes ({', '.join(sizes)}) than the model's")
+            raise ValueError(
+                f"this key/value cache was built for other sizes ({', '.join(sizes)}) than the model's"
+            )
         param = next(model.parameters())
         if param.dtype != self.hidden.dtype or param.device != self.hidden.device:
-            raise ValueError(f"the cache holds {self.hidden.dtype} on {self.hidden.device}, the model's weights are "
-                             f"{param.dtype} on {param.device}")
-        tables = model.decoding_tables(reach=self.reach, clamp_len=self.span.clamp_len, batch_size=self.batch_size)
+            raise ValueError(
+                f"the cache holds {self.hidden.dtype} on {self.hidden.device}, the model's weights are "
+                f"{param.dtype} on {param.device}"
+            )
+        tables = model.decoding_tables(
+            reach=self.reach, clamp_len=self.span.clamp_len, batch_size=self.batch_size
+        )
         self.prepared, self.output = list(tables.steps), tables.output
         with torch.no_grad():
             for index, layer in enumerate(model.layers):
-                state = self.hidden[index, :, self.start:self.end]  # (B, M, D)
+                state = self.hidden[index, :, self.start : self.end]  # (B, M, D)
                 _, k, v = layer.attn.project(layer.attention_input(state), None)  # (B, H, M, Dh) each
-                self.kv[index, 0, :, :, self.start:self.end] = k
-                self.kv[index, 1, :, :, self.start:self.end] = v
+                self.kv[index, 0, :, :, self.start : self.end] = k
+                self.kv[index, 1, :, :, self.start : self.end] = v
         self.model = model
 
     @property
@@ -235,7 +252,9 @@ class KVCache:
         """The remembered hidden states as a :class:`Memory` (copies; None when nothing is remembered yet)."""
         if self.end == self.start:
             return None
-        return Memory(tuple(self.hidden[i, :, self.start:self.end].clone() for i in range(len(self.layers))))
+        return Memory(
+            tuple(self.hidden[i, :, self.start : self.end].clone() for i in range(len(self.layers)))
+        )
 
     def make_room(self, t: int) -> None:
         """Ensure T more positions fit after the memory: move the remembered slots to the front when the
@@ -247,13 +266,13 @@ class KVCache:
             capacity = m + t + self._slack
             hidden = self.hidden.new_zeros(*self.hidden.shape[:2], capacity, self.hidden.shape[3])
             kv = self.kv.new_zeros(*self.kv.shape[:4], capacity, self.kv.shape[5])
-            hidden[:, :, :m] = self.hidden[:, :, self.start:self.end]
-            kv[:, :, :, :, :m] = self.kv[:, :, :, :, self.start:self.end]
+            hidden[:, :, :m] = self.hidden[:, :, self.start : self.end]
+            kv[:, :, :, :, :m] = self.kv[:, :, :, :, self.start : self.end]
             self.hidden, self.kv = hidden, kv
             self.layers = tuple(LayerCache(self, i) for i in range(len(self.layers)))
         else:  # slide back to the front (source and target may overlap: copy through a clone)
-            self.hidden[:, :, :m] = self.hidden[:, :, self.start:self.end].clone()
-            self.kv[:, :, :, :, :m] = self.kv[:, :, :, :, self.start:self.end].clone()
+            self.hidden[:, :, :m] = self.hidden[:, :, self.start : self.end].clone()
+            self.kv[:, :, :, :, :m] = self.kv[:, :, :, :, self.start : self.end].clone()
         self.start, self.end = 0, m
 
     def store_inputs(self, inputs: list[Tensor]) -> None:

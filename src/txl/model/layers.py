@@ -69,8 +69,14 @@ class DecoderLayer(nn.Module):
         post-norm, ``attn_norm(x)`` pre-norm. The key/value cache projects the memory through this."""
         return self.attn_norm(x) if self.pre_norm else x
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, context: RelativeContext | None = None,
-                cache: LayerCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory: Tensor | None = None,
+        context: RelativeContext | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
         """x (B, T, D), memory (B, M, D) or None -> (B, T, D). ``context``: relative positions (None for the
         vanilla baseline). ``cache``: this layer's keys and values of the memory (incremental decoding; then
         ``memory`` is None)."""
@@ -83,9 +89,12 @@ class DecoderLayer(nn.Module):
 
     def prepare_step(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerStep:
         """What :meth:`step` needs, prepared once per cache: see :class:`LayerStep`."""
-        return LayerStep(attention=self.attn.prepare_one(pos, u=u, v=v, batch_size=batch_size),
-                         ff=self.ff.prepare_one(), attn_norm=_norm_args(self.attn_norm),
-                         ff_norm=_norm_args(self.ff_norm))
+        return LayerStep(
+            attention=self.attn.prepare_one(pos, u=u, v=v, batch_size=batch_size),
+            ff=self.ff.prepare_one(),
+            attn_norm=_norm_args(self.attn_norm),
+            ff_norm=_norm_args(self.ff_norm),
+        )
 
     def step(self, x: Tensor, *, prepared: LayerStep, cache: LayerCache) -> Tensor:
         """One new position per row against the cache, in eval mode: x (B, D) -> (B, D). The maths of

@@ -40,8 +40,16 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, valid: Tensor,
-                cols: int, keep: bool) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        valid: Tensor,
+        cols: int,
+        keep: bool,
+    ) -> Tensor:
         n, v = hidden.shape[0], weight.shape[0]
         acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         top = torch.full((n, 1), float("-inf"), dtype=acc, device=hidden.device)  # running row maximum
@@ -49,7 +57,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         picked = torch.zeros(n, dtype=acc, device=hidden.device)  # the target's logit
         kept = []  # with keep (gradients needed), the logits of each block, for backward
         for s in range(0, v, cols):
-            logits = _chunk_logits(hidden, weight[s:s + cols], None if bias is None else bias[s:s + cols])  # (N, C)
+            logits = _chunk_logits(
+                hidden, weight[s : s + cols], None if bias is None else bias[s : s + cols]
+            )  # (N, C)
             inside = (target >= s) & (target < s + logits.shape[1])
             local = (target - s).clamp(0, logits.shape[1] - 1)
             picked += logits.gather(1, local[:, None])[:, 0] * inside
@@ -68,7 +78,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         hidden, weight, bias, target, valid, lse = ctx.saved_tensors
         if ctx.kept is None:
-            raise RuntimeError("linear_cross_entropy's backward runs once (its kept logits become the gradient)")
+            raise RuntimeError(
+                "linear_cross_entropy's backward runs once (its kept logits become the gradient)"
+            )
         cols, v = ctx.cols, weight.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad = (grad * valid)[:, None]  # (N, 1)
@@ -78,23 +90,35 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.empty(v, dtype=acc, device=weight.device) if need_b else None
         for s in range(0, v, cols):
             exps, block_top = ctx.kept[s // cols]
-            probs = exps.mul_((block_top - lse[:, None]).exp_().mul_(grad))  # (N, C): grad * softmax, in place
+            probs = exps.mul_(
+                (block_top - lse[:, None]).exp_().mul_(grad)
+            )  # (N, C): grad * softmax, in place
             inside = ((target >= s) & (target < s + probs.shape[1]))[:, None]
             local = (target - s).clamp(0, probs.shape[1] - 1)[:, None]
-            probs.scatter_add_(1, local, -(grad * inside))  # minus grad * the one-hot target: d loss / d logits
+            probs.scatter_add_(
+                1, local, -(grad * inside)
+            )  # minus grad * the one-hot target: d loss / d logits
             if need_b:
-                torch.sum(probs, 0, out=grad_b[s:s + cols])
+                torch.sum(probs, 0, out=grad_b[s : s + cols])
             if need_w:
-                grad_w[s:s + cols] = probs.t().to(hidden.dtype) @ hidden  # (C, E)
+                grad_w[s : s + cols] = probs.t().to(hidden.dtype) @ hidden  # (C, E)
             if need_h:
-                grad_h.addmm_(probs, weight[s:s + cols].to(acc))
+                grad_h.addmm_(probs, weight[s : s + cols].to(acc))
         ctx.kept = None
-        return (None if grad_h is None else grad_h.to(hidden.dtype), None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                         ignore_index: int = -100) -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *, ignore_index: int = -100
+) -> Tensor:
     """Per-row negative log-likelihood (N,) of ``target`` (N,) under ``log_softmax(hidden @ weight.T + bias)``;
     0 where ``target == ignore_index``. hidden (N, E), weight (V, E), bias (V,) or None. Under autocast the matmuls
     run in the autocast dtype and the softmax in float32, as ``F.linear`` followed by an upcast log-softmax."""
@@ -109,4 +133,6 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     with torch.autocast(device, enabled=False):
-        return _LinearCrossEntropy.apply(hidden, weight, bias, target.where(valid, 0), valid.to(acc), cols, keep)
+        return _LinearCrossEntropy.apply(
+            hidden, weight, bias, target.where(valid, 0), valid.to(acc), cols, keep
+        )

@@ -31,7 +31,9 @@ class Memory:
             raise ValueError("Memory needs at least one state tensor")
         shape = self.states[0].shape
         if any(s.dim() != 3 or s.shape != shape for s in self.states):
-            raise ValueError(f"Memory states must all be (B, M, D) of one shape, got {[tuple(s.shape) for s in self.states]}")
+            raise ValueError(
+                f"Memory states must all be (B, M, D) of one shape, got {[tuple(s.shape) for s in self.states]}"
+            )
 
     @property
     def length(self) -> int:
@@ -71,7 +73,9 @@ class Memory:
     @staticmethod
     def cat_rows(parts: Sequence[Memory]) -> Memory:
         """Stack the memories of several row groups back into one (inverse of :meth:`select` on chunks)."""
-        return Memory(tuple(torch.cat(group, dim=0) for group in zip(*(p.states for p in parts), strict=True)))
+        return Memory(
+            tuple(torch.cat(group, dim=0) for group in zip(*(p.states for p in parts), strict=True))
+        )
 
 
 def update_memory(memory: Memory | None, hiddens: Sequence[Tensor], *, mem_len: int) -> Memory | None:
@@ -83,5 +87,7 @@ def update_memory(memory: Memory | None, hiddens: Sequence[Tensor], *, mem_len: 
         if memory is None:
             merged = [h[:, -mem_len:] for h in hiddens]  # (B, min(T, M), D)
         else:
-            merged = [torch.cat([m, h], dim=1)[:, -mem_len:] for m, h in zip(memory.states, hiddens, strict=True)]
+            merged = [
+                torch.cat([m, h], dim=1)[:, -mem_len:] for m, h in zip(memory.states, hiddens, strict=True)
+            ]
     return Memory(tuple(m.detach() for m in merged))

@@ -12,10 +12,13 @@ from torch import Tensor
 __all__ = ["inverse_frequencies", "sinusoid", "relative_distances"]
 
 
-def inverse_frequencies(d_model: int, *, device: torch.device | None = None,
-                        dtype: torch.dtype = torch.float64) -> Tensor:
+def inverse_frequencies(
+    d_model: int, *, device: torch.device | None = None, dtype: torch.dtype = torch.float64
+) -> Tensor:
     """1 / 10000^(2i/D) for i in [0, D/2): the frequencies of the sinusoid, shape (D/2,)."""
-    return 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=torch.float64) / d_model)).to(dtype)
+    return 1.0 / (
+        10000 ** (torch.arange(0.0, d_model, 2.0, device=device, dtype=torch.float64) / d_model)
+    ).to(dtype)
 
 
 def sinusoid(positions: Tensor, d_model: int, *, dtype: torch.dtype) -> Tensor:

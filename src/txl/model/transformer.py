@@ -48,7 +48,9 @@ class ModelOutput:
     """(B, T, D) final hidden states, when ``return_hidden=True``."""
 
 
-def attention_mask(t: int, m: int, *, same_length: bool, mem_len: int, device: torch.device | None = None) -> Tensor:
+def attention_mask(
+    t: int, m: int, *, same_length: bool, mem_len: int, device: torch.device | None = None
+) -> Tensor:
     """(T, K) bool, True where query i may NOT attend key j. Query i sits at key position M + i and sees
     memory and current positions <= M + i. With ``same_length`` every query sees the same number of keys
     (at most ``mem_len`` behind the first query, as the authors' code)."""
@@ -74,7 +76,11 @@ class TransformerXL(nn.Module):
         self.norm = nn.LayerNorm(config.d_model) if config.final_norm else None
         self.softmax = AdaptiveLogSoftmax(config)
         if config.attention == "relative":
-            shape = (config.n_head, config.d_head) if config.share_rel_bias else (config.n_layer, config.n_head, config.d_head)
+            shape = (
+                (config.n_head, config.d_head)
+                if config.share_rel_bias
+                else (config.n_layer, config.n_head, config.d_head)
+            )
             self.u = nn.Parameter(torch.empty(shape))  # global content bias
             self.v = nn.Parameter(torch.empty(shape))  # global position bias
         else:
@@ -116,19 +122,26 @@ class TransformerXL(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
         if targets is not None and targets.shape != tokens.shape:
-            raise ValueError(f"targets shape {tuple(targets.shape)} differs from tokens shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"targets shape {tuple(targets.shape)} differs from tokens shape {tuple(tokens.shape)}"
+            )
         if memory is None:
             return
         if self.config.attention == "absolute":
             raise ValueError("the vanilla baseline (attention='absolute') has no memory: pass memory=None")
         if len(memory) != self.config.n_layer:
-            raise ValueError(f"memory has {len(memory)} states, the model needs one per layer ({self.config.n_layer})")
+            raise ValueError(
+                f"memory has {len(memory)} states, the model needs one per layer ({self.config.n_layer})"
+            )
         if memory.batch_size != tokens.shape[0] or memory.states[0].shape[-1] != self.config.d_model:
-            raise ValueError(f"memory states are {tuple(memory.states[0].shape)}, expected "
-                             f"({tokens.shape[0]}, M, {self.config.d_model})")
+            raise ValueError(
+                f"memory states are {tuple(memory.states[0].shape)}, expected "
+                f"({tokens.shape[0]}, M, {self.config.d_model})"
+            )
 
-    def _relative_contexts(self, t: int, m: int, *, span: Span, device: torch.device,
-                           dtype: torch.dtype) -> list[RelativeContext]:
+    def _relative_contexts(
+        self, t: int, m: int, *, span: Span, device: torch.device, dtype: torch.dtype
+    ) -> list[RelativeContext]:
         """Per-layer positions, mask and biases for T queries after M remembered positions."""
         cfg = self.config
         distances = relative_distances(m + t, clamp_len=span.clamp_len, device=device)  # (K,)
@@ -142,9 +155,19 @@ class TransformerXL(nn.Module):
             return [(self.u, self.v)] * self.config.n_layer
         return [(self.u[index], self.v[index]) for index in range(self.config.n_layer)]
 
-    def forward(self, tokens: Tensor, *, memory: Memory | None = None, targets: Tensor | None = None,
-                span: Span | None = None, return_logits: bool | None = None, return_hidden: bool = False,
-                ignore_index: int = -100, cache: KVCache | None = None, last_only: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        memory: Memory | None = None,
+        targets: Tensor | None = None,
+        span: Span | None = None,
+        return_logits: bool | None = None,
+        return_hidden: bool = False,
+        ignore_index: int = -100,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> ModelOutput:
         """tokens (B, T) int64; memory from the previous segment or None (empty); targets (B, T) int64;
         ``span``: the memory length, clamp and same-length setting to run with (default: the config's).
 
@@ -157,15 +180,24 @@ class TransformerXL(nn.Module):
         slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache, but
         computes no gradients."""
         if cache is not None:
-            return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
-                                        last_only=last_only, return_hidden=return_hidden)
+            return self._forward_cached(
+                tokens,
+                cache=cache,
+                span=span,
+                memory=memory,
+                targets=targets,
+                last_only=last_only,
+                return_hidden=return_hidden,
+            )
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         self._check_inputs(tokens, memory, targets)
         cfg = self.config
         span = cfg.span if span is None else span
         if cfg.attention != "relative" and span.mem_len > 0:
-            raise ValueError("the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0")
+            raise ValueError(
+                "the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0"
+            )
         b, t = tokens.shape
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
         contexts: list[RelativeContext | None] = [None] * cfg.n_layer
@@ -193,7 +225,9 @@ class TransformerXL(nn.Module):
             loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
         if targets is None or return_logits:
             last = h[:, -1:] if last_only else h  # (B, T', D)
-            logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(b, last.shape[1], -1)  # (B, T', V)
+            logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(
+                b, last.shape[1], -1
+            )  # (B, T', V)
         return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
 
     def decoding_tables(self, *, reach: int, clamp_len: int | None, batch_size: int) -> DecodingTables:
@@ -205,16 +239,25 @@ class TransformerXL(nn.Module):
         of ``generate`` calls pays for the transposed copies once; :meth:`train` drops the memo."""
         blocks = min(torch.get_num_threads(), 4) if self.config.vocab_size >= 4096 else 1
         params = list(self.parameters())
-        key = (reach, clamp_len, batch_size, blocks, params[0].dtype, params[0].device,
-               tuple((p.data_ptr(), p._version) for p in params))
+        key = (
+            reach,
+            clamp_len,
+            batch_size,
+            blocks,
+            params[0].dtype,
+            params[0].device,
+            tuple((p.data_ptr(), p._version) for p in params),
+        )
         memo = self.__dict__.get("_decoding_memo")
         if memo is not None and memo.key == key:
             return memo
         with torch.no_grad():
             distances = relative_distances(reach + 1, clamp_len=clamp_len, device=params[0].device)  # (R,)
             pos = sinusoid(distances, self.config.d_model, dtype=params[0].dtype)  # (R, D)
-            steps = tuple(layer.prepare_step(pos, u=u, v=v, batch_size=batch_size)
-                          for layer, (u, v) in zip(self.layers, self._biases(), strict=True))
+            steps = tuple(
+                layer.prepare_step(pos, u=u, v=v, batch_size=batch_size)
+                for layer, (u, v) in zip(self.layers, self._biases(), strict=True)
+            )
             output = None
             if self.softmax.n_clusters == 0 and params[0].device.type == "cpu":
                 output = OutputLayout(*self.softmax.cluster_params(0), blocks=blocks)
@@ -237,26 +280,48 @@ class TransformerXL(nn.Module):
             k = min(k, span.mem_len)
         cache.view_start = cache.end + 1 - k
         if cache.step_contexts is None or cache.step_contexts[0] != k:
-            contexts = [dataclasses.replace(step, attention=dataclasses.replace(
-                step.attention, rel=step.attention.rel[:, :, -k:])) for step in cache.prepared]  # rel (B*H, Dh, K)
+            contexts = [
+                dataclasses.replace(
+                    step, attention=dataclasses.replace(step.attention, rel=step.attention.rel[:, :, -k:])
+                )
+                for step in cache.prepared
+            ]  # rel (B*H, Dh, K)
             cache.step_contexts = (k, contexts)
         return cache.step_contexts[1]
 
-    def _forward_cached(self, tokens: Tensor, *, cache: KVCache, span: Span | None, memory: Memory | None,
-                        targets: Tensor | None, last_only: bool, return_hidden: bool) -> ModelOutput:
+    def _forward_cached(
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache,
+        span: Span | None,
+        memory: Memory | None,
+        targets: Tensor | None,
+        last_only: bool,
+        return_hidden: bool,
+    ) -> ModelOutput:
         """forward() against a key/value cache: T new positions, after the cache's memory. No gradients: the
         cache keeps values, not a graph (it serves generation; training takes whole segments and a memory)."""
         if torch.is_grad_enabled():
             with torch.no_grad():
-                return self._forward_cached(tokens, cache=cache, span=span, memory=memory, targets=targets,
-                                            last_only=last_only, return_hidden=return_hidden)
+                return self._forward_cached(
+                    tokens,
+                    cache=cache,
+                    span=span,
+                    memory=memory,
+                    targets=targets,
+                    last_only=last_only,
+                    return_hidden=return_hidden,
+                )
         if memory is not None or targets is not None:
             raise ValueError("with a cache, pass no memory (the cache holds it) and no targets")
         if span is not None and span != cache.span:
             raise ValueError(f"the cache was built for {cache.span}, not {span}")
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
-            raise ValueError(f"tokens must be (batch, time) with the cache's {cache.batch_size} rows, "
-                             f"got shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must be (batch, time) with the cache's {cache.batch_size} rows, "
+                f"got shape {tuple(tokens.shape)}"
+            )
         if cache.model is not self:
             cache.bind(self)
         b, t = tokens.shape
@@ -274,10 +339,14 @@ class TransformerXL(nn.Module):
             if self.norm is not None:
                 h = self.norm(h)
             logits = self._cached_log_probs(h, cache)[:, None]  # (B, 1, V)
-            return ModelOutput(logits=logits, loss=None, memory=None, hidden=h[:, None] if return_hidden else None)
+            return ModelOutput(
+                logits=logits, loss=None, memory=None, hidden=h[:, None] if return_hidden else None
+            )
         h = self.drop(h)
         cache.view_start = cache.start
-        contexts = self._relative_contexts(t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype)
+        contexts = self._relative_contexts(
+            t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype
+        )
         for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
             layer_cache.store_input(h)
             h = layer(h, context=context, cache=layer_cache)
@@ -291,5 +360,9 @@ class TransformerXL(nn.Module):
         """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
         if cache.output is None:
             return self.softmax.log_prob(hidden)
-        scores = cache.output.scores(hidden)  # (N, V): the plain softmax of log_prob, its weight laid out ahead
-        return torch.log_softmax(scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1)
+        scores = cache.output.scores(
+            hidden
+        )  # (N, V): the plain softmax of log_prob, its weight laid out ahead
+        return torch.log_softmax(
+            scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1
+        )

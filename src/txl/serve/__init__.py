@@ -19,8 +19,15 @@ from .score import Scores, score_tokens, scoring_lengths, token_pieces
 if TYPE_CHECKING:
     from .app import ServeSettings
 
-__all__ = ["serve", "require_server_packages", "Scores", "score_tokens", "scoring_lengths", "token_pieces",
-           "INSTALL_HINT"]
+__all__ = [
+    "serve",
+    "require_server_packages",
+    "Scores",
+    "score_tokens",
+    "scoring_lengths",
+    "token_pieces",
+    "INSTALL_HINT",
+]
 
 INSTALL_HINT = "pip install 'txl[serve]'"
 
@@ -65,9 +72,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
-          checkpoint: str = "best", settings: ServeSettings | None = None, log_level: str = "info",
-          out: Any = None) -> None:
+def serve(
+    run_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "cpu",
+    checkpoint: str = "best",
+    settings: ServeSettings | None = None,
+    log_level: str = "info",
+    out: Any = None,
+) -> None:
     """Load ``run_dir`` and serve it until Ctrl-C (then return) or SIGTERM. Prints where it listens (to ``out``,
     default stdout) and whether other machines can reach it."""
     require_server_packages()
@@ -82,19 +97,33 @@ def serve(run_dir: Path, *, host: str = "127.0.0.1", port: int = 8000, device: s
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"txl: serving {run_dir} (checkpoint {run.checkpoint.name}, step {run.step}) on "
-          f"http://{shown}:{bound_port}/", file=out, flush=True)
+    print(
+        f"txl: serving {run_dir} (checkpoint {run.checkpoint.name}, step {run.step}) on "
+        f"http://{shown}:{bound_port}/",
+        file=out,
+        flush=True,
+    )
     if _is_loopback(bound_host):
-        print(f"txl: listening on {bound_host} only: this machine can reach it, others cannot "
-              "(pass --host 0.0.0.0 to listen on every interface)", file=out, flush=True)
+        print(
+            f"txl: listening on {bound_host} only: this machine can reach it, others cannot "
+            "(pass --host 0.0.0.0 to listen on every interface)",
+            file=out,
+            flush=True,
+        )
     else:
-        print(f"txl: listening on {bound_host}: anyone who can reach this machine on port {bound_port} can use "
-              "the model (there is no authentication)", file=out, flush=True)
+        print(
+            f"txl: listening on {bound_host}: anyone who can reach this machine on port {bound_port} can use "
+            "the model (there is no authentication)",
+            file=out,
+            flush=True,
+        )
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then passes Ctrl-C on: that is how one stops it
+    except (
+        KeyboardInterrupt
+    ):  # uvicorn has shut down cleanly, then passes Ctrl-C on: that is how one stops it
         pass
     finally:
         sock.close()

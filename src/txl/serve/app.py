@@ -102,8 +102,9 @@ class ScoreRequest(BaseModel):
 class RequestError(Exception):
     """A request refused: its HTTP status, a message, and the field it is about."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
@@ -111,10 +112,13 @@ class RequestError(Exception):
         return _error(self.status, self.message, param=self.param, kind=self.kind)
 
 
-def _error(status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+def _error(
+    status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error"
+) -> JSONResponse:
     """OpenAI's error shape."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status
+    )
 
 
 def _parse(model: type[BaseModel], body: Any) -> Any:
@@ -139,7 +143,9 @@ async def _json_body(request: Request, *, limit: int) -> Any:
     """The JSON body, refusing (413) one longer than ``limit`` bytes before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the request body has {declared} bytes, more than this server takes ({limit})")
+        raise RequestError(
+            413, f"the request body has {declared} bytes, more than this server takes ({limit})"
+        )
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
@@ -155,8 +161,12 @@ async def _json_body(request: Request, *, limit: int) -> Any:
 
 def _check_text(text: str, *, field_name: str, limit: int) -> None:
     if len(text) > limit:
-        raise RequestError(400, f"{field_name} has {len(text)} characters, more than this server takes ({limit}; "
-                                "txl serve --max-prompt-chars)", param=field_name)
+        raise RequestError(
+            400,
+            f"{field_name} has {len(text)} characters, more than this server takes ({limit}; "
+            "txl serve --max-prompt-chars)",
+            param=field_name,
+        )
 
 
 def _encode(run: LoadedRun, text: str, *, field_name: str) -> tuple[torch.Tensor, list[str]]:
@@ -170,8 +180,12 @@ def _encode(run: LoadedRun, text: str, *, field_name: str) -> tuple[torch.Tensor
                 warnings.simplefilter("ignore", UnknownTokensWarning)
                 missing = vocab.unknown_tokens(text)
             if missing:
-                shown = ", ".join(repr(t) for t in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-                notes.append(f"{len(missing)} word(s) of {field_name} not in the vocabulary, read as <unk>: {shown}")
+                shown = ", ".join(repr(t) for t in missing[:5]) + (
+                    f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+                )
+                notes.append(
+                    f"{len(missing)} word(s) of {field_name} not in the vocabulary, read as <unk>: {shown}"
+                )
             ids = vocab.encode(text)
         else:
             ids = vocab.encode(text, strict=True)
@@ -292,16 +306,30 @@ class _Sampling:
     stop: tuple[str, ...]
 
 
-def _complete(run: LoadedRun, ids: torch.Tensor, sampling: _Sampling, *, job: _Job, worker: ModelWorker,
-              emit: Callable[[str], None]) -> dict[str, Any]:
+def _complete(
+    run: LoadedRun,
+    ids: torch.Tensor,
+    sampling: _Sampling,
+    *,
+    job: _Job,
+    worker: ModelWorker,
+    emit: Callable[[str], None],
+) -> dict[str, Any]:
     """Generate after ``ids`` (P,); ``emit`` each token's printable text as it comes (see :class:`TextStream`)."""
     model = run.model
     device = next(model.parameters()).device
     start = time.perf_counter()
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     pieces = TextStream(run.vocab, ids.tolist(), stop=sampling.stop)
-    tokens = stream(model, ids, max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                    top_k=sampling.top_k, top_p=sampling.top_p, generator=generator)
+    tokens = stream(
+        model,
+        ids,
+        max_new_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        generator=generator,
+    )
     count, finish = 0, "length"
     try:
         for step, token in enumerate(tokens):
@@ -327,12 +355,22 @@ def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool, job: _Job) -> dic
     id_list = ids.tolist()
     pieces = token_pieces(run.vocab.decode, id_list)
     losses = scores.losses.tolist()
-    tokens = [{"id": i, "text": p, "logprob": None if n == 0 else -losses[n - 1]}
-              for n, (i, p) in enumerate(zip(id_list, pieces, strict=True))]
+    tokens = [
+        {"id": i, "text": p, "logprob": None if n == 0 else -losses[n - 1]}
+        for n, (i, p) in enumerate(zip(id_list, pieces, strict=True))
+    ]
     mean = scores.mean_loss
-    return {"memory": span.mem_len > 0, "tgt_len": tgt_len, "mem_len": span.mem_len, "same_length": span.same_length,
-            "scored_tokens": len(losses), "mean_loss": mean, "ppl": math.exp(mean) if mean < 700 else float("inf"),
-            "bpc": mean / math.log(2), "tokens": tokens}
+    return {
+        "memory": span.mem_len > 0,
+        "tgt_len": tgt_len,
+        "mem_len": span.mem_len,
+        "same_length": span.same_length,
+        "scored_tokens": len(losses),
+        "mean_loss": mean,
+        "ppl": math.exp(mean) if mean < 700 else float("inf"),
+        "bpc": mean / math.log(2),
+        "tokens": tokens,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -349,8 +387,11 @@ class _EventStream(StreamingResponse):
     stops the job at once, whichever way the server notices (a failed send, or a disconnect message)."""
 
     def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
@@ -372,17 +413,28 @@ def _model_card(run: LoadedRun, *, name: str, run_dir: Path, settings: ServeSett
     generate = run.config.generate
     tgt_len, span = scoring_lengths(run.config, memory=True)
     return {
-        "id": name, "object": "model", "owned_by": "txl", "run_dir": str(run_dir),
-        "checkpoint": run.checkpoint.name, "step": run.step,
+        "id": name,
+        "object": "model",
+        "owned_by": "txl",
+        "run_dir": str(run_dir),
+        "checkpoint": run.checkpoint.name,
+        "step": run.step,
         "parameters": sum(p.numel() for p in run.model.parameters()),
         "device": str(next(run.model.parameters()).device),
         "vocab": {"kind": run.vocab.kind, "size": len(run.vocab)},
         "attention": run.config.model.attention,
-        "defaults": {"max_tokens": min(generate.max_new_tokens, settings.max_tokens) or 1,
-                     "temperature": generate.temperature, "top_k": generate.top_k, "top_p": generate.top_p},
+        "defaults": {
+            "max_tokens": min(generate.max_new_tokens, settings.max_tokens) or 1,
+            "temperature": generate.temperature,
+            "top_k": generate.top_k,
+            "top_p": generate.top_p,
+        },
         "score": {"tgt_len": tgt_len, "mem_len": span.mem_len},
-        "limits": {"max_tokens": settings.max_tokens, "max_prompt_chars": settings.max_prompt_chars,
-                   "queue_size": settings.queue_size},
+        "limits": {
+            "max_tokens": settings.max_tokens,
+            "max_prompt_chars": settings.max_prompt_chars,
+            "queue_size": settings.queue_size,
+        },
         "config": config_to_dict(run.config),
         "summary": summary,
     }
@@ -403,8 +455,9 @@ async def _await_job(request: Request, future: Future, job: _Job) -> Any:
             job.cancel()
 
 
-def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None = None,
-               name: str | None = None) -> FastAPI:
+def create_app(
+    run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None = None, name: str | None = None
+) -> FastAPI:
     """The application serving ``run`` (loaded from ``run_dir``). ``app.state.worker`` is its
     :class:`ModelWorker`."""
     settings = ServeSettings() if settings is None else settings
@@ -428,8 +481,11 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), kind="not_found_error" if exc.status_code == 404 else
-                      "invalid_request_error")
+        return _error(
+            exc.status_code,
+            str(exc.detail),
+            kind="not_found_error" if exc.status_code == 404 else "invalid_request_error",
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -437,8 +493,13 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
-        return HTMLResponse(page, headers={"Content-Security-Policy": "default-src 'self'; style-src 'self' "
-                                           "'unsafe-inline'; script-src 'self' 'unsafe-inline'; img-src 'self' data:"})
+        return HTMLResponse(
+            page,
+            headers={
+                "Content-Security-Policy": "default-src 'self'; style-src 'self' "
+                "'unsafe-inline'; script-src 'self' 'unsafe-inline'; img-src 'self' data:"
+            },
+        )
 
     @app.get("/v1/model")
     async def model_card() -> dict[str, Any]:
@@ -451,13 +512,24 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         stats = worker.stats
-        return {"status": "ok", "admitted": worker.admitted, "capacity": worker.capacity,
-                "requests": stats.requests, "rejected": stats.rejected, "cancelled": stats.cancelled,
-                "failed": stats.failed, "tokens_generated": stats.tokens_generated}
+        return {
+            "status": "ok",
+            "admitted": worker.admitted,
+            "capacity": worker.capacity,
+            "requests": stats.requests,
+            "rejected": stats.rejected,
+            "cancelled": stats.cancelled,
+            "failed": stats.failed,
+            "tokens_generated": stats.tokens_generated,
+        }
 
     def busy() -> RequestError:
-        return RequestError(429, f"the model is busy: {worker.capacity - 1} request(s) are already waiting "
-                                 "(txl serve --queue-size); retry later", kind="rate_limit_error")
+        return RequestError(
+            429,
+            f"the model is busy: {worker.capacity - 1} request(s) are already waiting "
+            "(txl serve --queue-size); retry later",
+            kind="rate_limit_error",
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -465,25 +537,39 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
         defaults = run.config.generate
         max_tokens = req.max_tokens if req.max_tokens is not None else card["defaults"]["max_tokens"]
         if max_tokens > settings.max_tokens:
-            raise RequestError(400, f"max_tokens: {max_tokens} is above this server's limit of {settings.max_tokens} "
-                                    "(txl serve --max-tokens-limit)", param="max_tokens")
+            raise RequestError(
+                400,
+                f"max_tokens: {max_tokens} is above this server's limit of {settings.max_tokens} "
+                "(txl serve --max-tokens-limit)",
+                param="max_tokens",
+            )
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         if len(stop) > MAX_STOP or any(not s for s in stop):
-            raise RequestError(400, f"stop: at most {MAX_STOP} non-empty strings, got {json.dumps(req.stop)[:60]}",
-                               param="stop")
+            raise RequestError(
+                400,
+                f"stop: at most {MAX_STOP} non-empty strings, got {json.dumps(req.stop)[:60]}",
+                param="stop",
+            )
         _check_text(req.prompt, field_name="prompt", limit=settings.max_prompt_chars)
         ids, notes = _encode(run, req.prompt, field_name="prompt")
         if ids.numel() == 0:
             eos = getattr(run.vocab, "eos_id", None)
             if eos is None:
-                raise RequestError(400, "prompt: empty (this vocabulary has no end-of-text token to start from)",
-                                   param="prompt")
+                raise RequestError(
+                    400,
+                    "prompt: empty (this vocabulary has no end-of-text token to start from)",
+                    param="prompt",
+                )
             ids = torch.tensor([eos], dtype=torch.long)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
-        sampling = _Sampling(max_tokens=max_tokens,
-                             temperature=req.temperature if req.temperature is not None else defaults.temperature,
-                             top_k=req.top_k if req.top_k is not None else defaults.top_k,
-                             top_p=req.top_p if req.top_p is not None else defaults.top_p, seed=seed, stop=stop)
+        sampling = _Sampling(
+            max_tokens=max_tokens,
+            temperature=req.temperature if req.temperature is not None else defaults.temperature,
+            top_k=req.top_k if req.top_k is not None else defaults.top_k,
+            top_p=req.top_p if req.top_p is not None else defaults.top_p,
+            seed=seed,
+            stop=stop,
+        )
         job = worker.admit()
         if job is None:
             raise busy()
@@ -491,18 +577,28 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
         head = {"id": ident, "object": "text_completion", "created": created, "model": name}
 
         def tail(result: dict[str, Any]) -> dict[str, Any]:
-            usage = {"prompt_tokens": int(ids.numel()), "completion_tokens": result["completion_tokens"],
-                     "total_tokens": int(ids.numel()) + result["completion_tokens"]}
+            usage = {
+                "prompt_tokens": int(ids.numel()),
+                "completion_tokens": result["completion_tokens"],
+                "total_tokens": int(ids.numel()) + result["completion_tokens"],
+            }
             rate = result["completion_tokens"] / result["seconds"] if result["seconds"] > 0 else 0.0
             return {"usage": usage, "tokens_per_s": rate, "seed": seed, "warnings": notes}
 
         if not req.stream:
-            future = worker.run(job, lambda: _complete(run, ids, sampling, job=job, worker=worker, emit=lambda _: None))
+            future = worker.run(
+                job, lambda: _complete(run, ids, sampling, job=job, worker=worker, emit=lambda _: None)
+            )
             try:
                 result = await _await_job(request, future, job)
             except Cancelled:
                 return _error(499, "the client closed the request", kind="cancelled")
-            choice = {"text": result["text"], "index": 0, "logprobs": None, "finish_reason": result["finish_reason"]}
+            choice = {
+                "text": result["text"],
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": result["finish_reason"],
+            }
             return {**head, "choices": [choice], **tail(result)}
 
         loop = asyncio.get_running_loop()
@@ -534,20 +630,44 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
                     continue
                 if kind == "token":
                     credits.release()
-                    yield _sse({**head, "choices": [{"text": value, "index": 0, "logprobs": None,
-                                                     "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [{"text": value, "index": 0, "logprobs": None, "finish_reason": None}],
+                        }
+                    )
                     continue
                 try:
                     result = value.result()
                 except Cancelled:
                     return
                 except Exception as exc:  # noqa: BLE001 - reported to the client, the server goes on
-                    yield _sse({"error": {"message": f"generation failed: {type(exc).__name__}: {exc}",
-                                          "type": "server_error", "param": None, "code": None}})
+                    yield _sse(
+                        {
+                            "error": {
+                                "message": f"generation failed: {type(exc).__name__}: {exc}",
+                                "type": "server_error",
+                                "param": None,
+                                "code": None,
+                            }
+                        }
+                    )
                     yield _sse("[DONE]")
                     return
-                yield _sse({**head, "choices": [{"text": "", "index": 0, "logprobs": None,
-                                                 "finish_reason": result["finish_reason"]}], **tail(result)})
+                yield _sse(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "text": "",
+                                "index": 0,
+                                "logprobs": None,
+                                "finish_reason": result["finish_reason"],
+                            }
+                        ],
+                        **tail(result),
+                    }
+                )
                 yield _sse("[DONE]")
                 return
 
@@ -559,8 +679,11 @@ def create_app(run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None 
         _check_text(req.text, field_name="text", limit=settings.max_prompt_chars)
         ids, notes = _encode(run, req.text, field_name="text")
         if ids.numel() < 2:
-            raise RequestError(400, f"text: needs at least 2 tokens to score (the first has no context), got "
-                                    f"{ids.numel()}", param="text")
+            raise RequestError(
+                400,
+                f"text: needs at least 2 tokens to score (the first has no context), got {ids.numel()}",
+                param="text",
+            )
         job = worker.admit()
         if job is None:
             raise busy()

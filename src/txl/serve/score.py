@@ -43,8 +43,15 @@ def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
     span = config.model.span
     if config.model.attention != "relative":
         return tgt_len, span
-    settings = {k: v for k, v in (("mem_len", config.eval.mem_len), ("clamp_len", config.eval.clamp_len),
-                                  ("same_length", config.eval.same_length)) if v is not None}
+    settings = {
+        k: v
+        for k, v in (
+            ("mem_len", config.eval.mem_len),
+            ("clamp_len", config.eval.clamp_len),
+            ("same_length", config.eval.same_length),
+        )
+        if v is not None
+    }
     span = span.replace(**settings)
     if not memory or span.mem_len == 0:
         span = span.replace(mem_len=0, same_length=False)
@@ -52,8 +59,9 @@ def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
 
 
 @torch.inference_mode()
-def score_tokens(model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span,
-                 should_stop: Callable[[], bool] | None = None) -> Scores:
+def score_tokens(
+    model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span, should_stop: Callable[[], bool] | None = None
+) -> Scores:
     """Per-token losses of ``ids`` (N,) int64: tokens 1..N-1 predicted segment by segment of ``tgt_len``
     targets, each segment attending over the memory of the previous ones when ``span.mem_len > 0`` and over
     itself only when it is 0. This is exactly ``txl eval`` on the same tokens with batch size 1.
@@ -73,8 +81,12 @@ def score_tokens(model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span,
         for start in range(0, inputs.shape[1], tgt_len):
             if should_stop is not None and should_stop():
                 break
-            out = model(inputs[:, start:start + tgt_len], memory=memory, targets=targets[:, start:start + tgt_len],
-                        span=span)
+            out = model(
+                inputs[:, start : start + tgt_len],
+                memory=memory,
+                targets=targets[:, start : start + tgt_len],
+                span=span,
+            )
             losses.append(out.loss[0].double())  # (T,)
             memory = out.memory if span.mem_len > 0 else None
     finally:
@@ -93,7 +105,7 @@ def token_pieces(decode: Callable[[Sequence[int]], str], ids: Sequence[int], *, 
     for i in range(len(ids)):
         start = max(0, i - window)
         before = decode(ids[start:i]).rstrip("\ufffd") if i > start else ""
-        upto = decode(ids[start:i + 1])
+        upto = decode(ids[start : i + 1])
         if i < len(ids) - 1:
             upto = upto.rstrip("\ufffd")
         common = 0

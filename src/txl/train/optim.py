@@ -13,7 +13,9 @@ from ..config import TrainConfig
 __all__ = ["lr_at", "configure_optimizer", "set_lr", "set_hyperparameters", "schedule_lr"]
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int, schedule: str) -> float:
+def lr_at(
+    step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int, schedule: str
+) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup from 0 over ``warmup_steps``, then
     ``cosine`` (to min_lr at total_steps), ``linear`` (to min_lr), ``inverse_sqrt`` (lr * sqrt(warmup / step),
     floored at min_lr) or ``constant``."""
@@ -34,8 +36,14 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps
 
 def schedule_lr(step: int, config: TrainConfig) -> float:
     """``lr_at`` with the schedule of a training config."""
-    return lr_at(step, lr=config.lr, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
-                 total_steps=config.steps, schedule=config.schedule)
+    return lr_at(
+        step,
+        lr=config.lr,
+        min_lr=config.min_lr,
+        warmup_steps=config.warmup_steps,
+        total_steps=config.steps,
+        schedule=config.schedule,
+    )
 
 
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:

@@ -61,8 +61,18 @@ from ..runs import (
 )
 from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
-__all__ = ["train", "resume", "Trainer", "build_trainer", "TrainingDiverged", "Interrupted", "ResumeWarning",
-           "check_data", "train_stream", "RESUME_FIXED_TRAIN_FIELDS"]
+__all__ = [
+    "train",
+    "resume",
+    "Trainer",
+    "build_trainer",
+    "TrainingDiverged",
+    "Interrupted",
+    "ResumeWarning",
+    "check_data",
+    "train_stream",
+    "RESUME_FIXED_TRAIN_FIELDS",
+]
 
 RESUME_FIXED_TRAIN_FIELDS = ("batch_size", "tgt_len", "varlen", "seed")
 """Train fields a resumed run cannot change: they shape the data stream saved in the checkpoint (its rows,
@@ -92,8 +102,14 @@ def train_stream(config: RunConfig, splits: Mapping[str, np.ndarray]) -> Segment
         raise RunError(f"corpus {config.data.corpus!r} has no train split to train on")
     tc = config.train
     try:
-        return SegmentStream(splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen,
-                             seed=tc.seed, name="train")
+        return SegmentStream(
+            splits["train"],
+            batch_size=tc.batch_size,
+            tgt_len=tc.tgt_len,
+            varlen=tc.varlen,
+            seed=tc.seed,
+            name="train",
+        )
     except ValueError as exc:
         raise RunError(str(exc)) from None
 
@@ -107,28 +123,40 @@ def check_data(config: RunConfig, data: PreparedData) -> None:
     for split in ("valid", "test"):
         n = len(data.splits.get(split, ()))
         if split in data.splits and n < 2:
-            raise RunError(f"split '{split}' of corpus {corpus!r} has {n} token(s); evaluation needs at least 2; "
-                           "use a longer corpus")
+            raise RunError(
+                f"split '{split}' of corpus {corpus!r} has {n} token(s); evaluation needs at least 2; "
+                "use a longer corpus"
+            )
     if "valid" not in data.splits and corpus not in CORPUS_NAMES and Path(corpus).expanduser().is_file():
-        raise RunError(f"split 'valid' of corpus {corpus!r} is empty (0 tokens): the file is cut 90/5/5 at line "
-                       "ends and no text fell between the cuts; use a longer file, or a folder with train.txt "
-                       "and valid.txt")
+        raise RunError(
+            f"split 'valid' of corpus {corpus!r} is empty (0 tokens): the file is cut 90/5/5 at line "
+            "ends and no text fell between the cuts; use a longer file, or a folder with train.txt "
+            "and valid.txt"
+        )
     patience = config.train.patience
     if patience is not None and "valid" not in data.splits:
-        raise RunError(f"train.patience={patience}: corpus {corpus!r} has no validation split to stop early on; "
-                       "set train.patience=null")
+        raise RunError(
+            f"train.patience={patience}: corpus {corpus!r} has no validation split to stop early on; "
+            "set train.patience=null"
+        )
     if patience is not None and not config.train.eval_every:
-        raise RunError(f"train.patience={patience} stops after evaluations without improvement, but "
-                       "train.eval_every=0 evaluates only at the end; set train.eval_every")
+        raise RunError(
+            f"train.patience={patience} stops after evaluations without improvement, but "
+            "train.eval_every=0 evaluates only at the end; set train.eval_every"
+        )
 
 
 @contextmanager
 def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
     """Outside the training loop (loading data, the final evaluation) SIGTERM raises Interrupted, so that the
     lock is released and a failed start cleaned up; inside the loop ``_catch_signals`` takes over."""
+
     def handler(signum, _frame):
-        raise Interrupted(f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
-                          f"checkpoint continues with 'txl train --resume {paths.root}'", signum=signum)
+        raise Interrupted(
+            f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
+            f"checkpoint continues with 'txl train --resume {paths.root}'",
+            signum=signum,
+        )
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
@@ -172,10 +200,20 @@ class Trainer:
     trains on its rows of each batch (``self.rows``); ``self.memory`` holds the memory of those rows only.
     Only rank 0 writes logs, metrics, the progress bar, checkpoints and the summary."""
 
-    def __init__(self, config: RunConfig, *, model: TransformerXL, optimizer: torch.optim.Optimizer,
-                 stream: SegmentStream, run: RunPaths, eval_splits: Mapping[str, np.ndarray] | None = None,
-                 facts: Mapping[str, Any] | None = None, progress: bool = True,
-                 callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        model: TransformerXL,
+        optimizer: torch.optim.Optimizer,
+        stream: SegmentStream,
+        run: RunPaths,
+        eval_splits: Mapping[str, np.ndarray] | None = None,
+        facts: Mapping[str, Any] | None = None,
+        progress: bool = True,
+        callbacks: tuple[Callback, ...] = (),
+        group: Distributed = SINGLE,
+    ) -> None:
         self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
         self.eval_splits = dict(eval_splits or {})
         self.facts = dict(facts or {})
@@ -204,8 +242,10 @@ class Trainer:
         rows = group.rows(tc.batch_size, field="train.batch_size")
         per = rows.stop - rows.start
         if per % tc.accum_steps:
-            raise ConfigError(f"train.accum_steps={tc.accum_steps} must divide the {per} streams of each of the "
-                              f"{group.world_size} processes (train.batch_size={tc.batch_size})")
+            raise ConfigError(
+                f"train.accum_steps={tc.accum_steps} must divide the {per} streams of each of the "
+                f"{group.world_size} processes (train.batch_size={tc.batch_size})"
+            )
         if has_eval:
             group.rows(config.eval.batch_size, field="eval.batch_size")
         return rows
@@ -213,7 +253,11 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
-        return {"config": config_to_dict(self.config), "model": config_to_dict(self.config.model), **self.facts}
+        return {
+            "config": config_to_dict(self.config),
+            "model": config_to_dict(self.config.model),
+            **self.facts,
+        }
 
     def _save_to(self, folder: Path) -> Path:
         """Save a checkpoint (a collective: every process calls it, rank 0 writes): the memory of all B rows
@@ -225,8 +269,15 @@ class Trainer:
             memory = Memory(tuple(self.group.gather_rows(state) for state in memory.states))  # (B, M, D) each
         rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
         if self.group.is_main:
-            save_checkpoint(folder, model=self.model, optimizer=self.optimizer, memory=memory, state=self.state,
-                            meta=self._meta(), rank_rng=rank_rng)
+            save_checkpoint(
+                folder,
+                model=self.model,
+                optimizer=self.optimizer,
+                memory=memory,
+                state=self.state,
+                meta=self._meta(),
+                rank_rng=rank_rng,
+            )
         return folder
 
     def save(self) -> Path:
@@ -239,18 +290,23 @@ class Trainer:
     def restore(self, folder: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, memory, RNG, stream position, counters. The
         optimizer's betas and weight decay are then set from this run's config (which may override them)."""
-        state, memory, document = load_checkpoint(folder, model=self.model, optimizer=self.optimizer,
-                                                  expected=self._meta())
+        state, memory, document = load_checkpoint(
+            folder, model=self.model, optimizer=self.optimizer, expected=self._meta()
+        )
         set_hyperparameters(self.optimizer, self.config.train)
         self._warn_schedule_change(document, state.step)
         self._restore_rank_rng(folder, saved_world_size=state.world_size)
         self.state = state
-        if memory is not None and len(memory) > self.config.model.n_layer:  # saved before txl 0.2: drop the unread
+        if (
+            memory is not None and len(memory) > self.config.model.n_layer
+        ):  # saved before txl 0.2: drop the unread
             memory = Memory(memory.states[: self.config.model.n_layer])  # last layer's output
         if memory is not None:
             if memory.batch_size != self.config.train.batch_size:
-                raise RunError(f"{folder}: the checkpoint holds the memory of {memory.batch_size} streams, "
-                               f"train.batch_size is {self.config.train.batch_size}")
+                raise RunError(
+                    f"{folder}: the checkpoint holds the memory of {memory.batch_size} streams, "
+                    f"train.batch_size is {self.config.train.batch_size}"
+                )
             memory = memory.select(self.rows).to(self.device)  # this process's streams, (B/N, M, D) each
         self.memory = memory
         try:
@@ -269,16 +325,21 @@ class Trainer:
             if self.group.enabled:
                 states = load_rank_rng(folder)
                 if len(states) != world_size:
-                    raise RunError(f"{folder}: the checkpoint holds the RNG states of {len(states)} processes, "
-                                   f"its state says {world_size}")
+                    raise RunError(
+                        f"{folder}: the checkpoint holds the RNG states of {len(states)} processes, "
+                        f"its state says {world_size}"
+                    )
                 _set_rng_state(states[self.group.rank], self.device)
             return
         model = self.config.model
         if model.dropout or model.dropatt:
-            warnings.warn(f"{folder} was saved by {saved_world_size} process(es) and is resumed on {world_size}: "
-                          f"the memory rows are split anew, but the dropout masks are drawn from other random "
-                          f"generators, so the run does not continue exactly as it would have", ResumeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{folder} was saved by {saved_world_size} process(es) and is resumed on {world_size}: "
+                f"the memory rows are split anew, but the dropout masks are drawn from other random "
+                f"generators, so the run does not continue exactly as it would have",
+                ResumeWarning,
+                stacklevel=3,
+            )
 
     def _warn_schedule_change(self, document: dict[str, Any], step: int) -> None:
         """Warn when the new settings (train.steps, ...) move the learning rate of the step about to run."""
@@ -292,11 +353,17 @@ class Trainer:
             return
         old, new = schedule_lr(step, before), schedule_lr(step, tc)
         if old != new:
-            changed = ", ".join(f"train.{k} {getattr(before, k)} -> {getattr(tc, k)}" for k in SCHEDULE_FIELDS
-                                if getattr(before, k) != getattr(tc, k))
-            warnings.warn(f"resuming at step {step} with {changed}: the learning rate jumps from {old:.6g} to "
-                          f"{new:.6g} (the schedule is recomputed for the new settings)", ResumeWarning,
-                          stacklevel=3)
+            changed = ", ".join(
+                f"train.{k} {getattr(before, k)} -> {getattr(tc, k)}"
+                for k in SCHEDULE_FIELDS
+                if getattr(before, k) != getattr(tc, k)
+            )
+            warnings.warn(
+                f"resuming at step {step} with {changed}: the learning rate jumps from {old:.6g} to "
+                f"{new:.6g} (the schedule is recomputed for the new settings)",
+                ResumeWarning,
+                stacklevel=3,
+            )
 
     # -- one step --------------------------------------------------------------------------------------
 
@@ -322,8 +389,9 @@ class Trainer:
             memory = None if self.memory is None else self.memory.select(part)
             inner = self.group.enabled and c < chunks - 1
             with self.parallel.no_sync() if inner else nullcontext():
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
-                                    enabled=tc.precision == "bf16"):
+                with torch.autocast(
+                    device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"
+                ):
                     out = self.forward(inputs[part], memory=memory, targets=targets[part])
                 loss = out.loss.float().sum()
                 (loss / total).backward()
@@ -351,8 +419,10 @@ class Trainer:
         if not math.isfinite(loss):
             last = latest_checkpoint(self.run.root)
             where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-            raise TrainingDiverged(f"loss became {loss} at step {step + 1}; stopped without saving ({where}); "
-                                   "lower train.lr or set train.clip")
+            raise TrainingDiverged(
+                f"loss became {loss} at step {step + 1}; stopped without saving ({where}); "
+                "lower train.lr or set train.clip"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step = step + 1
@@ -384,8 +454,11 @@ class Trainer:
                     if signum:
                         self.group.barrier()  # no process leaves before the checkpoint is written
                         name = signal.Signals(signum).name
-                        raise Interrupted(f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                                          f"'txl train --resume {self.run.root}'", signum=signum)
+                        raise Interrupted(
+                            f"{name} at step {self.state.step}: checkpoint saved; continue with "
+                            f"'txl train --resume {self.run.root}'",
+                            signum=signum,
+                        )
         finally:
             self._bar.close()
         return self._finish(status or "completed")
@@ -403,8 +476,13 @@ class Trainer:
         self.model.train()
         self._clock = time.perf_counter() - self.state.elapsed
         self._window_tokens, self._window_seconds = 0, 0.0
-        self._bar = tqdm(total=self.config.train.steps, initial=self.state.step, disable=not self.progress,
-                         desc="train", dynamic_ncols=True)
+        self._bar = tqdm(
+            total=self.config.train.steps,
+            initial=self.state.step,
+            disable=not self.progress,
+            desc="train",
+            dynamic_ncols=True,
+        )
 
     def _log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl (and TensorBoard), and pass it to the callbacks (rank 0 only)."""
@@ -425,11 +503,24 @@ class Trainer:
         if step % tc.log_every == 0 or step == tc.steps:
             tokens_per_s = self._window_tokens / max(self._window_seconds, 1e-9)
             self._window_tokens, self._window_seconds = 0, 0.0
-            record = {"step": step, "split": "train", "loss": loss, **metrics_from_loss(loss), "lr": lr,
-                      "tokens": self.state.tokens, "tokens_per_s": tokens_per_s, "elapsed_s": self.state.elapsed}
+            record = {
+                "step": step,
+                "split": "train",
+                "loss": loss,
+                **metrics_from_loss(loss),
+                "lr": lr,
+                "tokens": self.state.tokens,
+                "tokens_per_s": tokens_per_s,
+                "elapsed_s": self.state.elapsed,
+            }
             self._log(record)
-            self._bar.set_postfix(loss=f"{loss:.3f}", bpc=f"{record['bpc']:.3f}", ppl=f"{record['ppl']:.1f}",
-                                  tok_s=f"{tokens_per_s:.0f}", lr=f"{lr:.2e}")
+            self._bar.set_postfix(
+                loss=f"{loss:.3f}",
+                bpc=f"{record['bpc']:.3f}",
+                ppl=f"{record['ppl']:.1f}",
+                tok_s=f"{tokens_per_s:.0f}",
+                lr=f"{lr:.2e}",
+            )
         self._bar.update(1)
 
     def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
@@ -437,10 +528,19 @@ class Trainer:
         if split not in self.eval_splits:
             return None
         ec, tc = self.config.eval, self.config.train
-        return evaluate(self.model, self.eval_splits[split], batch_size=ec.batch_size,
-                        tgt_len=ec.tgt_len or tc.tgt_len, span=eval_span(self.config), device=self.device,
-                        precision=tc.precision, max_tokens=max_tokens, progress=self.progress, desc=split,
-                        group=self.group)
+        return evaluate(
+            self.model,
+            self.eval_splits[split],
+            batch_size=ec.batch_size,
+            tgt_len=ec.tgt_len or tc.tgt_len,
+            span=eval_span(self.config),
+            device=self.device,
+            precision=tc.precision,
+            max_tokens=max_tokens,
+            progress=self.progress,
+            desc=split,
+            group=self.group,
+        )
 
     def _keep_if_best(self, loss: float) -> bool:
         """Save the best checkpoint when ``loss`` is the best validation loss yet; whether it was."""
@@ -533,8 +633,15 @@ def _tensorboard(folder: Path):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def build_trainer(config: RunConfig, run: RunPaths, data: PreparedData, *, progress: bool = True,
-                  callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> Trainer:
+def build_trainer(
+    config: RunConfig,
+    run: RunPaths,
+    data: PreparedData,
+    *,
+    progress: bool = True,
+    callbacks: tuple[Callback, ...] = (),
+    group: Distributed = SINGLE,
+) -> Trainer:
     """A run's parts, assembled: the model (initialised from ``train.seed``, the same on every process) on
     ``train.device``, its optimizer, the train stream and the evaluation splits of ``data``. Under data
     parallelism each process then draws its dropout masks from its own generator (``train.seed`` + rank)."""
@@ -543,15 +650,29 @@ def build_trainer(config: RunConfig, run: RunPaths, data: PreparedData, *, progr
     model = TransformerXL(config.model).to(device)
     if group.enabled:
         torch.manual_seed(config.train.seed + group.rank)
-    return Trainer(config, model=model, optimizer=configure_optimizer(model, config.train),
-                   stream=train_stream(config, data.splits), run=run,
-                   eval_splits={s: t for s, t in data.splits.items() if s != "train"},
-                   facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
-                   progress=progress, callbacks=callbacks, group=group)
+    return Trainer(
+        config,
+        model=model,
+        optimizer=configure_optimizer(model, config.train),
+        stream=train_stream(config, data.splits),
+        run=run,
+        eval_splits={s: t for s, t in data.splits.items() if s != "train"},
+        facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
+        progress=progress,
+        callbacks=callbacks,
+        group=group,
+    )
 
 
-def train(config: RunConfig, out: Path, *, overwrite: bool = False, progress: bool = True,
-          callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> dict[str, Any]:
+def train(
+    config: RunConfig,
+    out: Path,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    callbacks: tuple[Callback, ...] = (),
+    group: Distributed = SINGLE,
+) -> dict[str, Any]:
     """Train a new run in ``out`` and return its summary (also written to summary.json). The data is read
     and checked before anything is written; a start that fails before its first checkpoint leaves nothing.
     Under data parallelism every process calls it; every process checks the data, rank 0 alone writes."""
@@ -578,16 +699,25 @@ def _resume_config(saved: RunConfig, overrides: tuple[str, ...]) -> RunConfig:
     fixed = [("model", name) for name in before["model"]]
     fixed += [("data", name) for name in before["data"] if name not in RESUME_MOVABLE_DATA_FIELDS]
     fixed += [("train", name) for name in RESUME_FIXED_TRAIN_FIELDS]
-    refused = [f"{section}.{name}: cannot be changed when resuming (the run has "
-               f"{json.dumps(before[section][name])}, asked {json.dumps(after[section][name])})"
-               for section, name in fixed if before[section][name] != after[section][name]]
+    refused = [
+        f"{section}.{name}: cannot be changed when resuming (the run has "
+        f"{json.dumps(before[section][name])}, asked {json.dumps(after[section][name])})"
+        for section, name in fixed
+        if before[section][name] != after[section][name]
+    ]
     if refused:
         raise RunError("; ".join(refused))
     return config
 
 
-def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = True,
-           callbacks: tuple[Callback, ...] = (), group: Distributed = SINGLE) -> dict[str, Any]:
+def resume(
+    run_dir: Path,
+    *,
+    overrides: tuple[str, ...] = (),
+    progress: bool = True,
+    callbacks: tuple[Callback, ...] = (),
+    group: Distributed = SINGLE,
+) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
     folder changes before every check has passed. Under data parallelism every process calls it, on any
@@ -603,8 +733,10 @@ def resume(run_dir: Path, *, overrides: tuple[str, ...] = (), progress: bool = T
         folder = newest_intact_checkpoint(paths.root)
         done = checkpoint_step(folder)
         if paths.summary.exists() and done >= config.train.steps:
-            raise RunError(f"{paths.root} already finished {done} steps; to train longer resume with "
-                           f"--set train.steps=N (N > {done})")
+            raise RunError(
+                f"{paths.root} already finished {done} steps; to train longer resume with "
+                f"--set train.steps=N (N > {done})"
+            )
         if not paths.vocab.is_file():
             raise RunError(f"{paths.root} has no vocab.json")
         data = prepare_data(config.data, vocab=load_vocab(paths.vocab))
