@@ -552,3 +552,15 @@ def test_float32_default_and_train_mode_dropout(tiny_config):
     assert a.dtype == torch.float32 and not torch.equal(a, b)
     model.eval()
     assert torch.equal(model(tokens, targets=tokens).loss, model(tokens, targets=tokens).loss)
+
+
+def test_hidden_states_are_forward_before_the_softmax(tiny_config):
+    model = _model(tiny_config).eval()
+    tokens = torch.randint(0, tiny_config.vocab_size, (2, 12))
+    first = model(tokens[:, :6], targets=tokens[:, 1:7])
+    hidden, memory = model.hidden_states(tokens[:, 6:11], memory=first.memory)
+    want = model(tokens[:, 6:11], memory=first.memory, targets=tokens[:, 7:12])
+    nll = model.softmax.nll(hidden.reshape(-1, tiny_config.d_model), tokens[:, 7:12].reshape(-1)).view(2, 5)
+    torch.testing.assert_close(nll, want.loss, rtol=0, atol=0)
+    for got, expected in zip(memory.states, want.memory.states, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -3,7 +3,7 @@ what to do; the CLI prints it and exits with a non-zero status."""
 
 from __future__ import annotations
 
-__all__ = ["TxlError", "CheckpointError", "RunError", "TxlWarning"]
+__all__ = ["TxlError", "CheckpointError", "CorpusError", "RunError", "TxlWarning"]
 
 
 class TxlError(ValueError):
@@ -12,6 +12,10 @@ class TxlError(ValueError):
 
 class CheckpointError(TxlError):
     """A checkpoint that is missing, corrupt, truncated, or from another model or vocabulary."""
+
+
+class CorpusError(TxlError):
+    """A corpus could not be found or read; the message says what, which file, and what to do."""
 
 
 class RunError(TxlError):

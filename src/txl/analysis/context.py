@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from ..config import Span
 from ..model import ModelOutput, TransformerXL
-from ..model.positional import sinusoid
 
 __all__ = [
     "absolute_hidden",
@@ -175,20 +174,12 @@ def stream_predictions(
 
 
 def absolute_hidden(model: TransformerXL, windows: Tensor) -> Tensor:
-    """Final hidden states (W, T, D) of the vanilla model on ``windows`` (W, T), computed as
-    ``TransformerXL.forward`` does before its softmax (embedding + absolute sinusoid, the layers, the
-    optional final norm), so that a caller can send only the positions it needs to the softmax."""
-    cfg = model.config
-    if cfg.attention != "absolute":
+    """Final hidden states (W, T, D) of the vanilla model on ``windows`` (W, T)
+    (:meth:`TransformerXL.hidden_states`), so that a caller can send only the positions it needs to the
+    softmax."""
+    if model.config.attention != "absolute":
         raise ValueError("absolute_hidden is the vanilla model's path (attention='absolute')")
-    h = model.embedding(windows)  # (W, T, D)
-    positions = torch.arange(windows.shape[1], device=windows.device)
-    h = model.drop(h + sinusoid(positions, cfg.d_model, dtype=h.dtype))
-    for layer in model.layers:
-        h = layer(h)
-    if model.norm is not None:
-        h = model.norm(h)
-    return model.drop(h)  # (W, T, D)
+    return model.hidden_states(windows)[0]  # (W, T, D)
 
 
 def _windows(

@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ..errors import TxlError
+from ..errors import CorpusError
 from .hf_datasets import is_hf_spec, load_hf_corpus
 
 __all__ = [
@@ -73,10 +73,6 @@ STDLIB_EXCLUDED_DIRS = frozenset(
 )
 
 _ENWIK8_TRAIN, _ENWIK8_VALID = 90_000_000, 5_000_000
-
-
-class CorpusError(TxlError):
-    """A corpus could not be found or read; the message says what, which file, and what to do."""
 
 
 class FileSpan(NamedTuple):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..errors import CorpusError
+
 __all__ = ["HF_PREFIX", "HF_DISK_PREFIX", "is_hf_spec", "load_hf_corpus", "SPLIT_NAMES"]
 
 HF_PREFIX = "hf:"
@@ -26,7 +28,6 @@ def is_hf_spec(spec: str) -> bool:
 
 
 def _datasets() -> Any:
-    from .corpora import CorpusError
 
     try:
         import datasets
@@ -45,8 +46,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _open(spec: str) -> tuple[Any, str]:
     """The DatasetDict (or Dataset) that ``spec`` names, and the corpus name."""
-    from .corpora import CorpusError
-
     datasets = _datasets()
     if spec.startswith(HF_DISK_PREFIX):
         path = Path(spec[len(HF_DISK_PREFIX) :]).expanduser()
@@ -77,8 +76,6 @@ def load_hf_corpus(
     spec: str, *, text_field: str = "text"
 ) -> tuple[str, dict[str, list[tuple[bytes, str, None]]]]:
     """The corpus name and its splits as pieces (UTF-8 bytes, source, None), for :func:`corpora._make`."""
-    from .corpora import CorpusError
-
     data, name = _open(spec)
     datasets = _datasets()
     splits = {"train": data} if isinstance(data, datasets.Dataset) else dict(data)

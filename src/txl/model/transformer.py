@@ -192,13 +192,32 @@ class TransformerXL(nn.Module):
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         self._check_inputs(tokens, memory, targets)
+        h, new_memory = self.hidden_states(tokens, memory=memory, span=span)
+        b, t = tokens.shape
+        loss = logits = None
+        if targets is not None:
+            flat = h.reshape(b * t, -1)  # (B*T, D)
+            loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
+        if targets is None or return_logits:
+            last = h[:, -1:] if last_only else h  # (B, T', D)
+            logits = self.softmax.log_prob(last.reshape(-1, self.config.d_model)).view(
+                b, last.shape[1], -1
+            )  # (B, T', V)
+        return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
+
+    def hidden_states(
+        self, tokens: Tensor, *, memory: Memory | None = None, span: Span | None = None
+    ) -> tuple[Tensor, Memory | None]:
+        """The model before its softmax: final hidden states (B, T, D) of tokens (B, T) after ``memory``
+        (after the final norm and dropout, what :meth:`forward` sends to the softmax), and the memory for the
+        next segment. For callers that send only some positions to the softmax."""
         cfg = self.config
         span = cfg.span if span is None else span
         if cfg.attention != "relative" and span.mem_len > 0:
             raise ValueError(
                 "the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0"
             )
-        b, t = tokens.shape
+        t = tokens.shape[1]
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
         contexts: list[RelativeContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
@@ -218,17 +237,7 @@ class TransformerXL(nn.Module):
 
         if self.norm is not None:
             h = self.norm(h)
-        h = self.drop(h)
-        loss = logits = None
-        if targets is not None:
-            flat = h.reshape(b * t, -1)  # (B*T, D)
-            loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
-        if targets is None or return_logits:
-            last = h[:, -1:] if last_only else h  # (B, T', D)
-            logits = self.softmax.log_prob(last.reshape(-1, cfg.d_model)).view(
-                b, last.shape[1], -1
-            )  # (B, T', V)
-        return ModelOutput(logits=logits, loss=loss, memory=new_memory, hidden=h if return_hidden else None)
+        return self.drop(h), new_memory
 
     def decoding_tables(self, *, reach: int, clamp_len: int | None, batch_size: int) -> DecodingTables:
         """The distance tables and weight layouts of one-position decoding (:class:`DecodingTables`) for key
