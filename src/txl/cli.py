@@ -167,6 +167,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             summary = train(
                 config, Path(args.out), overwrite=args.overwrite, progress=not args.quiet, group=group
             )
+        group.barrier()  # every process is done with its collectives before any leaves the group
     finally:
         group.close()
     if group.is_main:

@@ -15,6 +15,7 @@ returns its input, so the trainer has one code path.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -113,8 +114,14 @@ class Distributed:
             dist.barrier()
 
     def close(self) -> None:
-        """Leave the process group (at the end of a command)."""
+        """Leave the process group (at the end of a command, after a final :meth:`barrier` on success).
+
+        Garbage is collected first: DistributedDataParallel's reducer sits in reference cycles and holds the
+        gloo group; freed only at interpreter shutdown, its worker threads could be torn down while a peer
+        closes its connections, and the rank aborted after finishing its work (``terminate called without
+        an active exception``, about 1 run in 10 of ``txl train --nproc 2`` on 2 busy cores)."""
         if self.enabled and dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
 
     def _collective_device(self) -> torch.device:
