@@ -1,8 +1,9 @@
 """The key/value cache of incremental decoding. For every layer it keeps the keys and values of the remembered
 positions (projections of fixed hidden states: computed once, when the position was new), the hidden states
 themselves (the memory as data, returned by :meth:`KVCache.memory`), the projected distance table ``W_R R``
-of the distances in use (computed once per cache, i.e. once per memory length and clamp_len), and the
-weights laid out for a few rows at a time (transposed copies, which such products read fastest on the CPU).
+of the distances in use, and the weights laid out for a few rows at a time (transposed copies, which such
+products read fastest on the CPU); the last two are made once per model and settings
+(:meth:`TransformerXL.decoding_tables`).
 The attention maths stays in ``attention.py`` and the model drives the cache (``TransformerXL.forward(...,
 cache=...)``); this module only stores and slides.
 

@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
         return self.ff_norm(x + self.ff(x))
 
     def prepare_step(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerStep:
-        """What :meth:`step` needs, prepared once per cache: see :class:`LayerStep`."""
+        """What :meth:`step` needs, prepared once per model and settings (:meth:`~txl.model.TransformerXL.decoding_tables`): see :class:`LayerStep`."""
         return LayerStep(
             attention=self.attn.prepare_one(pos, u=u, v=v, batch_size=batch_size),
             ff=self.ff.prepare_one(),
@@ -111,12 +111,11 @@ class DecoderLayer(nn.Module):
 @dataclass(frozen=True)
 class LayerStep:
     """One layer's tables and weights for decoding one position per row (:meth:`DecoderLayer.step`), prepared
-    once per key/value cache: the attention's :class:`OneQueryContext` (distance table, biases, projection
-    weights), the feed-forward weights of :meth:`FeedForward.prepare_one` and the norms' parameters. The
-    transposed weights are
-    copies (as many numbers as the layer's linear weights) that live as long as the cache: 1.8x faster for
-    the output layer's one-row product (86 vs 157 us, 10k x 128, 2 threads), about 9% of a small model's token
-    for the layers (measured, see docs/benchmarks.md)."""
+    once per model and settings (:meth:`~txl.model.TransformerXL.decoding_tables`): the attention's
+    :class:`OneQueryContext` (distance table, biases, projection weights), the feed-forward weights of
+    :meth:`FeedForward.prepare_one` and the norms' parameters. The transposed weights are copies (as many
+    numbers as the layer's linear weights) kept with the model's memo until a weight changes: about 9% of a
+    small model's token (measured, see docs/benchmarks.md)."""
 
     attention: OneQueryContext
     ff: tuple[Tensor, Tensor, Tensor, Tensor]
