@@ -12,14 +12,18 @@ Configs (random weights, uniformly random tokens, dropout 0, post-norm, tied wei
   2048, segment 128, memory 128, batch 8;
 - ``mem512``: ``small`` with a memory of 512.
 
-Training: forward with targets, backward of the mean loss, Adam step, the memory carried. Evaluation: forward with
+Training: forward with targets, backward of the mean loss, an Adam step, the memory carried. txl's optimizer is
+the one its trainer builds (``configure_optimizer``: AdamW, fused on the CPU and CUDA, here with weight decay 0,
+i.e. Adam); Hugging Face's is ``torch.optim.Adam`` with its defaults, as a user of that port would write it.
+``--variants torch-adam`` adds txl's model with that same ``torch.optim.Adam`` (``train_txl_torch-adam_...``):
+the model-against-model ratio with one optimizer. Evaluation: forward with
 targets under ``torch.no_grad()``, the memory carried. After two warm-up steps each, the two models alternate step
 by step (the order flips every step) for ``--repeats`` x ``--steps`` steps each; tokens/s is B*T over the median
 step time and the ratio is the median of the per-step ratios. Hugging Face shifts its labels inside (T - 1 targets per row); both are credited
 B*T tokens per step. Hugging Face starts from a memory of M zeros, txl's fills in the warm-up: both attend over
 M + T keys in every timed step.
 
-``--variants bf16,compile`` times txl with bf16 autocast and with ``torch.compile`` (inductor) in the same rotation
+``--variants bf16,compile,torch-adam`` times txl with bf16 autocast and with ``torch.compile`` (inductor) in the same rotation
 (``{mode}_txl_{variant}_tokens_per_s``; the warm-up steps include the compilation).
 
 Roofline: the model FLOPs of one training step (counted in :func:`step_flops`: forward x 3) over txl's median step
@@ -44,6 +48,8 @@ import torch
 from _common import hf_config, reset_peak_rss, status_mib, timed
 
 from txl import TransformerXL, TransformerXLConfig
+from txl.config import TrainConfig
+from txl.train.optim import configure_optimizer
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,13 @@ class TxlRunner:
         self.model = TransformerXL(shape.config).train(train)
         self.forward = torch.compile(self.model) if variant == "compile" else self.model
         self.bf16 = variant == "bf16"
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4) if train else None
+        self.optimizer = None
+        if train and variant == "torch-adam":  # the reference's optimizer, for the same-optimizer ratio
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        elif (
+            train
+        ):  # what txl's trainer uses: AdamW (fused where supported), here without weight decay = Adam
+            self.optimizer = configure_optimizer(self.model, TrainConfig(lr=1e-4, weight_decay=0.0))
         self.train, self.memory = train, None
 
     def step(self, segment: torch.Tensor) -> None:
@@ -288,6 +300,9 @@ def bench(
             record[f"{mode}_hf_tokens_per_s"] = round(tokens / statistics.median(seconds["hf"]), 1)
             ratios = [h / t for h, t in zip(seconds["hf"], seconds["txl"], strict=True)]
             record[f"{mode}_ratio_txl_over_hf"] = round(statistics.median(ratios), 2)
+            for variant in variants:
+                ratios = [h / t for h, t in zip(seconds["hf"], seconds[f"txl:{variant}"], strict=True)]
+                record[f"{mode}_ratio_txl_{variant}_over_hf"] = round(statistics.median(ratios), 2)
         if mode == "train":
             achieved = step_flops(shape) / statistics.median(seconds["txl"])
             gemm = gemm_flops()
@@ -319,14 +334,16 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="top-10 ops of txl's training step")
     parser.add_argument(
-        "--variants", default="", help="txl variants timed alongside: bf16 (autocast), compile"
+        "--variants",
+        default="",
+        help="txl variants timed alongside: bf16 (autocast), compile, torch-adam (the reference's optimizer)",
     )
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
     for variant in variants:
-        if variant not in ("bf16", "compile"):
-            parser.error(f"--variants: unknown variant {variant!r} (choose from bf16, compile)")
+        if variant not in ("bf16", "compile", "torch-adam"):
+            parser.error(f"--variants: unknown variant {variant!r} (choose from bf16, compile, torch-adam)")
     torch.set_num_threads(args.threads)
     if args.peak_child:
         kind, name, mode = args.peak_child.split(",")

@@ -183,3 +183,32 @@ def test_trainer_carries_memory_between_steps(tmp_path, tiny_config):
     assert abs(loss - fresh) > 1e-3, (loss, fresh)
     for ours, theirs in zip(trainer.memory.states, carried.memory.states, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_optimizer_step_is_adamw_written_out(tiny_config, dtype):
+    """Two steps of configure_optimizer's AdamW (fused on the CPU) against the update written out by hand:
+    m, v moving averages, bias correction, decoupled weight decay on the decayed group only."""
+    model = TransformerXL(tiny_config).to(dtype)
+    cfg = apply_overrides(RunConfig(), ["train.weight_decay=0.1", "train.lr=0.01"]).train
+    optimizer = configure_optimizer(model, cfg)
+    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
+    params = list(model.parameters())
+    want = {id(p): p.detach().clone() for p in params}
+    m = {id(p): torch.zeros_like(p) for p in params}
+    v = {id(p): torch.zeros_like(p) for p in params}
+    gen = torch.Generator().manual_seed(0)
+    for step in (1, 2):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=dtype)
+            w, g, k = want[id(p)], p.grad, id(p)
+            if k in decayed:
+                w.mul_(1 - cfg.lr * cfg.weight_decay)
+            m[k] = cfg.beta1 * m[k] + (1 - cfg.beta1) * g
+            v[k] = cfg.beta2 * v[k] + (1 - cfg.beta2) * g * g
+            m_hat, v_hat = m[k] / (1 - cfg.beta1**step), v[k] / (1 - cfg.beta2**step)
+            w.sub_(cfg.lr * m_hat / (v_hat.sqrt() + 1e-8))
+        optimizer.step()
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    for p in params:
+        torch.testing.assert_close(p.detach(), want[id(p)], rtol=0, atol=tol)

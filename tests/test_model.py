@@ -88,6 +88,40 @@ def test_rel_shift_matches_index_formula():
                 assert y[:, i, j].tolist() == x[:, i, j + t - 1 - i].tolist()
 
 
+@pytest.mark.parametrize(("t", "k"), [(4, 7), (5, 5), (1, 6), (6, 1 + 6)])
+def test_rel_shift_gradient_matches_index_formula(t, k):
+    """The strided view's backward sends each valid entry's gradient to x[i, j + T - 1 - i] and nothing
+    elsewhere (future entries are masked: their gradient is zero), written as an explicit loop."""
+    x = torch.randn(3, t, k, dtype=torch.float64, requires_grad=True)
+    m = k - t
+    valid = torch.tensor([[j <= m + i for j in range(k)] for i in range(t)])
+    weights = torch.randn(3, t, k, dtype=torch.float64) * valid
+    (grad,) = torch.autograd.grad((rel_shift(x) * weights).sum(), x)
+    want = torch.zeros(3, t, k, dtype=torch.float64)
+    for i in range(t):
+        for j in range(m + i + 1):
+            want[:, i, j + t - 1 - i] += weights[:, i, j]
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("m", [0, 3])
+def test_cpu_attention_equals_the_fused_kernel_path_with_gradients(tiny_config, m):
+    """attend (one baddbmm, the CPU path) and attend_fused (scaled_dot_product_attention with a bias, the GPU
+    path) give the same output and the same gradients for q, k, v, u, v and the position weights."""
+    _, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=5, m=m)
+    context = RelativeContext(pos=pos, mask=mask, u=u.requires_grad_(), v=v.requires_grad_())
+    q, k, val = (t.detach().requires_grad_() for t in attn.project(x, memory))
+    weights = torch.randn(q.shape, dtype=torch.float64)  # (B, H, T, Dh), the output's shape
+    outs, grads = [], []
+    for fn in (attn.attend, attn.attend_fused):
+        out = fn(q, k, val, context)
+        outs.append(out)
+        grads.append(torch.autograd.grad((out * weights).sum(), (q, k, val, u, v, attn.r_net.weight)))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("m", [0, 3, 9], ids=["T=K, no memory", "T<K memory 3", "T<K memory 9"])
 def test_position_term_matches_naive_double_loop(tiny_config, m):
     model, attn, x, memory, pos, mask, u, v = _attention_inputs(tiny_config, t=5, m=m)

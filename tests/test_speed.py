@@ -46,6 +46,36 @@ def test_linear_cross_entropy_equals_cross_entropy_of_linear(small_blocks, bias)
         torch.testing.assert_close(g_got, g_expected, rtol=0, atol=1e-12)
 
 
+def test_kept_logits_buffers_are_reused_safely_across_steps_and_pending_graphs(small_blocks):
+    """The kept logits live in reused buffers: three steps in a row, then two graphs pending at once (the
+    second forward before the first backward, backwards in reverse order), each equal to the plain loss and
+    gradients; sizes change between calls (a smaller and a larger problem reuse or replace the buffers)."""
+    g = torch.Generator().manual_seed(2)
+
+    def problem(n, v):
+        hidden = torch.randn(n, 7, generator=g, requires_grad=True)
+        weight = torch.randn(v, 7, generator=g, requires_grad=True)
+        bias = torch.randn(v, generator=g, requires_grad=True)
+        return hidden, weight, bias, torch.randint(0, v, (n,), generator=g)
+
+    def reference(hidden, weight, bias, target):
+        loss = F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="none")
+        return loss, torch.autograd.grad(loss.sum(), (hidden, weight, bias))
+
+    def check(got, args, want):
+        torch.testing.assert_close(got, want[0], rtol=0, atol=1e-5)
+        for a, b in zip(torch.autograd.grad(got.sum(), args[:3]), want[1], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+    for n, v in [(40, 700), (40, 700), (20, 300), (60, 900)]:
+        args = problem(n, v)
+        check(linear_cross_entropy(*args), args, reference(*args))
+    first, second = problem(40, 700), problem(40, 700)
+    got_first, got_second = linear_cross_entropy(*first), linear_cross_entropy(*second)
+    check(got_second, second, reference(*second))
+    check(got_first, first, reference(*first))
+
+
 def test_linear_cross_entropy_under_bf16_autocast_matches_upcast_log_softmax(small_blocks):
     """Under autocast both paths multiply in bf16 and normalise in float32; the only difference is the order of
     the float32 sums, so they agree to float32 rounding of values of size log(V) ~ 7 (atol 1e-4)."""

@@ -51,12 +51,54 @@ def rel_shift(x: Tensor) -> Tensor:
     ``x[..., i, m]`` is the score of query i against distance ``K-1-m`` (distances in descending order).
     Returns ``y`` with ``y[..., i, j] = x[..., i, j + T - 1 - i]``: the score of query i (absolute position
     M + i) against key j, whose distance is M + i - j. Entries for j > M + i (the future) are meaningless and
-    must be masked. Pad-reshape-slice: (..., T, K) -> (..., T, K+1) -> (..., K+1, T) -> drop a row -> (..., T, K).
-    """
+    must be masked.
+
+    No copy: in a contiguous (T, K) block that element sits at offset ``(T-1) + i·(K-1) + j``, so ``y`` is a
+    strided view of ``x`` (row stride K-1, offset T-1). Row i's last entries run into row i+1: they are exactly
+    the future ones. The gradient is written back through the same view without its overlap (see
+    :class:`_RelShift`). The paper's pad-reshape-slice form (:func:`_rel_shift_padded`) costs a zero-filled
+    padded copy and a second copy forward, and as many backward; it is kept for graph capture
+    (``torch.compile``, ``torch.export`` and the ONNX export), which cannot follow a tensor set on a storage."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return _rel_shift_padded(x)
+    return _RelShift.apply(x)
+
+
+def _rel_shift_padded(x: Tensor) -> Tensor:
+    """:func:`rel_shift` as pad-reshape-slice: (..., T, K) -> (..., T, K+1) -> (..., K+1, T) -> drop a row."""
     *lead, t, k = x.shape
     padded = F.pad(x, (1, 0))  # (..., T, K+1)
     padded = padded.reshape(*lead, k + 1, t)  # (..., K+1, T)
     return padded[..., 1:, :].reshape(*lead, t, k)  # (..., T, K)
+
+
+class _RelShift(torch.autograd.Function):
+    """:func:`rel_shift` as a strided view, with its backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        t, k = x.shape[-2:]
+        x = x.contiguous()
+        ctx.shape = x.shape
+        stride = (*x.stride()[:-2], k - 1, 1)
+        # A new tensor on x's storage rather than a view of x: autograd would otherwise also route the
+        # gradient through a generic as_strided backward (a zero-filled copy of x's whole storage).
+        out = x.new_empty(0)
+        return out.set_(x.untyped_storage(), x.storage_offset() + t - 1, x.shape, stride)  # (..., T, K)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        # Entry (i, j < K-1) of the view maps one-to-one onto offsets T-1 .. T·K-2 of each (T, K) block; the
+        # last column overlaps the next row except in the last row, whose (T-1, K-1) is offset T·K-1; offsets
+        # before T-1 (distances no query reaches) get no gradient. Future entries carry a zero gradient (masked).
+        *lead, t, k = ctx.shape
+        out = grad.new_empty(ctx.shape)
+        flat = out.view(*lead, t * k)  # (..., T*K)
+        flat[..., : t - 1] = 0
+        flat[..., t * k - 1] = grad[..., t - 1, k - 1]
+        stride = (*out.stride()[:-2], k - 1, 1)
+        out.as_strided((*lead, t, k - 1), stride, t - 1).copy_(grad[..., : k - 1])
+        return out
 
 
 @dataclass(frozen=True)
@@ -212,8 +254,33 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
         if context is None:
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
-        # Terms (b)+(d) and the mask enter as an additive bias; the fused kernel adds terms (a)+(c) as
-        # (q + u)·k scaled by 1/sqrt(Dh), so the bias is scaled the same way.
+        if q.device.type != "cpu":
+            return self.attend_fused(q, k, v, context)
+        # On the CPU: the four terms in one baddbmm, scaled, masked in place, then softmax and values. With a
+        # bias that needs a gradient, scaled_dot_product_attention takes its unfused path there, which
+        # scales, adds and copies the (B, H, T, K) scores a few more times (measured: about 4% of a training
+        # step at benchmarks/train_eval.py's small shape).
+        b, h, t, dh = q.shape
+        kk = k.shape[2]
+        position = self.position_term(
+            q, context.pos, context.v
+        )  # (B, H, T, K): terms (b)+(d), a strided view
+        content_q = (q + context.u[:, None, :]).reshape(b * h, t, dh)  # (B*H, T, Dh)
+        score = torch.baddbmm(
+            position.reshape(b * h, t, kk),
+            content_q,
+            k.reshape(b * h, kk, dh).transpose(1, 2),
+            beta=self.scale,
+            alpha=self.scale,
+        )  # (B*H, T, K): ((a)+(c) + (b)+(d)) / sqrt(Dh)
+        score = score.masked_fill_(context.mask, float("-inf")).view(b, h, t, kk)  # in place on the base
+        attn = F.dropout(torch.softmax(score, dim=-1), self.dropatt, self.training)
+        return attn @ v  # (B, H, T, Dh)
+
+    def attend_fused(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext) -> Tensor:
+        """:meth:`attend` through ``scaled_dot_product_attention`` (the path on GPUs, where its kernels take
+        the bias): terms (b)+(d) and the mask enter as an additive bias; the kernel adds terms (a)+(c) as
+        (q + u)·k scaled by 1/sqrt(Dh), so the bias is scaled the same way."""
         bias = self.position_term(q, context.pos, context.v) * self.scale  # (B, H, T, K)
         bias = bias.masked_fill(context.mask, float("-inf"))
         return F.scaled_dot_product_attention(

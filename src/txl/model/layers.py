@@ -29,7 +29,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(config.d_model, config.d_inner),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),  # not in place: on the view F.linear returns, autograd would clone the base for it
             nn.Dropout(config.dropout),
             nn.Linear(config.d_inner, config.d_model),
             nn.Dropout(config.dropout),
