@@ -16,12 +16,16 @@ Training: forward with targets, backward of the mean loss, an Adam step, the mem
 the one its trainer builds (``configure_optimizer``: AdamW, fused on the CPU and CUDA, here with weight decay 0,
 i.e. Adam); Hugging Face's is ``torch.optim.Adam`` with its defaults, as a user of that port would write it.
 ``--variants torch-adam`` adds txl's model with that same ``torch.optim.Adam`` (``train_txl_torch-adam_...``):
-the model-against-model ratio with one optimizer. Evaluation: forward with
-targets under ``torch.no_grad()``, the memory carried. After two warm-up steps each, the two models alternate step
-by step (the order flips every step) for ``--repeats`` x ``--steps`` steps each; tokens/s is B*T over the median
-step time and the ratio is the median of the per-step ratios. Hugging Face shifts its labels inside (T - 1 targets per row); both are credited
-B*T tokens per step. Hugging Face starts from a memory of M zeros, txl's fills in the warm-up: both attend over
-M + T keys in every timed step.
+the model-against-model ratio with one optimizer. Evaluation: forward with targets, no gradients, the memory
+carried; txl's as ``txl.evaluate`` runs it, with the memory's keys and values kept in a ``KVCache`` (projected
+once, when their positions were current; Hugging Face projects the whole memory again at every segment).
+``--variants recompute`` adds txl's evaluation without the cache (``eval_txl_recompute_...``).
+
+Timing: warm-up steps first (ceil(M / T) + 1, at least 2: Hugging Face starts from a memory of M zeros, txl's
+fills up to M in the warm-up, so that every timed step of both attends over M + T keys); then the models
+alternate step by step (the order flips every step) for ``--repeats`` x ``--steps`` steps each. Tokens/s is B*T
+over the median step time and the ratio is the median of the per-step ratios. Hugging Face shifts its labels
+inside (T - 1 targets per row); both are credited B*T tokens per step.
 
 ``--variants bf16,compile,torch-adam`` times txl with bf16 autocast and with ``torch.compile`` (inductor) in the same rotation
 (``{mode}_txl_{variant}_tokens_per_s``; the warm-up steps include the compilation).
@@ -29,7 +33,7 @@ M + T keys in every timed step.
 Roofline: the model FLOPs of one training step (counted in :func:`step_flops`: forward x 3) over txl's median step
 time, divided by the FLOP/s of a large float32 matmul measured in this process with the same threads.
 
-Peak RSS (``--peak``): each model and mode in a fresh subprocess (a warm-up step, the kernel's peak counter reset,
+Peak RSS (``--peak``): each model and mode in a fresh subprocess (warm-up steps, the kernel's peak counter reset,
 ``--steps`` more steps): the peak resident set size (VmHWM) in MiB.
 """
 
@@ -49,6 +53,7 @@ from _common import hf_config, reset_peak_rss, status_mib, timed
 
 from txl import TransformerXL, TransformerXLConfig
 from txl.config import TrainConfig
+from txl.model import KVCache
 from txl.train.optim import configure_optimizer
 
 
@@ -122,6 +127,12 @@ def gemm_flops(size: int = 2048, repeats: int = 7) -> float:
     return 2 * size**3 / min(timed(lambda: torch.mm(a, b)) for _ in range(repeats))
 
 
+def _warm_up_steps(shape: Shape) -> int:
+    """Steps before timing: at least 2, and enough for txl's memory to reach mem_len (Hugging Face starts from
+    M zeros), so that every timed step of both attends over M + T keys."""
+    return max(2, -(-shape.config.mem_len // shape.tgt_len) + 1)
+
+
 def _segments(shape: Shape, count: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [
@@ -139,14 +150,20 @@ class TxlRunner:
         self.optimizer = None
         if train and variant == "torch-adam":  # the reference's optimizer, for the same-optimizer ratio
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
-        elif (
-            train
-        ):  # what txl's trainer uses: AdamW (fused where supported), here without weight decay = Adam
+        elif train:  # what txl's trainer uses: AdamW (fused where supported); weight decay 0 makes it Adam
             self.optimizer = configure_optimizer(self.model, TrainConfig(lr=1e-4, weight_decay=0.0))
+        # Evaluation as txl.evaluate runs it: the memory's keys and values kept in a KVCache (float32, eager);
+        # the "recompute" variant (and bf16, compile) projects the whole memory again at every segment.
+        self.cache = None
+        if not train and variant == "eager":
+            self.cache = KVCache(shape.config, batch_size=shape.batch)
         self.train, self.memory = train, None
 
     def step(self, segment: torch.Tensor) -> None:
         inputs, targets = segment[:, :-1], segment[:, 1:]
+        if self.cache is not None:
+            self.forward(inputs, cache=self.cache, targets=targets)
+            return
         if not self.train:
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 self.memory = self.forward(inputs, memory=self.memory, targets=targets).memory
@@ -202,13 +219,14 @@ def compare(
     """Seconds of each step, for txl (and hf, and txl's ``variants``), taking turns step by step (the order flips
     every step), so that a change in the machine's load reaches all alike. ``repeats * steps`` steps each."""
     segments = _segments(shape, steps)
+    warm = _segments(shape, _warm_up_steps(shape))
     runners = {"txl": _runner("txl", shape, train=train)}
     if with_hf:
         runners["hf"] = _runner("hf", shape, train=train)
     for variant in variants:
         runners[f"txl:{variant}"] = _runner(f"txl:{variant}", shape, train=train)
     for runner in runners.values():
-        _run(runner, segments[:2])()  # warm up; fills txl's memory
+        _run(runner, warm)()  # warm up; fills txl's memory to mem_len
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     for index in range(repeats * steps):
         segment = segments[index % steps]
@@ -223,7 +241,7 @@ def profile_top(shape: Shape, *, steps: int, top: int = 10) -> list[dict]:
 
     runner = TxlRunner(shape, train=True)
     segments = _segments(shape, steps)
-    _run(runner, segments)()
+    _run(runner, _segments(shape, _warm_up_steps(shape)))()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         _run(runner, segments)()
     events = prof.key_averages()
@@ -238,10 +256,9 @@ def profile_top(shape: Shape, *, steps: int, top: int = 10) -> list[dict]:
 def peak_child(kind: str, name: str, mode: str, steps: int) -> None:
     shape = _shape(name)
     runner = _runner(kind, shape, train=mode == "train")
-    segments = _segments(shape, steps + 1)
-    runner.step(segments[0])
+    _run(runner, _segments(shape, _warm_up_steps(shape)))()  # memory at mem_len
     reset_peak_rss()
-    _run(runner, segments[1:])()
+    _run(runner, _segments(shape, steps))()
     print(json.dumps({"peak_rss_mib": round(status_mib("VmHWM"), 1)}))
 
 
@@ -336,14 +353,17 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="",
-        help="txl variants timed alongside: bf16 (autocast), compile, torch-adam (the reference's optimizer)",
+        help="txl variants timed alongside: bf16 (autocast), compile, torch-adam (the reference's optimizer), "
+        "recompute (evaluation projecting the whole memory at every segment)",
     )
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
     for variant in variants:
-        if variant not in ("bf16", "compile", "torch-adam"):
-            parser.error(f"--variants: unknown variant {variant!r} (choose from bf16, compile, torch-adam)")
+        if variant not in ("bf16", "compile", "torch-adam", "recompute"):
+            parser.error(
+                f"--variants: unknown variant {variant!r} (choose from bf16, compile, torch-adam, recompute)"
+            )
     torch.set_num_threads(args.threads)
     if args.peak_child:
         kind, name, mode = args.peak_child.split(",")

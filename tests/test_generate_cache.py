@@ -187,12 +187,12 @@ def test_decoding_projects_only_the_new_position():
     cache = KVCache(model.config, batch_size=2)
     with torch.inference_mode():
         model(_prompt(p=40), cache=cache, last_only=True)
-        assert calls == [65, 40]  # the cache's table for distances 64..0, then the prompt chunk's own
+        assert calls == [40, 65]  # the prompt chunk's distances, then the cache's table for distances 64..0
         recorder = _LinearRows()
         with recorder:
             for _ in range(20):
                 model(torch.zeros(2, 1, dtype=torch.long), cache=cache, last_only=True)
-    assert calls == [65, 40] and recorder.rows and max(recorder.rows) == 2
+    assert calls == [40, 65] and recorder.rows and max(recorder.rows) == 2
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
@@ -395,3 +395,45 @@ def test_outputs_are_ordinary_tensors_usable_for_training():
     out.loss.mean().backward()
     assert model.u.grad is not None
     assert isinstance(gen.memory, Memory)
+
+
+# -- evaluation through the cache -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variant", "span", "tgt_len"),
+    [
+        ("post_norm", Span(mem_len=12), 5),
+        ("post_norm", Span(mem_len=3), 7),  # memory shorter than a segment
+        ("pre_norm_same_length_clamp", Span(mem_len=9, clamp_len=4, same_length=True), 6),
+        ("adaptive", Span(mem_len=20), 4),
+    ],
+)
+def test_evaluation_reusing_keys_equals_recomputing_them(variant, span, tgt_len):
+    """evaluate() with the key/value cache (the default) gives the losses of forward with a memory, segment by
+    segment, for every stream; the last batch is shorter and padded."""
+    from txl.evaluate import evaluate
+
+    model = _model(torch.float64, **VARIANTS[variant])
+    tokens = torch.randint(0, V, (203,), generator=torch.Generator().manual_seed(5))
+    cached = evaluate(model, tokens, batch_size=3, tgt_len=tgt_len, span=span)
+    plain = evaluate(model, tokens, batch_size=3, tgt_len=tgt_len, span=span, reuse_keys=False)
+    assert cached.tokens == plain.tokens == 202
+    assert cached.loss == pytest.approx(plain.loss, abs=1e-12)
+
+
+def test_cache_with_targets_gives_forward_losses():
+    model = _model(torch.float64)
+    tokens = torch.randint(0, V, (2, 31), generator=torch.Generator().manual_seed(6))
+    cache, memory = KVCache(model.config, batch_size=2, dtype=torch.float64), None
+    for start in range(0, 30, 6):
+        x, y = tokens[:, start : start + 6], tokens[:, start + 1 : start + 7]
+        want = model(x, memory=memory, targets=y)
+        got = model(x, cache=cache, targets=y)
+        memory = want.memory
+        assert got.logits is None
+        torch.testing.assert_close(got.loss, want.loss, atol=1e-12, rtol=0)
+    one = model(tokens[:, 30:31], cache=cache, targets=tokens[:, 30:31], return_logits=True)
+    want = model(tokens[:, 30:31], memory=memory, targets=tokens[:, 30:31], return_logits=True)
+    torch.testing.assert_close(one.loss, want.loss, atol=1e-12, rtol=0)
+    torch.testing.assert_close(one.logits, want.logits, atol=1e-12, rtol=0)

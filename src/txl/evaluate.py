@@ -19,7 +19,7 @@ from .config import Span, eval_span, first_set
 from .data import SegmentStream, prepare_data
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
-from .model import TransformerXL
+from .model import KVCache, TransformerXL
 from .runs import load_run
 
 __all__ = ["EvalResult", "evaluate", "evaluate_run", "metrics_from_loss"]
@@ -58,12 +58,19 @@ def evaluate(
     progress: bool = False,
     desc: str = "eval",
     group: Distributed = SINGLE,
+    reuse_keys: bool = True,
 ) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
     its stream, carrying memory across segments. ``span`` sets the memory length, clamp and same-length
     attention (default: the model's). ``max_tokens`` limits evaluation to a prefix. Under data parallelism
     (``group``) every process reads its rows (streams) of each batch, with their memory, and the loss sums
-    and token counts are added up over the processes: the figure is the one process's."""
+    and token counts are added up over the processes: the figure is the one process's.
+
+    ``reuse_keys``: a Transformer-XL evaluated in float32 keeps the keys and values of the remembered positions
+    in a :class:`~txl.model.KVCache` (computed once, when the position was in the current segment) instead of
+    projecting the whole memory again at every segment, as generation does; the losses are the same up to
+    float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
+    projections. False recomputes them, as training does (where the weights change between segments)."""
     rows = group.rows(batch_size, field="eval.batch_size")
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
@@ -77,13 +84,23 @@ def evaluate(
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     memory = None
+    span = model.config.span if span is None else span
+    cache = None
+    param = next(model.parameters())
+    if reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32":
+        cache = KVCache(
+            model.config, batch_size=rows.stop - rows.start, span=span, dtype=param.dtype, device=device
+        )
     try:
         for batch in tqdm(
             stream, total=stream.n_batches, desc=desc, disable=not progress or not group.is_main, leave=False
         ):
             batch = batch.select(rows).to(device)  # (B/N, T): this process's streams
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
+                if cache is not None:
+                    out = model(batch.inputs, cache=cache, targets=batch.targets)
+                else:
+                    out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
             loss = out.loss.double()  # (B, T)
             if batch.mask is not None:
                 loss = loss * batch.mask

@@ -208,8 +208,9 @@ class KVCache:
         self.layers = tuple(LayerCache(self, i) for i in range(n))
 
     def bind(self, model: TransformerXL) -> None:
-        """Fill in what depends on the weights: the distance table and the keys and values of the memory the
-        cache was built with. Called by the model the first time it gets this cache."""
+        """Fill in what depends on the weights: the keys and values of the memory the cache was built with
+        (the decoding tables follow when first needed: :meth:`prepare_tables`). Called by the model the first
+        time it gets this cache."""
         if self.model is model:
             return
         if self.model is not None:
@@ -227,10 +228,6 @@ class KVCache:
                 f"the cache holds {self.hidden.dtype} on {self.hidden.device}, the model's weights are "
                 f"{param.dtype} on {param.device}"
             )
-        tables = model.decoding_tables(
-            reach=self.reach, clamp_len=self.span.clamp_len, batch_size=self.batch_size
-        )
-        self.prepared, self.output = list(tables.steps), tables.output
         with torch.no_grad():
             for index, layer in enumerate(model.layers):
                 state = self.hidden[index, :, self.start : self.end]  # (B, M, D)
@@ -238,6 +235,16 @@ class KVCache:
                 self.kv[index, 0, :, :, self.start : self.end] = k
                 self.kv[index, 1, :, :, self.start : self.end] = v
         self.model = model
+
+    def prepare_tables(self) -> None:
+        """Fetch the bound model's decoding tables (:meth:`TransformerXL.decoding_tables`) the first time the
+        one-position path or the output layout is needed: a cache that only evaluates segments needs neither."""
+        if self.prepared or self.output is not None or self.model is None:
+            return
+        tables = self.model.decoding_tables(
+            reach=self.reach, clamp_len=self.span.clamp_len, batch_size=self.batch_size
+        )
+        self.prepared, self.output = list(tables.steps), tables.output
 
     @property
     def length(self) -> int:

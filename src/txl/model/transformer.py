@@ -188,6 +188,8 @@ class TransformerXL(nn.Module):
                 targets=targets,
                 last_only=last_only,
                 return_hidden=return_hidden,
+                return_logits=return_logits,
+                ignore_index=ignore_index,
             )
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
@@ -283,6 +285,7 @@ class TransformerXL(nn.Module):
     def _step_contexts(self, cache: KVCache) -> list[LayerStep]:
         """Contexts for one query against the cache: the projected distances of the keys in view, no mask.
         With ``same_length`` and a full memory the oldest key is out of view (``attention_mask``'s rule)."""
+        cache.prepare_tables()
         span = cache.span
         k = cache.length + 1
         if span.same_length:
@@ -308,9 +311,12 @@ class TransformerXL(nn.Module):
         targets: Tensor | None,
         last_only: bool,
         return_hidden: bool,
+        return_logits: bool | None = None,
+        ignore_index: int = -100,
     ) -> ModelOutput:
         """forward() against a key/value cache: T new positions, after the cache's memory. No gradients: the
-        cache keeps values, not a graph (it serves generation; training takes whole segments and a memory)."""
+        cache keeps values, not a graph (it serves generation and evaluation; training takes whole segments
+        and a memory). With targets, the per-token losses as :meth:`forward` gives them."""
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self._forward_cached(
@@ -321,15 +327,23 @@ class TransformerXL(nn.Module):
                     targets=targets,
                     last_only=last_only,
                     return_hidden=return_hidden,
+                    return_logits=return_logits,
+                    ignore_index=ignore_index,
                 )
-        if memory is not None or targets is not None:
-            raise ValueError("with a cache, pass no memory (the cache holds it) and no targets")
+        if memory is not None:
+            raise ValueError("with a cache, pass no memory (the cache holds it)")
+        if last_only and targets is not None:
+            raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         if span is not None and span != cache.span:
             raise ValueError(f"the cache was built for {cache.span}, not {span}")
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
             raise ValueError(
                 f"tokens must be (batch, time) with the cache's {cache.batch_size} rows, "
                 f"got shape {tuple(tokens.shape)}"
+            )
+        if targets is not None and targets.shape != tokens.shape:
+            raise ValueError(
+                f"targets {tuple(targets.shape)} must have the shape of tokens {tuple(tokens.shape)}"
             )
         if cache.model is not self:
             cache.bind(self)
@@ -347,26 +361,30 @@ class TransformerXL(nn.Module):
             cache.advance(1)
             if self.norm is not None:
                 h = self.norm(h)
-            logits = self._cached_log_probs(h, cache)[:, None]  # (B, 1, V)
-            return ModelOutput(
-                logits=logits, loss=None, memory=None, hidden=h[:, None] if return_hidden else None
+            h = h[:, None]  # (B, 1, D)
+        else:
+            h = self.drop(h)
+            cache.view_start = cache.start
+            contexts = self._relative_contexts(
+                t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype
             )
-        h = self.drop(h)
-        cache.view_start = cache.start
-        contexts = self._relative_contexts(
-            t, cache.length, span=cache.span, device=tokens.device, dtype=h.dtype
-        )
-        for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
-            layer_cache.store_input(h)
-            h = layer(h, context=context, cache=layer_cache)
-        cache.advance(t)
-        h = self.drop(h if self.norm is None else self.norm(h))
-        last = h[:, -1] if last_only else h.reshape(b * t, -1)  # (B, D) or (B*T, D)
-        logits = self._cached_log_probs(last, cache).view(b, -1, self.config.vocab_size)  # (B, T', V)
-        return ModelOutput(logits=logits, loss=None, memory=None, hidden=h if return_hidden else None)
+            for layer, context, layer_cache in zip(self.layers, contexts, cache.layers, strict=True):
+                layer_cache.store_input(h)
+                h = layer(h, context=context, cache=layer_cache)
+            cache.advance(t)
+            h = self.drop(h if self.norm is None else self.norm(h))  # (B, T, D)
+        loss = logits = None
+        if targets is not None:
+            flat = h.reshape(b * t, -1)  # (B*T, D)
+            loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
+        if targets is None or return_logits:
+            last = h[:, -1] if last_only else h.reshape(b * t, -1)  # (B, D) or (B*T, D)
+            logits = self._cached_log_probs(last, cache).view(b, -1, self.config.vocab_size)  # (B, T', V)
+        return ModelOutput(logits=logits, loss=loss, memory=None, hidden=h if return_hidden else None)
 
     def _cached_log_probs(self, hidden: Tensor, cache: KVCache) -> Tensor:
         """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
+        cache.prepare_tables()
         if cache.output is None:
             return self.softmax.log_prob(hidden)
         scores = cache.output.scores(
