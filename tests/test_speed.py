@@ -46,10 +46,10 @@ def test_linear_cross_entropy_equals_cross_entropy_of_linear(small_blocks, bias)
         torch.testing.assert_close(g_got, g_expected, rtol=0, atol=1e-12)
 
 
-def test_kept_logits_buffers_are_reused_safely_across_steps_and_pending_graphs(small_blocks):
-    """The kept logits live in reused buffers: three steps in a row, then two graphs pending at once (the
-    second forward before the first backward, backwards in reverse order), each equal to the plain loss and
-    gradients; sizes change between calls (a smaller and a larger problem reuse or replace the buffers)."""
+def test_linear_cross_entropy_across_steps_and_pending_graphs(small_blocks):
+    """Steps in a row with changing sizes, then two graphs pending at once (the second forward before the
+    first backward, backwards in reverse order): each equals the plain loss and gradients, so nothing one
+    call keeps for its backward is shared with another."""
     g = torch.Generator().manual_seed(2)
 
     def problem(n, v):

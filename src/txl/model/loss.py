@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["linear_cross_entropy", "free_kept_buffers"]
+__all__ = ["linear_cross_entropy"]
 
 CHUNK_ELEMENTS = 1 << 19
 """On the CPU, about this many logits per block (2 MiB in float32, cache-sized): classes per block =
@@ -32,45 +32,8 @@ ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 its kernel launches, so few large blocks (the wt103-base head, 9,000 rows x 20,003 classes, in 3 blocks)."""
 
 
-KEPT_BUFFERS = 4
-"""Free buffers of kept logits remembered per device and dtype (see :func:`_take_buffer`)."""
-
-_free_buffers: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
-
-
-def _take_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A flat buffer of at least ``numel`` elements for the logits that training keeps from forward to backward
-    (N x V numbers, 40 MB at N = 1024, V = 10k). On the CPU a fresh buffer that size comes from ``mmap`` and
-    every page of it faults in when first written: measured, that made writing the kept logits 6x slower than
-    writing a reused buffer (0.67 vs 0.11 ms per 1024 x 512 block, about 11 ms of a 130 ms training step).
-    Backward gives the buffer back (:func:`_give_back`), so the next step writes into memory already mapped."""
-    free = _free_buffers.get((device, dtype), [])
-    fits = [i for i, b in enumerate(free) if b.numel() >= numel]
-    if fits:
-        return free.pop(min(fits, key=lambda i: free[i].numel()))[:numel]
-    return torch.empty(numel, dtype=dtype, device=device)
-
-
-def _give_back(buffer: Tensor) -> None:
-    """Remember a buffer of :func:`_take_buffer` for the next step (at most :data:`KEPT_BUFFERS`, the largest)."""
-    base = buffer if buffer._base is None else buffer._base
-    free = _free_buffers.setdefault((base.device, base.dtype), [])
-    free.append(base)
-    free.sort(key=Tensor.numel, reverse=True)
-    del free[KEPT_BUFFERS:]
-
-
-def free_kept_buffers() -> None:
-    """Forget the remembered buffers (they are otherwise kept for the life of the process)."""
-    _free_buffers.clear()
-
-
-def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
-    """(C, E) x (V, E) -> float32 (or float64) logits (C, V), into ``out`` when given (same dtype as hidden)."""
-    if out is not None:
-        if bias is None:
-            return torch.mm(hidden, weight.t(), out=out)
-        return torch.addmm(bias, hidden, weight.t(), out=out)
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """(C, E) x (V, E) -> float32 (or float64) logits (C, V)."""
     logits = hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
@@ -93,18 +56,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((n, 1), dtype=acc, device=hidden.device)  # running sum of exp(logit - top)
         picked = torch.zeros(n, dtype=acc, device=hidden.device)  # the target's logit
         kept = []  # with keep (gradients needed), the logits of each block, for backward
-        # On the CPU the kept blocks are written into one reused buffer, block after block (see _take_buffer).
-        pooled = (
-            keep and hidden.device.type == "cpu" and hidden.dtype == acc and not torch.compiler.is_compiling()
-        )
-        buffer = _take_buffer(n * v, acc, hidden.device) if pooled else None
         for s in range(0, v, cols):
-            c = min(cols, v - s)
             logits = _chunk_logits(
                 hidden,
                 weight[s : s + cols],
                 None if bias is None else bias[s : s + cols],
-                out=None if buffer is None else buffer[n * s : n * (s + c)].view(n, c),
             )  # (N, C)
             inside = (target >= s) & (target < s + logits.shape[1])
             local = (target - s).clamp(0, logits.shape[1] - 1)
@@ -118,7 +74,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, target, valid, lse)
         ctx.cols = cols
         ctx.kept = kept
-        ctx.buffer = buffer
         return (lse - picked) * valid
 
     @staticmethod
@@ -155,9 +110,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_h:
                 grad_h.addmm_(probs, weight[s : s + cols].to(acc))
         ctx.kept = None
-        if ctx.buffer is not None:
-            _give_back(ctx.buffer)
-            ctx.buffer = None
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
