@@ -83,7 +83,9 @@ class AdaptiveEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         if len(self.emb_layers) == 1:
-            emb = self.emb_layers[0](tokens)  # (B, T, E)
+            emb = F.embedding(tokens, self.emb_layers[0].weight)  # (B, T, E), as the plain nn.Embedding
+            if not self.emb_projs:  # one table of size D (decoding embeds one token per step: few calls)
+                return emb * self.scale
             proj = self.projection(0)
             if proj is not None:
                 emb = F.linear(emb, proj)  # (B, T, D)

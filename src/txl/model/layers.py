@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
@@ -104,7 +103,7 @@ class DecoderLayer(nn.Module):
         """One new position per row against the cache, in eval mode: x (B, D) -> (B, D). The maths of
         :meth:`forward` with weights laid out ahead and functions instead of module calls: decoding one token
         at a time, the per-call overhead is a visible share of a token's time."""
-        attend, ff, norm = self.attn.forward_one, FeedForward.forward_one, F.layer_norm
+        attend, ff, norm = self.attn.forward_one, FeedForward.forward_one, torch.layer_norm  # no wrapper
         if self.pre_norm:
             x = attend(norm(x, *prepared.attn_norm), context=prepared.attention, cache=cache, residual=x)
             return x + ff(norm(x, *prepared.ff_norm), prepared.ff)
