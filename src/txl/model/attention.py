@@ -201,11 +201,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         """W_R R: sinusoids of distances (K, D) -> this layer's projected distances (H, Dh, K)."""
         return self.r_net(pos).reshape(-1, self.n_head, self.d_head).permute(1, 2, 0)  # (H, Dh, K)
 
-    def position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor) -> Tensor:
-        """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K)."""
-        by_distance = (q + v_bias[:, None, :]) @ self.project_distances(
-            pos
-        )  # (B, H, T, K), column m = distance K-1-m
+    def position_term(self, q: Tensor, pos: Tensor, v_bias: Tensor, *, scale: float = 1.0) -> Tensor:
+        """Terms (b) + (d): (q_i + v)·W_R R_{i-j} for all i, j, shape (B, H, T, K), times ``scale``."""
+        q_v = q + v_bias[:, None, :] if scale == 1.0 else (q + v_bias[:, None, :]) * scale  # (B, H, T, Dh)
+        by_distance = q_v @ self.project_distances(pos)  # (B, H, T, K), column m = distance K-1-m
         return rel_shift(by_distance)
 
     def scores(self, x: Tensor, *, memory: Tensor | None, context: RelativeContext) -> Tensor:
@@ -256,25 +255,21 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
         if q.device.type != "cpu":
             return self.attend_fused(q, k, v, context)
-        # On the CPU: the four terms in one baddbmm, scaled, masked in place, then softmax and values. With a
-        # bias that needs a gradient, scaled_dot_product_attention takes its unfused path there, which
-        # scales, adds and copies the (B, H, T, K) scores a few more times (measured: about 4% of a training
-        # step at benchmarks/train_eval.py's small shape).
+        # On the CPU: the four terms in one baddbmm, masked in place, then softmax and values. With a bias that
+        # needs a gradient, scaled_dot_product_attention takes its unfused path there, which scales, adds and
+        # copies the (B, H, T, K) scores a few more times (measured: about 4% of a training step at
+        # benchmarks/train_eval.py's small shape). The scale goes on the (B, H, T, Dh) queries, 1/4 of the
+        # scores' size at K = 2T, so that baddbmm's backward needs no scaling pass over (B, H, T, K).
         b, h, t, dh = q.shape
         kk = k.shape[2]
-        position = self.position_term(
-            q, context.pos, context.v
-        )  # (B, H, T, K): terms (b)+(d), a strided view
-        content_q = (q + context.u[:, None, :]).reshape(b * h, t, dh)  # (B*H, T, Dh)
+        position = self.position_term(q, context.pos, context.v, scale=self.scale)  # (B, H, T, K), a view
+        content_q = ((q + context.u[:, None, :]) * self.scale).reshape(b * h, t, dh)  # (B*H, T, Dh)
         score = torch.baddbmm(
-            position.reshape(b * h, t, kk),
-            content_q,
-            k.reshape(b * h, kk, dh).transpose(1, 2),
-            beta=self.scale,
-            alpha=self.scale,
+            position.reshape(b * h, t, kk), content_q, k.reshape(b * h, kk, dh).transpose(1, 2)
         )  # (B*H, T, K): ((a)+(c) + (b)+(d)) / sqrt(Dh)
-        score = score.masked_fill_(context.mask, float("-inf")).view(b, h, t, kk)  # in place on the base
-        attn = F.dropout(torch.softmax(score, dim=-1), self.dropatt, self.training)
+        with torch.no_grad():  # masked entries get probability 0, so their gradient is 0 without autograd's
+            score.masked_fill_(context.mask, float("-inf"))  # masked_fill backward (a copy of the scores)
+        attn = F.dropout(torch.softmax(score.view(b, h, t, kk), dim=-1), self.dropatt, self.training)
         return attn @ v  # (B, H, T, Dh)
 
     def attend_fused(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext) -> Tensor:
