@@ -86,10 +86,10 @@ def evaluate(
     memory = None
     span = model.config.span if span is None else span
     cache = None
-    param = next(model.parameters())
     if reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32":
+        dtype = next(model.parameters()).dtype
         cache = KVCache(
-            model.config, batch_size=rows.stop - rows.start, span=span, dtype=param.dtype, device=device
+            model.config, batch_size=rows.stop - rows.start, span=span, dtype=dtype, device=device
         )
     try:
         for batch in tqdm(

@@ -16,7 +16,8 @@ by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
 Incremental decoding passes a :class:`~txl.model.cache.LayerCache`: the memory's keys and values are then
 read from the cache (projected once, when their positions were new) instead of being projected again. For
 one new position (:meth:`RelativeMultiHeadAttention.forward_one`) a :class:`OneQueryContext` carries the
-distance table ``W_R R`` projected once per model and memory length (:meth:`~txl.model.TransformerXL.decoding_tables`). The maths is the same.
+distance table ``W_R R`` projected once per model and memory length
+(:meth:`~txl.model.TransformerXL.decoding_tables`). The maths is the same.
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ class RelativeContext:
 @dataclass(frozen=True)
 class OneQueryContext:
     """What relative attention needs for one new position per row against a key/value cache (incremental
-    decoding), prepared once per model and settings by :meth:`RelativeMultiHeadAttention.prepare_one` and sliced to the K
-    keys in view. A single query needs no shift and no mask (``same_length`` leaves the oldest key out of view).
+    decoding), prepared once per model and settings by :meth:`RelativeMultiHeadAttention.prepare_one` and
+    sliced to the K keys in view. A single query needs no shift and no mask (``same_length`` leaves the oldest key out of view).
 
     rel: (B*H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 (clamped), one copy
     per batch row so that one batched matmul scores every head of every row; q_bias: (3*H*Dh,) ``[u | 0 | 0]``,

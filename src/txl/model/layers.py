@@ -91,7 +91,8 @@ class DecoderLayer(nn.Module):
         return self.ff_norm(x + self.ff(x))
 
     def prepare_step(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerStep:
-        """What :meth:`step` needs, prepared once per model and settings (:meth:`~txl.model.TransformerXL.decoding_tables`): see :class:`LayerStep`."""
+        """What :meth:`step` needs, prepared once per model and settings
+        (:meth:`~txl.model.TransformerXL.decoding_tables`): see :class:`LayerStep`."""
         return LayerStep(
             attention=self.attn.prepare_one(pos, u=u, v=v, batch_size=batch_size),
             ff=self.ff.prepare_one(),

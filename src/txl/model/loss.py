@@ -58,9 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         kept = []  # with keep (gradients needed), the logits of each block, for backward
         for s in range(0, v, cols):
             logits = _chunk_logits(
-                hidden,
-                weight[s : s + cols],
-                None if bias is None else bias[s : s + cols],
+                hidden, weight[s : s + cols], None if bias is None else bias[s : s + cols]
             )  # (N, C)
             inside = (target >= s) & (target < s + logits.shape[1])
             local = (target - s).clamp(0, logits.shape[1] - 1)

@@ -179,6 +179,8 @@ class TransformerXL(nn.Module):
         keys and values of remembered positions come from it, this segment's are appended and the window
         slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache, but
         computes no gradients."""
+        if last_only and targets is not None:
+            raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         if cache is not None:
             return self._forward_cached(
                 tokens,
@@ -191,15 +193,11 @@ class TransformerXL(nn.Module):
                 return_logits=return_logits,
                 ignore_index=ignore_index,
             )
-        if last_only and targets is not None:
-            raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         self._check_inputs(tokens, memory, targets)
         h, new_memory = self.hidden_states(tokens, memory=memory, span=span)
         b, t = tokens.shape
-        loss = logits = None
-        if targets is not None:
-            flat = h.reshape(b * t, -1)  # (B*T, D)
-            loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
+        loss = None if targets is None else self._token_losses(h, targets, ignore_index=ignore_index)
+        logits = None
         if targets is None or return_logits:
             last = h[:, -1:] if last_only else h  # (B, T', D)
             logits = self.softmax.log_prob(last.reshape(-1, self.config.d_model)).view(
@@ -332,8 +330,6 @@ class TransformerXL(nn.Module):
                 )
         if memory is not None:
             raise ValueError("with a cache, pass no memory (the cache holds it)")
-        if last_only and targets is not None:
-            raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         if span is not None and span != cache.span:
             raise ValueError(f"the cache was built for {cache.span}, not {span}")
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
@@ -373,14 +369,18 @@ class TransformerXL(nn.Module):
                 h = layer(h, context=context, cache=layer_cache)
             cache.advance(t)
             h = self.drop(h if self.norm is None else self.norm(h))  # (B, T, D)
-        loss = logits = None
-        if targets is not None:
-            flat = h.reshape(b * t, -1)  # (B*T, D)
-            loss = self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
+        loss = None if targets is None else self._token_losses(h, targets, ignore_index=ignore_index)
+        logits = None
         if targets is None or return_logits:
             last = h[:, -1] if last_only else h.reshape(b * t, -1)  # (B, D) or (B*T, D)
             logits = self._cached_log_probs(last, cache).view(b, -1, self.config.vocab_size)  # (B, T', V)
         return ModelOutput(logits=logits, loss=loss, memory=None, hidden=h if return_hidden else None)
+
+    def _token_losses(self, h: Tensor, targets: Tensor, *, ignore_index: int) -> Tensor:
+        """Per-token negative log-likelihood (B, T) of targets (B, T) under final hidden states h (B, T, D)."""
+        b, t = targets.shape
+        flat = h.reshape(b * t, -1)  # (B*T, D)
+        return self.softmax.nll(flat, targets.reshape(-1), ignore_index=ignore_index).view(b, t)  # (B, T)
 
     def _cached_log_probs(self, hidden: Tensor, cache: KVCache) -> Tensor:
         """Log-probabilities (N, V) of final hidden states (N, D), with the output weight the cache prepared."""
