@@ -99,6 +99,7 @@ ROWS = {
         ["convert", "RUN", "OUT"],
         ["RUN", "txl run folder", "--from hf", "--from original"],
     ),
+    # the cache: 2 layers x 125,000,000 slots x (32 + 2 x 2 x 16) x 4 bytes = 89.4 GiB
     "generate a memory too long": (
         ["generate", "RUN", "--prompt", "ROMEO:", "--mem-len", "100000000", "--max-new-tokens", "5"],
         ["--mem-len 100000000", "89.4 GiB", "1 GiB is available", "lower --mem-len"],
@@ -236,10 +237,15 @@ def test_available_bytes_reads_meminfo():
     ("argv", "fragments"),
     [
         (
+            # the cache: 2 layers x 32 rows x 125,000,000 slots x (32 + 2 x 2 x 16) x 4 bytes = 2.79 TiB
+            ["eval", "RUN", "--mem-len", "100000000"],
+            ["--batch-size 32 --tgt-len 64 --mem-len 100000000", "2.79 TiB", "lower --batch-size"],
+        ),
+        (  # 10^9 tokens x 8 bytes
             ["generate", "RUN", "--max-new-tokens", "1000000000"],
             ["--max-new-tokens 1000000000", "7.45 GiB", "lower --max-new-tokens"],
         ),
-        (
+        (  # 2 layers x 64 rows x 2 heads x 4096 x (4096 + 16) x 4 bytes, + the memory 2 x 64 x 16 x 32 x 4
             [
                 "train",
                 "--config",

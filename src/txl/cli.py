@@ -163,7 +163,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "started by torchrun; leave --nproc out under torchrun"
         )
     try:
-        _check_training_fits(config, processes=group.world_size)
+        _check_training_fits(config, group=group)
         if args.resume:
             summary = resume(
                 Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group
@@ -180,13 +180,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_training_fits(config: Any, *, processes: int) -> None:
+def _check_training_fits(config: Any, *, group: Any) -> None:
     """Refuse a training segment whose buffers cannot fit in this process's device, naming the fields."""
-    from .device import resolve_device
     from .limits import check_fits, segment_bytes
 
     train, model = config.train, config.model
-    rows = max(1, train.batch_size // (processes * train.accum_steps))  # rows of one forward in one process
+    rows = max(1, train.batch_size // (group.world_size * train.accum_steps))  # one forward of one process
     mem_len = model.mem_len if model.attention == "relative" else 0
     need = segment_bytes(model, batch=rows, tgt_len=train.tgt_len, mem_len=mem_len, training=True)
     check_fits(
@@ -194,7 +193,33 @@ def _check_training_fits(config: Any, *, processes: int) -> None:
         setting=f"train.batch_size {train.batch_size}, train.tgt_len {train.tgt_len}, model.mem_len {mem_len}",
         what=f"the attention of {model.n_layer} layers over {rows} rows of {train.tgt_len} + {mem_len} keys",
         lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps (--set)",
-        device=resolve_device(train.device),
+        device=group.device(train.device),
+    )
+
+
+def _check_eval_fits(args: argparse.Namespace) -> None:
+    """Refuse an evaluation memory, segment or batch whose buffers cannot fit, before loading the weights
+    (the lengths resolved as :func:`~txl.evaluate.evaluate_run` resolves them)."""
+    from .config import eval_span, first_set
+    from .device import resolve_device
+    from .limits import cache_bytes, check_fits, segment_bytes
+    from .runs import load_run_config
+
+    config = load_run_config(Path(args.run_dir))
+    mem_len = eval_span(config, mem_len=args.mem_len).mem_len
+    tgt_len = first_set(args.tgt_len, config.eval.tgt_len, config.train.tgt_len)
+    batch = first_set(args.batch_size, config.eval.batch_size)
+    if not all(isinstance(v, int) for v in (mem_len, tgt_len, batch)):
+        return
+    need = segment_bytes(config.model, batch=batch, tgt_len=tgt_len, mem_len=mem_len)
+    if mem_len > 0:
+        need = max(need, cache_bytes(config.model, batch=batch, mem_len=mem_len))
+    check_fits(
+        need,
+        setting=f"--batch-size {batch} --tgt-len {tgt_len} --mem-len {mem_len}",
+        what=f"the memory and attention of {config.model.n_layer} layers, d_model {config.model.d_model}",
+        lower="--batch-size, --tgt-len or --mem-len",
+        device=resolve_device(args.device),
     )
 
 
@@ -205,6 +230,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.mem_len == 0 and args.same_length:
         raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     with _library_warnings(args):
+        _check_eval_fits(args)
         record = evaluate_run(
             args.run_dir,
             split=args.split,
