@@ -206,7 +206,8 @@ def _check_eval_fits(args: argparse.Namespace) -> None:
     from .runs import load_run_config
 
     config = load_run_config(Path(args.run_dir))
-    mem_len = eval_span(config, mem_len=args.mem_len).mem_len
+    lengths = _given(args, "mem_len", "clamp_len", "same_length")
+    mem_len = eval_span(config, **lengths).mem_len
     tgt_len = first_set(args.tgt_len, config.eval.tgt_len, config.train.tgt_len)
     batch = first_set(args.batch_size, config.eval.batch_size)
     if not all(isinstance(v, int) for v in (mem_len, tgt_len, batch)):
@@ -1085,6 +1086,8 @@ _LOWER = {
     "analyze": "--batch-size, --tgt-len, --mem-len or --lengths",
     "compare": "train.batch_size or train.tgt_len (--set)",
     "demo": "the memory in use by other programs (the demo's sizes are fixed)",
+    "convert": "the memory in use by other programs (the whole checkpoint is read at once)",
+    "data": "the memory in use by other programs",
 }
 """What to lower, per command, when an allocation fails deep inside."""
 
