@@ -245,7 +245,8 @@ def test_available_bytes_reads_meminfo():
             ["generate", "RUN", "--max-new-tokens", "1000000000"],
             ["--max-new-tokens 1000000000", "7.45 GiB", "lower --max-new-tokens"],
         ),
-        (  # 2 layers x 64 rows x 2 heads x 4096 x (4096 + 16) x 4 bytes, + the memory 2 x 64 x 16 x 32 x 4
+        # Sizes that no machine here could allocate at all: a check that let them through fails at once
+        (  # 2 layers x 64 rows x 2 heads x 10^6 x (10^6 + 16) x 4 bytes, + the memory 2 x 64 x 16 x 32 x 4
             [
                 "train",
                 "--config",
@@ -255,13 +256,14 @@ def test_available_bytes_reads_meminfo():
                 "--set",
                 "train.batch_size=64",
                 "--set",
-                "train.tgt_len=4096",
+                "train.tgt_len=1000000",
             ],
-            ["train.batch_size 64, train.tgt_len 4096, model.mem_len 16", "16.1 GiB", "train.accum_steps"],
+            ["train.batch_size 64, train.tgt_len 1000000, model.mem_len 16", "931 TiB", "train.accum_steps"],
         ),
+        # the memory 2 layers x 2 rows x 10^9 x 32, + one layer's attention 2 x 2 heads x 8 x (10^9 + 8), x 4 bytes
         (
-            ["export", "RUN", "--out", "OUT.onnx", "--tgt-len", "8192", "--mem-len", "8192"],
-            ["--tgt-len 8192 --mem-len 8192"],
+            ["export", "RUN", "--out", "OUT.onnx", "--tgt-len", "8", "--mem-len", "1000000000"],
+            ["--tgt-len 8 --mem-len 1000000000", "596 GiB", "lower --tgt-len or --mem-len"],
         ),
     ],
 )
@@ -284,9 +286,8 @@ def test_sizes_that_fit_go_on(trained_run, capsys, little_memory):
 
 
 def test_convert_unreadable_sources_say_what_is_expected(tmp_path, trained_run, capsys):
-    half = (
-        tmp_path / "half"
-    )  # a txl config.json and vocabulary, no checkpoints: read as a Hugging Face folder
+    # a txl config.json and vocabulary, no checkpoints: read as a Hugging Face folder
+    half = tmp_path / "half"
     half.mkdir()
     for name in ("config.json", "vocab.json"):
         shutil.copy(trained_run / name, half / name)
