@@ -1,6 +1,8 @@
 """``txl <command>``: parses arguments, calls the library, prints. Errors a user can fix, bad flags included,
-are printed as one line (``txl: error: ...``) with exit status 2; a run stopped by SIGINT or SIGTERM saves a
-checkpoint, says so in a ``txl: note: ...`` line and exits with 128 + the signal number.
+are printed as one line (``txl: error: ...``) with exit status 2, and so are an operating-system error and
+running out of memory (``txl --debug`` or ``TXL_DEBUG=1`` adds the traceback); every command that writes checks
+its output path before it starts. A run stopped by SIGINT or SIGTERM saves a checkpoint, says so in a
+``txl: note: ...`` line and exits with 128 + the signal number.
 
     txl demo                                     # no corpus needed: trains XL and vanilla on Python's stdlib
     txl train --config shakespeare-char --out runs/shakespeare
@@ -20,6 +22,7 @@ import math
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +32,7 @@ from typing import Any, NoReturn
 from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
 from .errors import TxlError, TxlWarning
+from .files import OutputKind, check_output
 
 __all__ = ["main", "build_parser"]
 
@@ -159,6 +163,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "started by torchrun; leave --nproc out under torchrun"
         )
     try:
+        _check_training_fits(config, group=group)
         if args.resume:
             summary = resume(
                 Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group
@@ -175,6 +180,50 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_training_fits(config: Any, *, group: Any) -> None:
+    """Refuse a training segment whose buffers cannot fit in this process's device, naming the fields."""
+    from .limits import check_fits, segment_bytes
+
+    train, model = config.train, config.model
+    rows = max(1, train.batch_size // (group.world_size * train.accum_steps))  # one forward of one process
+    mem_len = model.mem_len if model.attention == "relative" else 0
+    need = segment_bytes(model, batch=rows, tgt_len=train.tgt_len, mem_len=mem_len, training=True)
+    check_fits(
+        need,
+        setting=f"train.batch_size {train.batch_size}, train.tgt_len {train.tgt_len}, model.mem_len {mem_len}",
+        what=f"the attention of {model.n_layer} layers over {rows} rows of {train.tgt_len} + {mem_len} keys",
+        lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps (--set)",
+        device=group.device(train.device),
+    )
+
+
+def _check_eval_fits(args: argparse.Namespace) -> None:
+    """Refuse an evaluation memory, segment or batch whose buffers cannot fit, before loading the weights
+    (the lengths resolved as :func:`~txl.evaluate.evaluate_run` resolves them)."""
+    from .config import eval_span, first_set
+    from .device import resolve_device
+    from .limits import cache_bytes, check_fits, segment_bytes
+    from .runs import load_run_config
+
+    config = load_run_config(Path(args.run_dir))
+    lengths = _given(args, "mem_len", "clamp_len", "same_length")
+    mem_len = eval_span(config, **lengths).mem_len
+    tgt_len = first_set(args.tgt_len, config.eval.tgt_len, config.train.tgt_len)
+    batch = first_set(args.batch_size, config.eval.batch_size)
+    if not all(isinstance(v, int) for v in (mem_len, tgt_len, batch)):
+        return
+    need = segment_bytes(config.model, batch=batch, tgt_len=tgt_len, mem_len=mem_len)
+    if mem_len > 0:
+        need = max(need, cache_bytes(config.model, batch=batch, mem_len=mem_len))
+    check_fits(
+        need,
+        setting=f"--batch-size {batch} --tgt-len {tgt_len} --mem-len {mem_len}",
+        what=f"the memory and attention of {config.model.n_layer} layers, d_model {config.model.d_model}",
+        lower="--batch-size, --tgt-len or --mem-len",
+        device=resolve_device(args.device),
+    )
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_run
 
@@ -182,6 +231,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.mem_len == 0 and args.same_length:
         raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     with _library_warnings(args):
+        _check_eval_fits(args)
         record = evaluate_run(
             args.run_dir,
             split=args.split,
@@ -231,6 +281,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
+    """Refuse a memory or generation length whose buffers cannot fit, before the first token."""
+    from .limits import TOKEN_BYTES, cache_bytes, check_fits
+
+    model = run.config.model
+    param = next(run.model.parameters())
+    mem_len = model.mem_len if args.mem_len is None else args.mem_len
+    if model.attention == "relative" and mem_len > 0:
+        setting = f"--mem-len {mem_len}" if args.mem_len is not None else f"the model's mem_len {mem_len}"
+        check_fits(
+            cache_bytes(model, batch=1, mem_len=mem_len, dtype_bytes=param.element_size()),
+            setting=setting,
+            what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
+            lower="--mem-len",
+            device=param.device,
+        )
+    new = run.config.generate.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    check_fits(
+        new * TOKEN_BYTES,
+        setting=f"--max-new-tokens {new}",
+        what="the tokens of one sample",
+        lower="--max-new-tokens",
+    )
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .generate import generate_from_run
     from .runs import load_run
@@ -238,6 +313,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _generate_prompt(args)
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    _check_generation_fits(args, run)
     shown = -1  # the sample being streamed
 
     def header(index: int) -> None:
@@ -307,6 +383,9 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from .data import CORPUS_NAMES, DOWNLOADS, GENERATED_CORPUS_NAMES, data_search_dirs, download_corpus
 
     if args.data_command == "download":
+        from .data.download import default_download_dir
+
+        check_output(Path(args.dest) if args.dest else default_download_dir(), flag="--dest")
         folder = download_corpus(
             args.name,
             dest=Path(args.dest) if args.dest else None,
@@ -353,10 +432,28 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_export_fits(args: argparse.Namespace) -> None:
+    """Refuse an exported segment or memory whose example buffers cannot fit, before loading the model."""
+    from .export import EXAMPLE_BATCH
+    from .limits import check_fits, segment_bytes
+    from .runs import load_run_config
+
+    config = load_run_config(Path(args.run_dir))
+    tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
+    mem_len = config.model.mem_len if args.mem_len is None else args.mem_len
+    check_fits(
+        segment_bytes(config.model, batch=EXAMPLE_BATCH, tgt_len=tgt_len, mem_len=mem_len),
+        setting=f"--tgt-len {tgt_len} --mem-len {mem_len}",
+        what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.model.n_layer} layers)",
+        lower="--tgt-len or --mem-len",
+    )
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_onnx
 
     _device(args.device)
+    _check_export_fits(args)
     result = export_onnx(
         Path(args.run_dir),
         Path(args.out),
@@ -410,12 +507,14 @@ def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
         "--cutoffs", help="--from original, div_val 1: the adaptive softmax cutoffs, e.g. 20000,40000,200000"
     )
     p.add_argument("--overwrite", action="store_true", help="replace a run already in DST")
+    p.set_defaults(writes=(("dst", "DST", "folder"),))
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("export", help="a run's model as ONNX, with the memory as inputs and outputs")
     p.add_argument("run_dir")
     p.add_argument("--format", choices=("onnx",), default="onnx", help="onnx (the only format)")
     p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.set_defaults(writes=(("out", "--out", "file"),))
     p.add_argument(
         "--tgt-len", type=_positive_int, help="segment length traced (default: the run's eval tgt_len)"
     )
@@ -619,6 +718,7 @@ def _add_output_options(p: argparse.ArgumentParser, *, default_out: str | None) 
         + (f" (default: {default_out})" if default_out else ""),
     )
     p.add_argument("--no-plots", action="store_true", help="write results.json only (no matplotlib needed)")
+    p.set_defaults(writes=(("out", "--out", "folder"),))
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -777,6 +877,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="txl", description="Transformer-XL language modelling.")
     parser.add_argument("--version", action="version", version=f"txl {__version__}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="with an operating-system error or out of memory, print the Python traceback too, for a bug "
+        "report (default: off; TXL_DEBUG=1 does the same)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     checkpoint_help = (
         "which checkpoint: best (default; latest when the run has no best), latest, "
@@ -794,6 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="run folder to create")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(writes=(("out", "--out", "folder"), ("resume", "--resume", "folder")))
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -930,6 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         "about this many minutes per model (the result then follows this machine's speed)",
     )
     p.add_argument("--overwrite", action="store_true", default=True, help=argparse.SUPPRESS)
+    p.set_defaults(writes=(("out", "--out", "folder"),))
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_demo)
 
@@ -969,6 +1077,48 @@ def _rank() -> int | None:
     return int(os.environ.get("RANK", "0")) if under_torchrun() else None
 
 
+_LOWER = {
+    "train": "train.batch_size, train.tgt_len or model.mem_len (--set), or raise train.accum_steps",
+    "eval": "--batch-size, --tgt-len or --mem-len",
+    "generate": "--mem-len or --max-new-tokens",
+    "serve": "the requests' max_tokens (--max-tokens-limit)",
+    "export": "--tgt-len or --mem-len",
+    "analyze": "--batch-size, --tgt-len, --mem-len or --lengths",
+    "compare": "train.batch_size or train.tgt_len (--set)",
+    "demo": "the memory in use by other programs (the demo's sizes are fixed)",
+    "convert": "the memory in use by other programs (the whole checkpoint is read at once)",
+    "data": "the memory in use by other programs",
+}
+"""What to lower, per command, when an allocation fails deep inside."""
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Check every output path the command writes (declared as ``writes``: attribute, flag, kind) before any
+    work starts: one ``txl: error:`` line naming the flag and the path, and nothing made."""
+    kind: OutputKind
+    for name, flag, kind in getattr(args, "writes", ()):
+        value = getattr(args, name, None)
+        if value is not None:
+            check_output(value, flag=flag, kind=kind)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: MemoryError, or PyTorch's CPU or CUDA allocator."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """``[Errno 28] No space left on device: 'runs/x/metrics.jsonl'`` -> ``runs/x/metrics.jsonl: no space
+    left on device``."""
+    if exc.filename is None:
+        return str(exc)
+    names = str(exc.filename) + ("" if exc.filename2 is None else f" -> {exc.filename2}")
+    return f"{names}: {(exc.strerror or str(exc)).lower()}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -978,6 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"txl: error: {exc}", file=sys.stderr)
         return 2
     args.argv = argv
+    debug = args.debug or os.environ.get("TXL_DEBUG", "") not in ("", "0")
     rank = _rank()
     where = "" if rank is None else f"[rank {rank}] "  # under torchrun: which process says it
     try:
@@ -986,6 +1137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rank:  # the same warnings come from every process: rank 0 says them
                 warnings.simplefilter("ignore", TxlWarning)
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            _check_outputs(args)
             return args.func(args)
     except TxlError as exc:
         from .train.trainer import Interrupted
@@ -997,7 +1149,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
+        if debug:
+            traceback.print_exc()
         print(f"txl: error: {where}{exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a file system gone read-only, ... after the start
+        if debug:
+            traceback.print_exc()
+        print(f"txl: error: {where}{_os_error_line(exc)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        if debug:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lower = _LOWER.get(args.command, "the lengths and batch sizes")
+        print(f"txl: error: {where}out of memory ({first}); lower {lower}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("txl: interrupted", file=sys.stderr)

@@ -21,13 +21,29 @@ from .config import (
     config_to_dict,
 )
 from .data.vocab import Vocab
-from .errors import CheckpointError
+from .errors import CheckpointError, TxlError
 from .interop import load_hf, load_hf_vocab, load_original, read_hf_config
 from .runs import check_new_run_dir, clear_run, save_run_config
 
 __all__ = ["Source", "convert", "detect_source"]
 
 Source = Literal["original", "hf"]
+
+EXPECTED = (
+    "--from hf takes a Hugging Face TransfoXL folder (config.json, pytorch_model.bin or model.safetensors, "
+    "vocab.pkl), --from original a state_dict file of the authors' code"
+)
+"""What ``txl convert`` reads, said whenever a source is not that."""
+
+
+def _refuse_txl_run(src: Path) -> None:
+    """A txl run folder (or a file in one) given as the source: it needs no conversion."""
+    folder = src if src.is_dir() else src.parent
+    if (folder / "config.json").is_file() and (folder / "checkpoints").is_dir():
+        raise CheckpointError(
+            f"{src} is a txl run folder, which txl eval and txl generate read as it is; "
+            f"convert expects another checkpoint: {EXPECTED}"
+        )
 
 
 def detect_source(src: Path) -> Source:
@@ -37,7 +53,7 @@ def detect_source(src: Path) -> Source:
         return "hf"
     if src.is_file():
         return "original"
-    raise CheckpointError(f"{src}: neither a Hugging Face folder (with config.json) nor a state_dict file")
+    raise CheckpointError(f"{src}: neither a Hugging Face folder (with config.json) nor a file; {EXPECTED}")
 
 
 def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
@@ -75,24 +91,33 @@ def convert(
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
     if not src.exists():
         raise CheckpointError(f"checkpoint not found: {src}")
+    _refuse_txl_run(src)
     source = source or detect_source(src)
     paths = check_new_run_dir(dst, overwrite=overwrite)
-    words = _load_vocab(src, None if vocab is None else Path(vocab).expanduser())
-    if source == "hf":
-        model = load_hf(src)
-        tgt_len = tgt_len or read_hf_config(src).get("tgt_len") or 128
-    else:
-        if mem_len is None:
-            raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
-        model = load_original(
-            src,
-            pre_norm=pre_norm,
-            mem_len=mem_len,
-            same_length=bool(same_length),
-            clamp_len=clamp_len,
-            cutoffs=cutoffs,
-        )
-        tgt_len = tgt_len or 128
+    if source == "original" and mem_len is None:
+        raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
+    try:
+        words = _load_vocab(src, None if vocab is None else Path(vocab).expanduser())
+        if source == "hf":
+            model = load_hf(src)
+            tgt_len = tgt_len or read_hf_config(src).get("tgt_len") or 128
+        else:
+            model = load_original(
+                src,
+                pre_norm=pre_norm,
+                mem_len=mem_len,
+                same_length=bool(same_length),
+                clamp_len=clamp_len,
+                cutoffs=cutoffs,
+            )
+            tgt_len = tgt_len or 128
+    except TxlError:
+        raise
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, OSError) as exc:
+        what = "folder" if src.is_dir() else "file"
+        raise CheckpointError(
+            f"{src}: cannot read this {what} as --from {source} ({type(exc).__name__}: {exc}); {EXPECTED}"
+        ) from None
     model = model.float()
     if len(words) != model.config.vocab_size:
         raise CheckpointError(f"the vocabulary has {len(words)} symbols, the model {model.config.vocab_size}")

@@ -3,7 +3,15 @@ what to do; the CLI prints it and exits with a non-zero status."""
 
 from __future__ import annotations
 
-__all__ = ["TxlError", "CheckpointError", "CorpusError", "RunError", "TxlWarning"]
+__all__ = [
+    "TxlError",
+    "CheckpointError",
+    "CorpusError",
+    "RunError",
+    "OutputPathError",
+    "SizeError",
+    "TxlWarning",
+]
 
 
 class TxlError(ValueError):
@@ -20,6 +28,16 @@ class CorpusError(TxlError):
 
 class RunError(TxlError):
     """A run folder that cannot be used as asked (it holds another run, it has no checkpoint, ...)."""
+
+
+class OutputPathError(TxlError):
+    """An output path that cannot be written: under a file, on a read-only file system, not permitted, on a
+    full disk, a folder where a file is wanted. The message names the flag and the path."""
+
+
+class SizeError(TxlError):
+    """A length or batch whose buffers cannot fit in the memory available; the message names the setting, the
+    bytes it needs and what to lower."""
 
 
 class TxlWarning(UserWarning):

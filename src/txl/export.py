@@ -12,6 +12,7 @@ from zeros (as Hugging Face's TransfoXL does), or from the memory of a txl run. 
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -25,7 +26,18 @@ from .config import Span
 from .errors import TxlError
 from .model import Memory, TransformerXL
 
-__all__ = ["ExportError", "SegmentStep", "export_model", "export_onnx", "check_onnx", "onnxruntime_session"]
+__all__ = [
+    "ExportError",
+    "SegmentStep",
+    "export_model",
+    "export_onnx",
+    "check_onnx",
+    "onnxruntime_session",
+    "EXAMPLE_BATCH",
+]
+
+EXAMPLE_BATCH = 2
+"""Rows of the example input the graph is traced with (the exported batch is dynamic)."""
 
 
 class ExportError(TxlError):
@@ -52,10 +64,18 @@ def _names(n_layer: int) -> tuple[list[str], list[str]]:
 
 
 def export_model(
-    model: TransformerXL, out: str | Path, *, tgt_len: int, mem_len: int, batch_size: int = 2, opset: int = 18
+    model: TransformerXL,
+    out: str | Path,
+    *,
+    tgt_len: int,
+    mem_len: int,
+    batch_size: int = EXAMPLE_BATCH,
+    opset: int = 18,
 ) -> Path:
     """Write ``model`` (relative attention, with memory) as ONNX to ``out``: segments of ``tgt_len`` tokens
-    after a memory of ``mem_len`` positions (its clamp and same-length setting are the model's)."""
+    after a memory of ``mem_len`` positions (its clamp and same-length setting are the model's). The file is
+    written under a temporary name next to ``out`` and renamed into place, so a failed export leaves nothing
+    and never half replaces an older file."""
     cfg = model.config
     if cfg.attention != "relative":
         raise ExportError(
@@ -75,13 +95,14 @@ def export_model(
     dynamic = {"tokens": {0: batch}, "memory": tuple({0: batch} for _ in range(cfg.n_layer))}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
     with torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
                 step,
                 (tokens, *memory),
-                str(out),
+                str(partial),
                 input_names=inputs,
                 output_names=outputs,
                 dynamic_shapes=dynamic,
@@ -89,12 +110,16 @@ def export_model(
                 dynamo=True,
                 external_data=False,
             )
-        except ImportError as exc:
-            raise ExportError(
-                f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
-            ) from None
+        except BaseException as exc:
+            partial.unlink(missing_ok=True)
+            if isinstance(exc, ImportError):
+                raise ExportError(
+                    f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
+                ) from None
+            raise
         finally:
             model.train(was_training)
+    os.replace(partial, out)
     return out
 
 

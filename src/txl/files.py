@@ -1,19 +1,35 @@
 """Atomic file writes: the one helper every file txl writes goes through (run files, vocabularies, encoded
 splits, reports). A file is written under a temporary name in its folder, flushed to disk and renamed into
 place, so a reader or a killed writer never sees half a file. Folders (checkpoints) are made atomic by
-``txl.checkpoint`` with the same write-then-rename idea.
+``txl.checkpoint`` with the same write-then-rename idea. Also the one check of an output path that every
+writing command makes before it starts (:func:`check_output`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
-__all__ = ["atomic_open", "atomic_write_text"]
+from .errors import OutputPathError
+
+__all__ = ["atomic_open", "atomic_write_text", "check_output", "OutputKind"]
+
+OutputKind = Literal["folder", "file"]
+"""What an output path names: a folder txl fills (a run, a report) or one file it writes (an ONNX model)."""
+
+_REASONS = {
+    errno.EROFS: "is on a read-only file system",
+    errno.EACCES: "is not writable (permission denied)",
+    errno.EPERM: "is not writable (operation not permitted)",
+    errno.ENOSPC: "has no space left on its device",
+    errno.EDQUOT: "has no space left (disk quota exceeded)",
+}
 
 
 @contextmanager
@@ -39,3 +55,47 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write a UTF-8 text file atomically (see :func:`atomic_open`)."""
     with atomic_open(path) as fh:
         fh.write(text)
+
+
+def _existing_ancestor(path: Path, *, flag: str) -> Path:
+    """The deepest existing folder of ``path`` (``path`` itself when it is one); refuses a file on the way."""
+    base = path
+    while not base.exists():
+        if base == base.parent:
+            break
+        base = base.parent
+    if base.exists() and not base.is_dir():
+        what = "exists and is not a folder" if base == path else f"is under {base}, which is a file"
+        raise OutputPathError(f"{flag} {path}: {what}")
+    return base
+
+
+def check_output(path: str | os.PathLike[str], *, flag: str, kind: OutputKind = "folder") -> Path:
+    """Refuse, before any work starts, an output ``path`` that the command given ``flag`` could not write.
+
+    ``kind="folder"``: a folder to create or fill; ``kind="file"``: one file, written next to its name. The
+    deepest existing folder on the way (the path itself, or the folder to create it in) must be a folder on
+    a writable file system where this process may create entries, with space left: a probe (a folder when
+    the path is still to be made, else a file) is created there and removed at once, so that nothing is left
+    behind. Each failure is an :class:`~txl.errors.OutputPathError` whose one line names the flag and the
+    path (``--out /mnt/ro/run: /mnt/ro is on a read-only file system``). Returns the path."""
+    path = Path(path).expanduser()
+    if kind == "file" and path.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a folder; give the name of the file to write")
+    target = path if kind == "folder" else path.parent
+    base = _existing_ancestor(target, flag=flag)
+    where = "" if base == path else f"{base} "
+    try:
+        if base == target:
+            fd, probe = tempfile.mkstemp(prefix=".txl-probe-", dir=base)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            shutil.rmtree(tempfile.mkdtemp(prefix=".txl-probe-", dir=base))
+        free = os.statvfs(base)
+    except OSError as exc:
+        reason = _REASONS.get(exc.errno, f"cannot be written ({exc.strerror or exc})")
+        raise OutputPathError(f"{flag} {path}: {where}{reason}") from None
+    if free.f_blocks > 0 and free.f_bavail == 0:
+        raise OutputPathError(f"{flag} {path}: {where}{_REASONS[errno.ENOSPC]}")
+    return path

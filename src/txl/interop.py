@@ -230,7 +230,7 @@ def load_original(
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
         raise CheckpointError(
-            f"{path}: not a readable torch state_dict ({type(exc).__name__}: {exc})"
+            f"{path}: not a readable torch state_dict ({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
@@ -267,6 +267,12 @@ def _hf_folder(path: str | Path) -> Path:
     return folder
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error from another library (torch.load's run to a page), for a one-line message."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _read_weight_file(path: Path) -> dict[str, Tensor]:
     try:
         if path.suffix == ".safetensors":
@@ -275,7 +281,9 @@ def _read_weight_file(path: Path) -> dict[str, Tensor]:
             return load_file(str(path), device="cpu")
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise CheckpointError(f"{path}: not readable weights ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"{path}: not readable weights ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     return dict(state)
