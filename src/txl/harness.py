@@ -26,6 +26,7 @@ from torch import nn
 from .config import ConfigError, Span, eval_span, first_set
 from .errors import TxlError
 from .generate import PAD_ID, TextStream, stream
+from .model import KVCache
 from .runs import load_run
 
 
@@ -104,9 +105,11 @@ def _score_rows(
 ) -> list[_RowScores]:
     """Score tokens 1..L-1 of every row (each row at least 2 tokens) given those before it, all rows together:
     segments of ``tgt_len`` inputs, each attending over the memory of the previous segments of its row
-    (``span.mem_len``; 0 reads each segment alone). Rows are right-padded to the longest; a causal model never
-    looks ahead, so padding changes no real position's score, and a row leaves the batch (with its memory)
-    after its last segment."""
+    (``span.mem_len``; 0 reads each segment alone). With memory, a :class:`~txl.model.KVCache` keeps the keys
+    and values of the remembered positions, projected once, as :func:`txl.evaluate.evaluate` does (the same
+    losses as passing the memory, up to float rounding). Rows are right-padded to the longest; a causal model
+    never looks ahead, so padding changes no real position's score, and a row leaves the batch (with its
+    memory) after its last segment."""
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r]))  # longest first: finished rows at the end
     lengths = [len(rows[r]) - 1 for r in order]  # targets per row
     device = next(model.parameters()).device
@@ -120,24 +123,24 @@ def _score_rows(
     inputs, targets = inputs.to(device), targets.to(device)
     losses = torch.zeros((len(rows), width), dtype=torch.float64)
     hits = torch.zeros((len(rows), width), dtype=torch.bool)
-    memory = None
+    cache = None
+    cached = model.config.attention == "relative" and span.mem_len > 0
+    dtype = next(model.parameters()).dtype
     for start in range(0, width, tgt_len):
         live = sum(n > start for n in lengths)  # rows that still have targets here (a prefix)
-        if memory is not None and memory.batch_size != live:
-            memory = memory.select(slice(0, live))
+        if cached and (cache is None or cache.batch_size != live):
+            kept = None if cache is None else cache.memory()
+            kept = None if kept is None else kept.select(slice(0, live))
+            cache = KVCache(model.config, batch_size=live, span=span, memory=kept, dtype=dtype, device=device)
         stop = min(start + tgt_len, width)
         seg_targets = targets[:live, start:stop]  # (B', T)
-        out = model(
-            inputs[:live, start:stop],
-            memory=memory,
-            targets=seg_targets,
-            span=span,
-            return_logits=greedy,
-        )
+        if cached:
+            out = model(inputs[:live, start:stop], cache=cache, targets=seg_targets, return_logits=greedy)
+        else:
+            out = model(inputs[:live, start:stop], targets=seg_targets, span=span, return_logits=greedy)
         losses[:live, start:stop] = out.loss.double().cpu()
         if greedy:
             hits[:live, start:stop] = (out.logits.argmax(dim=-1) == seg_targets).cpu()  # logits (B', T, V)
-        memory = out.memory if span.mem_len > 0 else None
     result: list[_RowScores | None] = [None] * len(rows)
     for b, r in enumerate(order):
         result[r] = _RowScores(
