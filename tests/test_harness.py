@@ -241,6 +241,11 @@ def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capsy
     assert record["results"]["txl_wikitext_local"]["word_perplexity,none"] == pytest.approx(
         math.exp(-total / words), rel=1e-5
     )
+    # --metadata (here through task_manager) picks another split: the 6 articles of wiki.valid.tokens
+    from txl.harness import task_manager
+
+    loaded = task_manager(metadata={"split": "valid"}).load(["txl_wikitext_local"])["tasks"]
+    assert len(loaded["txl_wikitext_local"].dataset["test"]) == 6
 
 
 def test_bad_model_args_and_flags_are_one_line_errors(trained_run, capsys):

@@ -64,11 +64,12 @@ IGNORE = -100
 """The target id of padding positions, whose loss the model sets to 0 (``ignore_index``)."""
 
 
-def task_manager(include_path: Sequence[str | Path] = ()) -> Any:
-    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added."""
+def task_manager(include_path: Sequence[str | Path] = (), *, metadata: dict[str, Any] | None = None) -> Any:
+    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added;
+    ``metadata`` goes to every task it loads (over the task's own)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(TASKS_DIR), *(str(p) for p in include_path)])
+    return TaskManager(include_path=[str(TASKS_DIR), *(str(p) for p in include_path)], metadata=metadata)
 
 
 def start_token(vocab: Any) -> int:
@@ -419,7 +420,7 @@ def run_tasks(lm: TxlLM, settings: HarnessSettings) -> dict[str, Any]:
     (``results`` per task, ``configs``, ...), or raises TxlError naming an unknown task."""
     from lm_eval import simple_evaluate
 
-    manager = task_manager(settings.include_path)
+    manager = task_manager(settings.include_path, metadata=settings.metadata)
     known = {*manager.all_tasks, *manager.all_groups, *manager.all_tags}
     unknown = [name for name in settings.tasks if name not in known]
     if unknown:
