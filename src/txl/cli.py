@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
 from .errors import TxlError, TxlWarning
+from .threads import at_launch
 
 __all__ = ["main", "build_parser"]
 
@@ -970,6 +971,7 @@ def _rank() -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    at_launch()  # the thread policy, while torch is not imported yet (this module must not import it)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
