@@ -3,9 +3,9 @@ chosen before torch starts its thread pool. It imports no torch; library use cha
 
 OpenMP (libgomp, which PyTorch's CPU builds use) reads ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` once, when
 torch is imported. With its default wait policy an idle worker thread spins for a while before it sleeps; when
-another process holds a core, every parallel region then waits for a thread that is not running, and training
-was measured 6 to 9 times slower than with ``OMP_WAIT_POLICY=PASSIVE`` on a shared 2-core machine
-(``docs/benchmarks.md``). So ``txl ...``, ``python -m txl`` and the torchrun workers set, unless the user did:
+another process holds a core, every parallel region then waits for a thread that is not running: on a 2-core
+machine with two competing processes, training was measured 10 times slower than with
+``OMP_WAIT_POLICY=PASSIVE``, and generation at batch 1 84 times (``benchmarks/threads.py``). So ``txl ...``, ``python -m txl`` and the torchrun workers set, unless the user did:
 
 - ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once;
 - ``OMP_NUM_THREADS``: the cores this process may use (the physical cores of its CPU affinity, capped by a
