@@ -147,6 +147,10 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
     )
     out = _python(code)
     assert out.stdout.split() == ["False", "True"], out.stderr
+    code = (
+        "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluate.evaluate))"  # as the README does
+    )
+    assert _python(code).stdout.split() == ["KVCache", "True"]
 
 
 def test_every_public_name_resolves_to_its_module():
@@ -160,11 +164,13 @@ def test_every_public_name_resolves_to_its_module():
             "EvalConfig",
             "GenerateConfig",
             "RunConfig",
+            "Span",
+            "ConfigError",
+            "load_config",
         ),
         model: ("TransformerXL", "ModelOutput", "Memory", "update_memory"),
         threads: ("configure_threads",),
     }
-    names[config] += ("Span", "ConfigError", "load_config")
     for module, exported in names.items():
         for name in exported:
             assert getattr(txl, name) is getattr(module, name), name

@@ -12,6 +12,7 @@ points choose the thread policy (:mod:`txl.threads`) before torch starts its thr
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,8 +71,12 @@ __all__ = [  # the names of _EXPORTS (a literal list, for linters and type check
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name on first use and keep it in the module's namespace."""
+    """Import a public name on first use and keep it in the module's namespace; a subpackage or module
+    (``txl.model``, ``txl.evaluate``) is imported on first use too, as ``import txl`` once made them
+    reachable."""
     where = _EXPORTS.get(name)
+    if where is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        where = f".{name}"
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(where, __name__)
