@@ -13,10 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
-from txl import RunConfig, TransformerXLConfig
-from txl.config import apply_overrides, load_config
+from txl.threads import configure_threads
+
+# The thread policy of txl's commands for this process and the txl processes it starts, before torch loads:
+# on a busy machine, OpenMP threads that spin instead of sleeping made the suite several times slower.
+configure_threads()
+
+import torch  # noqa: E402
+
+from txl import RunConfig, TransformerXLConfig  # noqa: E402
+from txl.config import apply_overrides, load_config  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SHARED_DATA = Path(os.environ.get("TXL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

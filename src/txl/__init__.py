@@ -4,25 +4,54 @@ import torch, txl
 model = txl.TransformerXL(txl.TransformerXLConfig(vocab_size=256))
 out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
 out = model(next_tokens, memory=out.memory, targets=next_targets)
+
+The names below are imported when first used (PEP 562), so ``import txl`` does not import torch: txl's entry
+points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool.
 """
 
-from . import interop
-from .config import (
-    ConfigError,
-    DataConfig,
-    EvalConfig,
-    GenerateConfig,
-    RunConfig,
-    Span,
-    TrainConfig,
-    TransformerXLConfig,
-    load_config,
-)
-from .model import Memory, ModelOutput, TransformerXL, update_memory
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import interop
+    from .config import (
+        ConfigError,
+        DataConfig,
+        EvalConfig,
+        GenerateConfig,
+        RunConfig,
+        Span,
+        TrainConfig,
+        TransformerXLConfig,
+        load_config,
+    )
+    from .model import Memory, ModelOutput, TransformerXL, update_memory
+    from .threads import configure_threads
 
 __version__ = "0.1.0"
 
-__all__ = [
+_EXPORTS = {  # public name -> the module that defines it (a module's own name: the module itself)
+    "TransformerXLConfig": ".config",
+    "DataConfig": ".config",
+    "TrainConfig": ".config",
+    "EvalConfig": ".config",
+    "GenerateConfig": ".config",
+    "RunConfig": ".config",
+    "Span": ".config",
+    "ConfigError": ".config",
+    "load_config": ".config",
+    "TransformerXL": ".model",
+    "ModelOutput": ".model",
+    "Memory": ".model",
+    "update_memory": ".model",
+    "interop": ".interop",
+    "configure_threads": ".threads",
+}
+
+__all__ = [  # the names of _EXPORTS (a literal list, for linters and type checkers)
     "TransformerXLConfig",
     "DataConfig",
     "TrainConfig",
@@ -37,4 +66,24 @@ __all__ = [
     "Memory",
     "update_memory",
     "interop",
+    "configure_threads",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use and keep it in the module's namespace; a subpackage or module
+    (``txl.model``, ``txl.evaluate``) is imported on first use too, as ``import txl`` once made them
+    reachable."""
+    where = _EXPORTS.get(name)
+    if where is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        where = f".{name}"
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(where, __name__)
+    value = module if where == f".{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

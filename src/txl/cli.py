@@ -33,6 +33,7 @@ from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
 from .errors import TxlError, TxlWarning
 from .files import OutputKind, check_output
+from .threads import at_launch
 
 __all__ = ["main", "build_parser"]
 
@@ -1239,6 +1240,7 @@ def _os_error_line(exc: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    at_launch()  # the thread policy, while torch is not imported yet (this module must not import it)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

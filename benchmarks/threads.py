@@ -1,0 +1,188 @@
+"""Thread policies side by side, with and without competing processes (issue 23); prints one JSON line per mode
+and load, then a summary line.
+
+    PYTHONPATH=src python3 benchmarks/threads.py                                  # what docs/benchmarks.md shows
+    PYTHONPATH=src python3 benchmarks/threads.py --loads 0 --repeats 5            # a quiet machine only
+
+Policies, each in a fresh process started with no ``OMP_*`` variables of this shell:
+- ``txl``: txl's choice (``txl.configure_threads()`` before torch is imported, as ``txl ...`` does);
+- ``torch``: PyTorch's default (its own thread count, OpenMP's default wait policy);
+- ``one``: ``OMP_NUM_THREADS=1``.
+
+Modes: ``train``, the small config of ``benchmarks/train_eval.py`` (vocab 10k full softmax, 4 layers, d_model 128,
+4 heads x 32, d_inner 512, segment 64, memory 64, batch 16; forward, backward, txl's AdamW step), tokens/s = B*T
+over the median step time after the warm-up steps; ``generate``, greedy decoding at batch 1 with the sizes of
+``benchmarks/generate.py`` (memory 64, a full memory before the 64-token prompt), tokens/s of the median chunk
+of ``--gen-tokens`` new tokens. Each worker times ``--steps`` steps (or chunks), fewer when ``--max-seconds``
+runs out (at least 2): the slowest policy under load would otherwise take minutes per run.
+
+Load: ``--loads 0 2`` runs every policy without and with 2 competing CPU-bound processes (``while True: pass``),
+started before and stopped after each block. Rounds (``--repeats``) alternate the loads and rotate the order of
+the policies; each figure is the median over the rounds. ``txl_vs_one``, ``txl_vs_torch`` are ratios of the
+medians; ``txl_vs_fastest`` is txl's median over the best policy's. The load average (``os.getloadavg``) is
+recorded before and after each block: other work on the machine counts too, so say what it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+POLICIES = ("txl", "torch", "one")
+MODES = ("train", "generate")
+_CLEARED = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GOMP_SPINCOUNT", "TXL_THREADS_CHOSEN")
+
+
+def _policy_env(policy: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    if policy == "one":
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _median_rate(step, *, count: int, steps: int, max_seconds: float) -> tuple[float, int]:
+    """``count`` items per call of ``step``: items/s over the median call time, and how many calls were timed."""
+    times: list[float] = []
+    deadline = time.perf_counter() + max_seconds
+    while len(times) < steps and (len(times) < 2 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return count / statistics.median(times), len(times)
+
+
+def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
+    """One policy in this fresh process: apply it, then import torch and time ``mode``."""
+    if policy == "txl":
+        from txl.threads import configure_threads
+
+        configure_threads()
+    import torch
+
+    from txl import Span
+
+    if mode == "train":
+        from train_eval import TxlRunner, _segments, _shape, _warm_up_steps
+
+        shape = _shape("small")
+        runner = TxlRunner(shape, train=True)
+        warm = _warm_up_steps(shape)
+        segments = iter(_segments(shape, warm + args.steps))
+        for _ in range(warm):
+            runner.step(next(segments))
+        rate, timed = _median_rate(
+            lambda: runner.step(next(segments)),
+            count=shape.batch * shape.tgt_len,
+            steps=args.steps,
+            max_seconds=args.max_seconds,
+        )
+    else:
+        from generate import SIZES, full_memory, txl_model
+
+        from txl.generate import generate
+
+        torch.manual_seed(0)
+        model = txl_model(64)
+        memory = full_memory(model, 64)
+        prompt = torch.randint(
+            0, SIZES["vocab"], (1, SIZES["prompt"]), generator=torch.Generator().manual_seed(2)
+        )
+
+        def chunk(new: int = args.gen_tokens) -> None:
+            generate(model, prompt, max_new_tokens=new, temperature=0, span=Span(mem_len=64), memory=memory)
+
+        chunk(4)  # warm-up: decoding tables, first calls
+        rate, timed = _median_rate(
+            chunk, count=args.gen_tokens, steps=args.steps, max_seconds=args.max_seconds
+        )
+    return {"tokens_per_s": rate, "timed": timed, "threads": torch.get_num_threads()}
+
+
+def _run_worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--worker", mode, "--policy", policy]
+    command += ["--steps", str(args.steps), "--max-seconds", str(args.max_seconds)]
+    command += ["--gen-tokens", str(args.gen_tokens)]
+    out = subprocess.run(command, capture_output=True, text=True, env=_policy_env(policy), check=False)
+    if out.returncode:
+        raise SystemExit(f"worker {mode}/{policy} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _start_load(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _stop_load(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--loads", nargs="+", type=int, default=[0, 2], help="competing processes (default: 0 2)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds; each figure is their median (default: 3)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=10, help="timed steps or chunks per worker (default: 10)"
+    )
+    parser.add_argument("--max-seconds", type=float, default=8.0, help="time budget per worker (default: 8)")
+    parser.add_argument(
+        "--gen-tokens", type=int, default=50, help="new tokens per generation chunk (default: 50)"
+    )
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--policy", choices=POLICIES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.policy, args)))
+        return
+
+    runs: dict[tuple[str, int], dict[str, list[dict]]] = {}
+    loadavg: dict[tuple[str, int], list[list[float]]] = {}
+    for round_ in range(args.repeats):
+        for mode in args.modes:
+            for load in args.loads if round_ % 2 == 0 else reversed(args.loads):
+                order = POLICIES[round_ % 3 :] + POLICIES[: round_ % 3]
+                procs = _start_load(load)
+                try:
+                    time.sleep(0.5 if load else 0)  # let the competing processes get going
+                    before = os.getloadavg()[0]
+                    for policy in order:
+                        result = _run_worker(mode, policy, args)
+                        runs.setdefault((mode, load), {}).setdefault(policy, []).append(result)
+                    loadavg.setdefault((mode, load), []).append(
+                        [round(before, 2), round(os.getloadavg()[0], 2)]
+                    )
+                finally:
+                    _stop_load(procs)
+    summary = []
+    for (mode, load), by_policy in runs.items():
+        medians = {p: statistics.median(r["tokens_per_s"] for r in by_policy[p]) for p in POLICIES}
+        line = {
+            "mode": mode,
+            "competing_processes": load,
+            "tokens_per_s": {p: round(v, 1) for p, v in medians.items()},
+            "runs": {p: [round(r["tokens_per_s"], 1) for r in by_policy[p]] for p in POLICIES},
+            "threads": {p: by_policy[p][0]["threads"] for p in POLICIES},
+            "txl_vs_one": round(medians["txl"] / medians["one"], 3),
+            "txl_vs_torch": round(medians["txl"] / medians["torch"], 3),
+            "txl_vs_fastest": round(medians["txl"] / max(medians.values()), 3),
+            "loadavg_1min_before_after": loadavg[(mode, load)],
+        }
+        summary.append(line)
+        print(json.dumps(line), flush=True)
+    print(json.dumps({"cpus": len(os.sched_getaffinity(0)), "repeats": args.repeats, "steps": args.steps}))
+
+
+if __name__ == "__main__":
+    main()

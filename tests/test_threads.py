@@ -1,0 +1,275 @@
+"""The thread policy (issue 23): the pure choice against constructed environments, the cgroup and topology
+readers against constructed trees, ``import txl`` without torch, and what OpenMP itself read in a ``txl``
+process (libgomp's ``OMP_DISPLAY_ENV`` report), with and without the user's own settings."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import txl
+from txl.threads import (
+    CHOSEN_VAR,
+    ThreadSettings,
+    cgroup_cpu_limit,
+    choose_threads,
+    physical_cores,
+)
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# -- the choice: env + cores -> settings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "cores", "want"),
+    [
+        ({}, 2, ThreadSettings(2, "PASSIVE")),
+        ({}, 1, ThreadSettings(1, "PASSIVE")),
+        ({"OMP_NUM_THREADS": "3"}, 2, ThreadSettings(None, "PASSIVE")),  # the user's count stands
+        ({"OMP_NUM_THREADS": "1"}, 8, ThreadSettings(None, "PASSIVE")),  # torchrun's own 1 counts as theirs
+        ({"OMP_WAIT_POLICY": "active"}, 2, ThreadSettings(2, None)),  # the user's wait policy stands
+        ({"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "ACTIVE"}, 2, ThreadSettings(None, None)),
+        ({"OMP_NUM_THREADS": " "}, 2, ThreadSettings(2, "PASSIVE")),  # empty: OpenMP ignores it, so does txl
+        (
+            {"LOCAL_WORLD_SIZE": "2"},
+            16,
+            ThreadSettings(8, "PASSIVE"),
+        ),  # torchrun: divided among the processes
+        ({"LOCAL_WORLD_SIZE": "2"}, 3, ThreadSettings(1, "PASSIVE")),
+        ({"LOCAL_WORLD_SIZE": "4"}, 2, ThreadSettings(1, "PASSIVE")),  # at least one each
+        # a worker of `txl train --nproc 2`: its parent's choice (recorded) is chosen again, for this process
+        (
+            {
+                "OMP_NUM_THREADS": "2",
+                "OMP_WAIT_POLICY": "PASSIVE",
+                CHOSEN_VAR: "OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE",
+                "LOCAL_WORLD_SIZE": "2",
+            },
+            2,
+            ThreadSettings(1, "PASSIVE"),
+        ),
+        # a value changed after txl recorded its own is the user's
+        ({"OMP_NUM_THREADS": "4", CHOSEN_VAR: "OMP_NUM_THREADS=2"}, 2, ThreadSettings(None, "PASSIVE")),
+        ({"OMP_WAIT_POLICY": "ACTIVE", CHOSEN_VAR: "OMP_WAIT_POLICY=PASSIVE"}, 2, ThreadSettings(2, None)),
+    ],
+)
+def test_choice_follows_the_cores_and_leaves_the_users_settings(env, cores, want):
+    before = dict(env)
+    assert choose_threads(env, cores=cores) == want
+    assert env == before  # pure: the environment given is not changed
+
+
+def test_settings_write_their_values_and_the_record():
+    assert ThreadSettings(3, "PASSIVE").environ() == {
+        "OMP_NUM_THREADS": "3",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        CHOSEN_VAR: "OMP_NUM_THREADS=3,OMP_WAIT_POLICY=PASSIVE",
+    }
+    assert ThreadSettings(None, "PASSIVE").environ() == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        CHOSEN_VAR: "OMP_WAIT_POLICY=PASSIVE",
+    }
+    with pytest.raises(ValueError, match="cores"):
+        choose_threads({}, cores=0)
+
+
+# -- cores: cgroup quotas and the topology --------------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_quota_is_the_smallest_on_the_path(tmp_path):
+    _write(tmp_path / "a" / "b" / "cpu.max", "150000 100000\n")  # 1.5 CPUs
+    _write(tmp_path / "a" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_limit("0::/a/b\n", tmp_path) == 1.5
+    _write(tmp_path / "a" / "cpu.max", "100000 100000\n")  # an ancestor allows 1
+    assert cgroup_cpu_limit("0::/a/b\n", tmp_path) == 1.0
+    _write(tmp_path / "cpu.max", "50000 100000\n")  # the root too (a container's own root)
+    assert cgroup_cpu_limit("0::/a/b\n", tmp_path) == 0.5
+
+
+def test_cgroup_without_quota_is_none(tmp_path):
+    _write(tmp_path / "x" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_limit("0::/x\n", tmp_path) is None
+    assert cgroup_cpu_limit("0::/missing\n", tmp_path) is None
+    assert cgroup_cpu_limit("", tmp_path) is None
+
+
+def test_cgroup_v1_cfs_quota(tmp_path):
+    folder = tmp_path / "cpu,cpuacct" / "docker" / "c1"
+    _write(folder / "cpu.cfs_quota_us", "300000\n")
+    _write(folder / "cpu.cfs_period_us", "100000\n")
+    text = "12:memory:/docker/c1\n3:cpu,cpuacct:/docker/c1\n"
+    assert cgroup_cpu_limit(text, tmp_path) == 3.0
+    _write(folder / "cpu.cfs_quota_us", "-1\n")  # no quota
+    assert cgroup_cpu_limit(text, tmp_path) is None
+
+
+def test_hyperthreads_of_one_core_count_once(tmp_path):
+    for cpu, (package, core) in enumerate([(0, 0), (0, 1), (0, 0), (0, 1), (1, 0)]):  # 0 and 2 are siblings
+        _write(tmp_path / f"cpu{cpu}" / "topology" / "core_id", f"{core}\n")
+        _write(tmp_path / f"cpu{cpu}" / "topology" / "physical_package_id", f"{package}\n")
+    assert physical_cores({0, 1, 2, 3, 4}, tmp_path) == 3
+    assert physical_cores({0, 2}, tmp_path) == 1
+    assert physical_cores({0, 9}, tmp_path) == 2  # cpu9 has no topology: the logical count
+
+
+# -- the package: import txl without torch, every name as before ---------------------------------------------
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", CHOSEN_VAR)
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(SRC), **env},
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_import_txl_imports_no_torch_and_changes_no_environment():
+    code = (
+        "import os, sys; before = dict(os.environ); import txl, txl.cli, txl.threads;"
+        "print('torch' in sys.modules, os.environ == before)"
+    )
+    out = _python(code)
+    assert out.stdout.split() == ["False", "True"], out.stderr
+    code = (
+        "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluate.evaluate))"  # as the README does
+    )
+    assert _python(code).stdout.split() == ["KVCache", "True"]
+
+
+def test_every_public_name_resolves_to_its_module():
+    from txl import config, interop, model, threads
+
+    names = {
+        config: (
+            "TransformerXLConfig",
+            "DataConfig",
+            "TrainConfig",
+            "EvalConfig",
+            "GenerateConfig",
+            "RunConfig",
+            "Span",
+            "ConfigError",
+            "load_config",
+        ),
+        model: ("TransformerXL", "ModelOutput", "Memory", "update_memory"),
+        threads: ("configure_threads",),
+    }
+    for module, exported in names.items():
+        for name in exported:
+            assert getattr(txl, name) is getattr(module, name), name
+    assert txl.interop is interop
+    assert {n for exported in names.values() for n in exported} | {"interop"} == set(txl.__all__)
+    assert set(txl.__all__) == set(txl._EXPORTS) and set(txl.__all__) <= set(dir(txl))
+    namespace: dict = {}
+    exec("from txl import *", namespace)
+    assert {name for name in namespace if not name.startswith("__")} == set(txl.__all__)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        txl.no_such_name  # noqa: B018
+
+
+@pytest.mark.slow
+def test_configure_threads_in_a_library():
+    """Before torch: the environment, which OpenMP reads when torch loads; after: only the count."""
+    before = _python(
+        "import txl; s = txl.configure_threads(1); import os, torch;"
+        "print(s.num_threads, torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'])"
+    )
+    assert before.stdout.split() == ["1", "1", "PASSIVE"], before.stderr
+    after = _python(
+        "import torch, txl, os; torch.set_num_threads(2); s = txl.configure_threads(1);"
+        "print(s, torch.get_num_threads(), 'OMP_WAIT_POLICY' in os.environ)"
+    )
+    assert after.stdout.split()[-2:] == ["1", "False"], after.stderr
+    users = _python(
+        "import txl, torch; txl.configure_threads(); print(torch.get_num_threads())", OMP_NUM_THREADS="1"
+    )
+    assert users.stdout.split() == ["1"], users.stderr
+
+
+# -- end to end: what OpenMP read in a txl process ------------------------------------------------------------
+
+
+def _openmp_read(command: list[str], *, cpus: set[int] | None = None, **env: str) -> dict[str, str]:
+    """OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT as libgomp reports them (``OMP_DISPLAY_ENV``) when
+    torch loads in ``command``, run with the CPU affinity ``cpus``. libgomp reports its default wait policy as
+    ``PASSIVE`` too: the spin count tells them apart (0 when passive, 300000 by default)."""
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", CHOSEN_VAR)
+    }
+    out = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(SRC), "OMP_DISPLAY_ENV": "VERBOSE", **env},
+        preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
+        timeout=300,
+    )
+    found = dict(
+        re.findall(
+            r"^\s*(OMP_NUM_THREADS|OMP_WAIT_POLICY|GOMP_SPINCOUNT) = '([^']*)'", out.stderr, flags=re.M
+        )
+    )
+    if not found:
+        pytest.skip(f"this OpenMP runtime does not report its settings: {out.stderr[-300:]}")
+    assert "txl: error: run folder not found" in out.stderr, out.stderr  # the command itself ran
+    return found
+
+
+PASSIVE_1 = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+MODULE = [sys.executable, "-m", "txl", "eval", "/nonexistent-run"]  # imports torch, then refuses the folder
+SCRIPT = [
+    sys.executable,
+    "-c",
+    "import sys; from txl.cli import main; sys.exit(main())",
+    *MODULE[3:],
+]  # as pip's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [MODULE, SCRIPT], ids=["python -m txl", "console script"])
+def test_txl_process_runs_with_the_chosen_policy(command):
+    assert _openmp_read(command, cpus={0}) == PASSIVE_1
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("one CPU here")
+    assert _openmp_read(command, cpus=set(cpus)) == {**PASSIVE_1, "OMP_NUM_THREADS": "2"}
+
+
+@pytest.mark.slow
+def test_users_settings_win_in_a_txl_process():
+    read = _openmp_read(MODULE, cpus={0}, OMP_NUM_THREADS="3", OMP_WAIT_POLICY="ACTIVE")
+    assert read["OMP_NUM_THREADS"] == "3" and read["OMP_WAIT_POLICY"] == "ACTIVE"
+    read = _openmp_read(MODULE, cpus={0}, OMP_WAIT_POLICY="ACTIVE")
+    assert read["OMP_NUM_THREADS"] == "1" and read["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert int(read["GOMP_SPINCOUNT"]) > 0
+
+
+@pytest.mark.slow
+def test_torchrun_worker_divides_the_cores_its_parent_chose_for():
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("one CPU here")
+    parent = {
+        "OMP_NUM_THREADS": "2",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        CHOSEN_VAR: "OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE",
+    }
+    read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent)
+    assert read == PASSIVE_1
