@@ -129,10 +129,6 @@ class Span:
             "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)",
         )
 
-    def replace(self, **changes: Any) -> Span:
-        """A new span with some lengths changed (validated)."""
-        return dataclasses.replace(self, **changes)
-
 
 class SameLengthOff(TxlWarning):
     """Same-length attention was turned off because the span has no memory (it would mask every key)."""
@@ -264,11 +260,6 @@ class TransformerXLConfig:
     def embed_dim(self) -> int:
         """The embedding size actually used (d_embed, or d_model when d_embed is None)."""
         return self.d_model if self.d_embed is None else self.d_embed
-
-    @property
-    def has_memory(self) -> bool:
-        """Whether forward returns memory for the next segment."""
-        return self.attention == "relative" and self.mem_len > 0
 
     @property
     def span(self) -> Span:

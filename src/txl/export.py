@@ -42,7 +42,7 @@ class SegmentStep(nn.Module):
 
     def forward(self, tokens: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
         out = self.model(tokens, memory=Memory(tuple(memory)), span=self.span)
-        return (out.logits, *out.memory.states)
+        return (out.log_probs, *out.memory.states)
 
 
 def _names(n_layer: int) -> tuple[list[str], list[str]]:
@@ -139,7 +139,7 @@ def check_onnx(
             seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
             expected = model(seg, memory=memory, span=span)
             got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
-            worst = max(worst, float(np.abs(got[0] - expected.logits.numpy()).max()))
+            worst = max(worst, float(np.abs(got[0] - expected.log_probs.numpy()).max()))
             for mine, theirs in zip(got[1:], expected.memory.states, strict=True):
                 worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
             memory, feeds_memory = expected.memory, got[1:]

@@ -12,6 +12,7 @@ Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -293,7 +294,7 @@ def analyze_attention(
     config = run.config
     span = eval_span(config)
     if mem_len is not None:
-        span = span.replace(mem_len=mem_len)
+        span = dataclasses.replace(span, mem_len=mem_len)
     tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
     tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
     stats = attention_statistics(

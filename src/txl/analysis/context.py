@@ -163,7 +163,7 @@ def stream_predictions(
         batch_size=batch_size,
         progress=progress,
         desc=desc,
-        read=lambda out, _: out.logits.argmax(-1),
+        read=lambda out, _: out.log_probs.argmax(-1),
         with_targets=False,
     )
 

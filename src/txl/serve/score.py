@@ -7,6 +7,7 @@ Dimensions: N tokens of the text, T segment length.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,9 +53,9 @@ def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
         )
         if v is not None
     }
-    span = span.replace(**settings)
+    span = dataclasses.replace(span, **settings)
     if not memory or span.mem_len == 0:
-        span = span.replace(mem_len=0, same_length=False)
+        span = dataclasses.replace(span, mem_len=0, same_length=False)
     return tgt_len, span
 
 
