@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .config import Span
 from .errors import TxlError
+from .evaluate import eval_mode, segment_losses
 from .model import Memory, TransformerXL
 
 __all__ = ["ExportError", "SegmentStep", "export_model", "export_onnx", "check_onnx", "onnxruntime_session"]
@@ -66,8 +67,7 @@ def export_model(
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
     span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
-    was_training = model.training
-    step = SegmentStep(model.eval(), span=span)
+    step = SegmentStep(model, span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
     memory = tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer))
     inputs, outputs = _names(cfg.n_layer)
@@ -75,7 +75,7 @@ def export_model(
     dynamic = {"tokens": {0: batch}, "memory": tuple({0: batch} for _ in range(cfg.n_layer))}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+    with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
@@ -93,8 +93,6 @@ def export_model(
             raise ExportError(
                 f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
             ) from None
-        finally:
-            model.train(was_training)
     return out
 
 
@@ -126,24 +124,23 @@ def check_onnx(
     cfg = model.config
     session = onnxruntime_session(path)
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len), generator=generator)
+    tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len + 1), generator=generator)
     span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
     memory = Memory(tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer)))
     feeds_memory = [m.numpy() for m in memory.states]  # float32, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for s in range(segments):
-            seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
-            expected = model(seg, memory=memory, span=span)
-            got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
-            worst = max(worst, float(np.abs(got[0] - expected.log_probs.numpy()).max()))
-            for mine, theirs in zip(got[1:], expected.memory.states, strict=True):
-                worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
-            memory, feeds_memory = expected.memory, got[1:]
-    model.train(was_training)
+    # the segments as txl eval reads them (the same loop), from the zero memory the graph starts with
+    expected = segment_losses(
+        model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, memory=memory, log_probs=True
+    )
+    for s, segment in enumerate(expected):
+        seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
+        got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
+        worst = max(worst, float(np.abs(got[0] - segment.log_probs.numpy()).max()))
+        for mine, theirs in zip(got[1:], segment.memory.states, strict=True):
+            worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
+        feeds_memory = got[1:]
     if not worst <= atol:
         raise ExportError(
             f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .config import Span, check_sampling, first_set, span_of
 from .errors import TxlWarning
+from .evaluate import eval_mode
 from .model import KVCache, Memory
 from .model.decode import Decoder
 
@@ -365,13 +366,10 @@ class _Decoding:
     def steps(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield (token ids (B,), log-probabilities (B, V)) for each new token: PAD_ID for stopped rows.
         The model is in eval mode, and the work in inference mode, only while this runs."""
-        model = self.model
-        flags = {module: module.training for module in model.modules()}
-        model.eval()
         sampling = self.sampling
         stop_ids = self.stop_ids
         token = None
-        try:
+        with eval_mode(self.model):
             for step in range(self.max_new_tokens):
                 with torch.inference_mode():
                     if step == 0:
@@ -391,9 +389,6 @@ class _Decoding:
                 yield shown, logprobs
                 if done:
                     return
-        finally:
-            for module, flag in flags.items():
-                module.training = flag
 
     def memory(self) -> Memory | None:
         """The memory after the last token fed (see :attr:`Generation.memory`)."""

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span
 from ..errors import TxlError
+from ..evaluate import eval_mode
 from ..model import TransformerXL
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
 from ..runs import load_run
@@ -156,18 +157,16 @@ def attention_statistics(
         layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
         for i, layer in enumerate(model.layers)
     ]
-    was_training = model.training
-    model.eval()
     memory = None
     try:
         starts = range(0, length - tgt_len + 1, tgt_len)  # whole segments only: every query has T - 1 peers
         for s, start in enumerate(tqdm(starts, desc="attention", disable=not progress, leave=False)):
             collector.active = s >= warm
-            memory = model(rows[:, start : start + tgt_len], memory=memory, span=span).memory
+            with eval_mode(model):
+                memory = model(rows[:, start : start + tgt_len], memory=memory, span=span).memory
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     return collector.stats()
 
 

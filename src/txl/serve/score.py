@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..config import RunConfig, Span
+from ..evaluate import segment_losses
 
 __all__ = ["Scores", "score_tokens", "token_pieces", "scoring_lengths"]
 
@@ -71,28 +73,14 @@ def score_tokens(
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
     if tgt_len < 1:
         raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
-    device = next(model.parameters()).device
-    ids = ids.to(device=device, dtype=torch.long)
-    inputs, targets = ids[None, :-1], ids[None, 1:]  # (1, N - 1) each
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
     losses: list[Tensor] = []
-    memory = None
-    try:
-        for start in range(0, inputs.shape[1], tgt_len):
-            if should_stop is not None and should_stop():
+    segments = segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1)  # txl eval's loop
+    with closing(segments):  # stopped early: the generator restores the training flags now
+        while should_stop is None or not should_stop():
+            segment = next(segments, None)
+            if segment is None:
                 break
-            out = model(
-                inputs[:, start : start + tgt_len],
-                memory=memory,
-                targets=targets[:, start : start + tgt_len],
-                span=span,
-            )
-            losses.append(out.loss[0].double())  # (T,)
-            memory = out.memory if span.mem_len > 0 else None
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
+            losses.append(segment.loss[0])  # (T,)
     joined = torch.cat(losses).cpu() if losses else torch.zeros(0, dtype=torch.float64)
     return Scores(losses=joined, tgt_len=tgt_len, span=span)
 
