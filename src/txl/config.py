@@ -74,7 +74,10 @@ def _probability(obj: Any, name: str) -> None:
     _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}")
 
 
-_SAME_LENGTH_NEEDS_MEMORY = "needs mem_len > 0 (same_length=true with mem_len=0 would block all attention)"
+_SAME_LENGTH_NEEDS_MEMORY = (
+    "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)"
+)
+"""The one same-length rule, for every config that has both fields (Span, the model, the [eval] section)."""
 
 
 def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
@@ -123,15 +126,21 @@ class Span:
             "same_length",
             f"must be true or false, got {self.same_length!r}",
         )
-        _check(
-            not (self.same_length and self.mem_len == 0),
-            "same_length",
-            "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)",
-        )
+        _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
 
 
 class SameLengthOff(TxlWarning):
-    """Same-length attention was turned off because the span has no memory (it would mask every key)."""
+    """Same-length attention was turned off because the span has no memory (it would mask every key).
+    ``field`` names the setting that gave the memory length 0 (as data: a command names its own flag)."""
+
+    def __init__(self, field: str = "mem_len") -> None:
+        self.field = field
+        super().__init__(self.named(field))
+
+    @staticmethod
+    def named(name: str) -> str:
+        """The message, with the setting called ``name`` (a field, or a command's flag)."""
+        return f"{name} 0: same_length turned off (it needs a memory)"
 
 
 def span_of(
@@ -141,7 +150,7 @@ def span_of(
     to: when it comes with the settings (it was not asked for with ``mem_len``) it is turned off, with a
     :class:`SameLengthOff` warning; asked for with ``same_length_asked``, it is a ConfigError."""
     if mem_len == 0 and same_length and not same_length_asked:
-        warnings.warn("mem_len 0: same_length turned off (it needs a memory)", SameLengthOff, stacklevel=3)
+        warnings.warn(SameLengthOff("mem_len"), stacklevel=3)
         same_length = False
     return Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
 

@@ -7,7 +7,7 @@ Dimensions: N tokens of the text, T segment length.
 
 from __future__ import annotations
 
-import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import RunConfig, Span
+from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
 from ..evaluate import segment_losses
 
 __all__ = ["Scores", "score_tokens", "token_pieces", "scoring_lengths"]
@@ -39,26 +39,16 @@ class Scores:
 
 
 def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
-    """The segment length and span a run is evaluated with when ``txl eval`` is given no flags: the run's
-    ``[eval]`` settings, else its model's and training's. ``memory=False`` sets the memory length to 0 (and
-    same-length attention off, since it needs a memory). The vanilla baseline always has no memory."""
-    tgt_len = config.eval.tgt_len if config.eval.tgt_len is not None else config.train.tgt_len
-    span = config.model.span
+    """The segment length and span a run is evaluated with when ``txl eval`` is given no flags (the one
+    resolver, :func:`~txl.config.eval_span`): the run's ``[eval]`` settings, else its model's and training's.
+    ``memory=False`` is ``txl eval --mem-len 0``: same-length attention then goes off (it needs a memory;
+    the answer's span says so, the warning is not repeated). The vanilla baseline always has no memory."""
+    tgt_len = first_set(config.eval.tgt_len, config.train.tgt_len)
     if config.model.attention != "relative":
-        return tgt_len, span
-    settings = {
-        k: v
-        for k, v in (
-            ("mem_len", config.eval.mem_len),
-            ("clamp_len", config.eval.clamp_len),
-            ("same_length", config.eval.same_length),
-        )
-        if v is not None
-    }
-    span = dataclasses.replace(span, **settings)
-    if not memory or span.mem_len == 0:
-        span = dataclasses.replace(span, mem_len=0, same_length=False)
-    return tgt_len, span
+        return tgt_len, eval_span(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SameLengthOff)
+        return tgt_len, eval_span(config, mem_len=None if memory else 0)
 
 
 @torch.inference_mode()
