@@ -440,3 +440,26 @@ def test_cache_with_targets_gives_forward_losses():
     one = model(tokens[:, 30:31], cache=cache, targets=tokens[:, 30:31])
     want = model(tokens[:, 30:31], memory=memory, targets=tokens[:, 30:31])
     torch.testing.assert_close(one.loss, want.loss, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["post_norm", "pre_norm_same_length_clamp", "adaptive"])
+def test_decoder_steps_equal_forward_with_memory_from_a_given_memory(variant):
+    """The Decoder stepping straight after a cache built from a memory (its keys and values bound first, by
+    bind_memory) gives forward's log-probabilities and memory, token after token; it notices changed weights."""
+    model = _model(torch.float64, **VARIANTS[variant])
+    tokens = torch.randint(0, V, (2, 60), generator=torch.Generator().manual_seed(7))
+    memory = model(tokens[:, :20], span=Span(mem_len=20)).memory  # longer than mem_len 12
+    decoder = Decoder(model, KVCache(model.config, memory=memory))
+    assert not decoder.stale
+    for i in range(20, 50):
+        want = model(tokens[:, i : i + 1], memory=memory)
+        memory = want.memory
+        torch.testing.assert_close(decoder.step(tokens[:, i]), want.log_probs[:, -1], atol=1e-10, rtol=0)
+    for a, b in zip(decoder.cache.memory().states, memory.states, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    with torch.no_grad():
+        model.layers[0].attn.qkv.weight.mul_(0.5)
+    assert decoder.stale  # (the cached keys and values are the old weights': a cache serves one set)
+    before = decoder.tables
+    decoder.prefill(tokens[:, 50:52])  # makes the tables again
+    assert not decoder.stale and decoder.tables is not before

@@ -190,6 +190,10 @@ class KVCache:
         for layer, h in zip(self.layers, inputs, strict=True):
             layer.hidden.narrow(1, self.end, h.shape[1]).copy_(h)
 
+    def mark_projected(self) -> None:
+        """The keys and values of every remembered position are stored now (a memory was bound)."""
+        self.projected = self.end
+
     def advance(self, t: int) -> None:
         """After a step of T positions, whose keys and values are stored (with those of any unprojected
         memory): they join the memory, and the oldest beyond ``mem_len`` leave it."""

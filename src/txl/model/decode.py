@@ -247,7 +247,7 @@ def bind_memory(model: TransformerXL, cache: KVCache) -> None:
             return
         _, k, v = layer.attn.project(layer.attention_input(state), None)  # (B, H, P, Dh) each
         layer_cache.append(k, v)
-    cache.advance(0)
+    cache.mark_projected()
 
 
 class Decoder:
