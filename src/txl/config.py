@@ -27,6 +27,7 @@ __all__ = [
     "span_of",
     "architecture_fields",
     "eval_span",
+    "vanilla_baseline",
     "first_set",
     "DataConfig",
     "TrainConfig",
@@ -702,3 +703,19 @@ def apply_overrides(config: RunConfig, overrides: list[str] | tuple[str, ...]) -
             raise ConfigError(f"{key.strip()}: unknown field")
         data[section][name] = _parse_value(raw.strip())
     return config_from_dict(data)
+
+
+def vanilla_baseline(config: RunConfig) -> RunConfig:
+    """The paper's vanilla Transformer for a Transformer-XL run config.
+
+    Same sizes, data, steps, optimiser and seed; ``attention="absolute"`` (sinusoidal positions added to
+    the input, standard causal attention) and no memory. Its evaluation uses disjoint segments of the length
+    it was trained with (``eval.tgt_len = train.tgt_len``, no memory, clamp or same-length setting): with
+    absolute positions, a longer segment would show it positions it never saw in training."""
+    model = dataclasses.replace(
+        config.model, attention="absolute", mem_len=0, clamp_len=None, same_length=False
+    )
+    evaluation = dataclasses.replace(
+        config.eval, tgt_len=config.train.tgt_len, mem_len=None, clamp_len=None, same_length=None
+    )
+    return dataclasses.replace(config, model=model, eval=evaluation)
