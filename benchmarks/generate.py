@@ -46,7 +46,7 @@ from _common import hf_config, reset_peak_rss, status_mib, timed
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.generate import generate
-from txl.model.layers import FeedForward
+from txl.model import decode
 
 SIZES = dict(vocab=10_000, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, prompt=64, new=200)
 
@@ -106,20 +106,16 @@ def split_per_token(model: TransformerXL, prompt: torch.Tensor, mem_len: int, me
             return out
 
         setattr(obj, name, timed_call)
-        patched.append((obj, name))
+        patched.append((obj, name, original))
 
-    for layer in model.layers:
-        wrap(layer.attn, "forward_one", "attention")  # one position against the cache, projections included
-    wrap(model, "_cached_log_probs", "softmax")  # the output layer and the log-softmax
-    feed_forward = FeedForward.__dict__["forward_one"]  # a staticmethod, called through the class
-    wrap(FeedForward, "forward_one", "feed_forward")
-    patched.pop()  # restored below, as the staticmethod it was
+    wrap(decode, "attention_step", "attention")  # one position against the cache, projections included
+    wrap(decode, "feed_forward_step", "feed_forward")
+    wrap(decode.Decoder, "log_probs", "softmax")  # the output layer and the log-softmax
     try:
         total = timed(lambda: run_txl(model, prompt, mem_len, memory))
     finally:
-        for obj, name in patched:
-            delattr(obj, name)  # back to the class's method
-        FeedForward.forward_one = feed_forward
+        for obj, name, original in patched:
+            setattr(obj, name, original)
     n = SIZES["new"]
     split = {f"{k}_us": round(1e6 * v / n, 1) for k, v in spent.items()}
     split["other_us"] = round(1e6 * (total - sum(spent.values())) / n, 1)
@@ -197,9 +193,8 @@ def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict
         record[f"{name}_tokens_per_s"] = round(n / statistics.median(times), 1)
     if with_hf:
         for name in ("txl_fresh", "txl_full"):
-            ratios = [
-                h / t for h, t in zip(seconds["hf"], seconds[name], strict=True)
-            ]  # tokens/s txl over hf
+            # tokens/s txl over hf
+            ratios = [h / t for h, t in zip(seconds["hf"], seconds[name], strict=True)]
             record[f"ratio_{name}_over_hf"] = round(statistics.median(ratios), 2)
     record["split_txl_full"] = split_per_token(model, prompt, mem_len, memory)
     if with_peak:

@@ -130,7 +130,7 @@ def test_sliding_predictions_match_a_naive_argmax(vanilla_model):
     positions = np.array([1, 2, 6, 7, 15, 29])
     got = sliding_predictions(vanilla_model, x, window=window, positions=positions, batch_size=4)
     expected = [
-        vanilla_model(x[max(0, p - window) : p][None]).logits[0, -1].argmax().item() for p in positions
+        vanilla_model(x[max(0, p - window) : p][None]).log_probs[0, -1].argmax().item() for p in positions
     ]
     assert got.tolist() == expected
 
@@ -171,7 +171,7 @@ def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
     model = TransformerXL(dataclasses.replace(tiny_config, mem_len=64)).double().eval()
     x = torch.randint(0, 37, (50,))
     got = stream_predictions(model, x, tgt_len=7, batch_size=1, first=3)
-    expected = model(x[None, :-1]).logits[0].argmax(-1)[2:]  # targets 3..49 are positions 2..48
+    expected = model(x[None, :-1]).log_probs[0].argmax(-1)[2:]  # targets 3..49 are positions 2..48
     assert got.tolist() == expected.tolist()
 
 

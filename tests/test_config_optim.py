@@ -212,3 +212,19 @@ def test_optimizer_step_is_adamw_written_out(tiny_config, dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-12
     for p in params:
         torch.testing.assert_close(p.detach(), want[id(p)], rtol=0, atol=tol)
+
+
+def test_same_length_off_warning_carries_its_field():
+    """The span resolver's warning names the setting as data, so that a command can name its own flag."""
+    import warnings
+
+    from txl.config import SameLengthOff, span_of
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        span = span_of(mem_len=0, clamp_len=None, same_length=True)
+    assert span.same_length is False
+    (warning,) = caught
+    assert isinstance(warning.message, SameLengthOff) and warning.message.field == "mem_len"
+    assert str(warning.message) == "mem_len 0: same_length turned off (it needs a memory)"
+    assert warning.message.named("--mem-len") == "--mem-len 0: same_length turned off (it needs a memory)"

@@ -104,7 +104,7 @@ def test_convert_hf_evaluates_and_generates(tmp_path, hf_folder, capsys):
     with torch.no_grad():  # the run's model is Hugging Face's model (from the same zero memory)
         zeros = [torch.zeros(8, 2, 32) for _ in range(2)]
         expected = hf(input_ids=tokens, mems=zeros).prediction_scores
-        got = run.model(tokens, memory=Memory(tuple(z.transpose(0, 1) for z in zeros))).logits
+        got = run.model(tokens, memory=Memory(tuple(z.transpose(0, 1) for z in zeros))).log_probs
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
     code, out, err = _run(["eval", run_dir, "--split", "test", "--quiet"], capsys)

@@ -111,3 +111,43 @@ def test_export_without_onnxruntime_says_what_to_install(exported, monkeypatch, 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(ExportError, match=r"pip install 'txl\[export\]'"):
         check_onnx(load_run(run_dir).model, out, tgt_len=5, mem_len=8)
+
+
+def test_export_starts_from_the_settings_txl_eval_uses(exported, tmp_path, monkeypatch, capsys):
+    """A run whose [eval] section sets same_length and a clamp that its model trained without (as the
+    wt103-base preset): ``txl export`` with no span flags takes the span ``txl eval`` takes, and the graph
+    gives the log-probabilities of the model under that span, not under the model's own (which differ)."""
+    import shutil
+
+    from txl.config import eval_span
+
+    run_dir, _ = exported
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    config = json.loads((run / "config.json").read_text())
+    config["model"].update(same_length=False, clamp_len=None, mem_len=6)
+    config["eval"].update(same_length=True, clamp_len=3, mem_len=8, tgt_len=5)
+    (run / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "data" / "wikitext-103"
+    data.mkdir(parents=True)
+    words = torch.randint(2, len(WORDS), (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    for split in ("train", "valid", "test"):
+        (data / f"wiki.{split}.tokens").write_text(" ".join(WORDS[i] for i in words) + "\n", encoding="utf-8")
+    monkeypatch.setenv("TXL_DATA_DIR", str(tmp_path / "data"))
+
+    out = tmp_path / "model.onnx"
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+    exported_record = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(run), "--quiet", "--max-tokens", "100"]) == 0, capsys.readouterr().err
+    eval_record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    settings = ("tgt_len", "mem_len", "clamp_len", "same_length")
+    assert [exported_record[k] for k in settings] == [eval_record[k] for k in settings] == [5, 8, 3, True]
+    loaded = load_run(run)
+    span = eval_span(loaded.config)
+    assert check_onnx(loaded.model, out, tgt_len=5, span=span) <= 1e-4
+    with pytest.raises(ExportError, match="differs from txl"):  # the model's own span: another graph
+        check_onnx(loaded.model, out, tgt_len=5, mem_len=8)
+    # the flags are txl eval's
+    assert main(["export", str(run), "--out", str(out), "--no-same-length", "--clamp-len", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["same_length"] is False

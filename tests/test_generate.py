@@ -61,7 +61,7 @@ def _greedy_recompute(model, prompt, n, *, context=None):
     with torch.no_grad():
         for _ in range(n):
             window = seq if context is None else seq[:, -context:]
-            logits = model(window).logits[:, -1]  # (B, V)
+            logits = model(window).log_probs[:, -1]  # (B, V)
             step_logits.append(logits)
             seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
     return seq, step_logits
@@ -89,8 +89,8 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
     assert len(spy.calls) == n_prompt_calls + n - 1  # the last sampled token is not fed
     for tokens, _, _ in spy.calls[n_prompt_calls:]:
         assert tokens.shape == (2, 1)  # one new token per step: the past is not recomputed
-    cached_logits = [spy.calls[n_prompt_calls - 1][2].logits[:, -1]]
-    cached_logits += [out.logits[:, -1] for _, _, out in spy.calls[n_prompt_calls:]]
+    cached_logits = [spy.calls[n_prompt_calls - 1][2].log_probs[:, -1]]
+    cached_logits += [out.log_probs[:, -1] for _, _, out in spy.calls[n_prompt_calls:]]
     for cached, ref in zip(cached_logits, ref_logits, strict=True):
         torch.testing.assert_close(cached, ref, atol=1e-10, rtol=0)
 
@@ -131,7 +131,7 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
 
     # with a memory this short, the cache forgets: the result is not a full recomputation (the test can fail)
     _, ref_logits = _greedy_recompute(model, one.tokens[:, :-1], 1)
-    assert not torch.allclose(spy.calls[-1][2].logits[:, -1], ref_logits[0], atol=1e-6)
+    assert not torch.allclose(spy.calls[-1][2].log_probs[:, -1], ref_logits[0], atol=1e-6)
 
 
 def test_sampled_continuation_equals_one_sampled_call():
@@ -275,7 +275,7 @@ def test_absolute_baseline_generates_with_a_sliding_window(context):
     for i, (tokens, memory, out) in enumerate(spy.calls):
         assert memory is None
         assert tokens.shape[1] == (3 + i if context is None else min(context, 3 + i))
-        torch.testing.assert_close(out.logits[:, -1], ref_logits[i], atol=1e-10, rtol=0)
+        torch.testing.assert_close(out.log_probs[:, -1], ref_logits[i], atol=1e-10, rtol=0)
 
 
 def test_window_matters_for_the_baseline():

@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
 from txl.generate import PAD_ID, generate, stream
 from txl.model import KVCache
-from txl.model.cache import OutputLayout
+from txl.model.decode import Decoder, DecodingTables, OutputLayout, decoding_tables
 
 V = 50
 
@@ -70,14 +70,14 @@ def _reference_greedy(model, prompt, n, *, span=None, chunk=None):
         for start in range(0, prompt.shape[1], step):
             out = model(prompt[:, start : start + step], memory=memory, span=span)
             memory = out.memory
-        logprobs = out.logits[:, -1]  # (B, V)
+        logprobs = out.log_probs[:, -1]  # (B, V)
         for i in range(n):
             token = logprobs.argmax(-1)
             tokens.append(token)
             scores.append(logprobs)
             if i + 1 < n:
                 out = model(token[:, None], memory=memory, span=span)
-                memory, logprobs = out.memory, out.logits[:, -1]
+                memory, logprobs = out.memory, out.log_probs[:, -1]
     return torch.stack(tokens, 1), torch.stack(scores, 1), memory
 
 
@@ -116,7 +116,7 @@ def test_cache_equals_forward_with_memory_for_any_segment_lengths(variant):
             want = model(segment, memory=memory)
             got = model(segment, cache=cache)
             memory = want.memory
-            torch.testing.assert_close(got.logits, want.logits, atol=1e-10, rtol=0)
+            torch.testing.assert_close(got.log_probs, want.log_probs, atol=1e-10, rtol=0)
             assert got.memory is None and cache.length == memory.length == 12
             for a, b in zip(cache.memory().states, memory.states, strict=True):
                 torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
@@ -129,8 +129,8 @@ def test_last_only_gives_the_last_position():
     memory = model(tokens[:, :4]).memory
     full = model(tokens[:, 4:], memory=memory)
     last = model(tokens[:, 4:], memory=memory, last_only=True)
-    assert last.logits.shape == (2, 1, V)
-    torch.testing.assert_close(last.logits, full.logits[:, -1:], atol=1e-12, rtol=0)
+    assert last.log_probs.shape == (2, 1, V)
+    torch.testing.assert_close(last.log_probs, full.log_probs[:, -1:], atol=1e-12, rtol=0)
     for a, b in zip(last.memory.states, full.memory.states, strict=True):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="targets"):
@@ -141,8 +141,8 @@ def test_cache_validation():
     model = _model()
     cache = KVCache(model.config, batch_size=2)
     model(_prompt(), cache=cache)
-    with pytest.raises(ValueError, match="another model"):
-        _model()(_prompt(), cache=cache)
+    with pytest.raises(ValueError, match="other sizes"):
+        _model(d_model=24)(_prompt(), cache=cache)
     with pytest.raises(ValueError, match="no memory"):
         model(_prompt(), cache=cache, memory=model(_prompt()).memory)
     with pytest.raises(ValueError, match="built for"):
@@ -186,13 +186,15 @@ def test_decoding_projects_only_the_new_position():
     model.layers[0].attn.project_distances = count
     cache = KVCache(model.config, batch_size=2)
     with torch.inference_mode():
-        model(_prompt(p=40), cache=cache, last_only=True)
-        assert calls == [40, 65]  # the prompt chunk's distances, then the cache's table for distances 64..0
+        decoder = Decoder(model, cache)
+        assert calls == [65]  # the decoder's table for distances 64..0
+        decoder.prefill(_prompt(p=40))
+        assert calls == [65, 40]  # then the prompt chunk's distances
         recorder = _LinearRows()
         with recorder:
             for _ in range(20):
-                model(torch.zeros(2, 1, dtype=torch.long), cache=cache, last_only=True)
-    assert calls == [40, 65] and recorder.rows and max(recorder.rows) == 2
+                decoder.step(torch.zeros(2, dtype=torch.long))
+    assert calls == [65, 40] and recorder.rows and max(recorder.rows) == 2
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
@@ -220,7 +222,7 @@ def test_large_vocabulary_decodes_with_the_output_in_blocks():
         prompt = torch.randint(0, 4099, (2, 6), generator=torch.Generator().manual_seed(4))
         ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 30)
         gen = generate(model, prompt, max_new_tokens=30, temperature=0, return_scores=True)
-        tables = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)  # the memo generate made
+        tables = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)  # the memo generate made
         assert tables.output is not None and tables.output.weight.shape == (2, 16, 2050)
     finally:
         torch.set_num_threads(threads)
@@ -230,23 +232,25 @@ def test_large_vocabulary_decodes_with_the_output_in_blocks():
 
 def test_decoding_tables_are_remembered_until_a_weight_changes():
     """Repeated generations reuse the transposed weights; a weight changed in place (as an optimizer step
-    does) or a move to another dtype makes them again, and training drops them."""
+    does), a state dict loaded into it or a move to another dtype makes them again; nothing is stored on the
+    model."""
     model = _model()
     prompt = _prompt()
-    first = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)
-    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is first
+    first = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)
+    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is first
     generate(model, prompt, max_new_tokens=3, temperature=0)
-    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is first
+    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is first
     with torch.no_grad():
         model.layers[1].ff.net[3].weight.mul_(-1.5)  # in place: same storage, new version
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 20)
     gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
-    second = model.decoding_tables(reach=12, clamp_len=None, batch_size=2)
-    assert second is not first and model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is second
-    model.train().eval()
-    assert model.decoding_tables(reach=12, clamp_len=None, batch_size=2) is not second
+    second = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)
+    assert second is not first and decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is second
+    model.load_state_dict(model.state_dict())
+    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is not second
+    assert not any(isinstance(value, DecodingTables) for value in vars(model).values())
     model.double()
     gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)
     assert gen.scores.dtype == torch.float64 and torch.equal(gen.new_tokens, ref_tokens)
@@ -319,7 +323,7 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
     model.forward = spy
     gen = generate(model, prompt, max_new_tokens=n, temperature=0, return_scores=True)
     del model.forward
-    assert seen[:6] == [8, 8, 8, 8, 8, 5] and set(seen[6:]) == {1}  # chunks of at most mem_len
+    assert seen == [8, 8, 8, 8, 8, 5]  # chunks of at most mem_len; the new tokens go through the Decoder
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, n, chunk=8)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
@@ -431,9 +435,31 @@ def test_cache_with_targets_gives_forward_losses():
         want = model(x, memory=memory, targets=y)
         got = model(x, cache=cache, targets=y)
         memory = want.memory
-        assert got.logits is None
+        assert got.log_probs is None
         torch.testing.assert_close(got.loss, want.loss, atol=1e-12, rtol=0)
-    one = model(tokens[:, 30:31], cache=cache, targets=tokens[:, 30:31], return_logits=True)
-    want = model(tokens[:, 30:31], memory=memory, targets=tokens[:, 30:31], return_logits=True)
+    one = model(tokens[:, 30:31], cache=cache, targets=tokens[:, 30:31])
+    want = model(tokens[:, 30:31], memory=memory, targets=tokens[:, 30:31])
     torch.testing.assert_close(one.loss, want.loss, atol=1e-12, rtol=0)
-    torch.testing.assert_close(one.logits, want.logits, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["post_norm", "pre_norm_same_length_clamp", "adaptive"])
+def test_decoder_steps_equal_forward_with_memory_from_a_given_memory(variant):
+    """The Decoder stepping straight after a cache built from a memory (its keys and values bound first, by
+    bind_memory) gives forward's log-probabilities and memory, token after token; it notices changed weights."""
+    model = _model(torch.float64, **VARIANTS[variant])
+    tokens = torch.randint(0, V, (2, 60), generator=torch.Generator().manual_seed(7))
+    memory = model(tokens[:, :20], span=Span(mem_len=20)).memory  # longer than mem_len 12
+    decoder = Decoder(model, KVCache(model.config, memory=memory))
+    assert not decoder.stale
+    for i in range(20, 50):
+        want = model(tokens[:, i : i + 1], memory=memory)
+        memory = want.memory
+        torch.testing.assert_close(decoder.step(tokens[:, i]), want.log_probs[:, -1], atol=1e-10, rtol=0)
+    for a, b in zip(decoder.cache.memory().states, memory.states, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    with torch.no_grad():
+        model.layers[0].attn.qkv.weight.mul_(0.5)
+    assert decoder.stale  # (the cached keys and values are the old weights': a cache serves one set)
+    before = decoder.tables
+    decoder.prefill(tokens[:, 50:52])  # makes the tables again
+    assert not decoder.stale and decoder.tables is not before

@@ -127,11 +127,11 @@ def test_loglikelihood_equals_scoring_context_and_continuation(trained_run):
     context = context.rstrip()
     ids = torch.tensor(lm.vocab.encode(context).tolist())[None]
     with torch.no_grad():
-        best = int(lm.model(ids, span=Span(mem_len=64)).logits[0, -1].argmax())
+        best = int(lm.model(ids, span=Span(mem_len=64)).log_probs[0, -1].argmax())
     other = (best + 1) % 128
     with torch.no_grad():  # the best second token after the best first one
         ids2 = torch.cat([ids, torch.tensor([[best]])], dim=1)
-        best2 = int(lm.model(ids2, span=Span(mem_len=64)).logits[0, -1].argmax())
+        best2 = int(lm.model(ids2, span=Span(mem_len=64)).log_probs[0, -1].argmax())
     other2 = (best2 + 1) % 128
     continuations = [[best], [other], [best, best2], [best, other2], [other, best2]]
     flags = lm.loglikelihood(

@@ -114,7 +114,7 @@ def test_load_hf_matches_transformers(tmp_path, variant, fmt, start):
             seg = tokens[:, start_at : start_at + t]
             expected, hf_mems = _hf_step(hf, seg, hf_mems)
             out = ours(seg, memory=memory)
-            torch.testing.assert_close(out.logits, expected, rtol=0, atol=1e-5)
+            torch.testing.assert_close(out.log_probs, expected, rtol=0, atol=1e-5)
             assert len(out.memory) == len(hf_mems) == cfg.n_layer
             for mine, theirs in zip(out.memory.states, hf_mems, strict=True):
                 torch.testing.assert_close(mine, theirs.transpose(0, 1), rtol=0, atol=1e-5)
@@ -154,7 +154,7 @@ def test_a_broken_mapping_is_caught(tmp_path, monkeypatch):
     with torch.no_grad():
         expected, _ = _hf_step(hf, tokens, [torch.zeros(0, 2, 32)] * 3)
         with pytest.raises(AssertionError, match="Tensor-likes are not close"):
-            torch.testing.assert_close(broken(tokens).logits, expected, rtol=0, atol=1e-5)
+            torch.testing.assert_close(broken(tokens).log_probs, expected, rtol=0, atol=1e-5)
 
 
 def test_config_mapping_and_refusals(tmp_path):

@@ -104,6 +104,28 @@ def test_rel_shift_gradient_matches_index_formula(t, k):
     torch.testing.assert_close(grad, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("lead", "t", "k"), [((2, 3), 4, 7), ((1,), 5, 5), ((2,), 1, 6), ((3, 2), 6, 13)])
+def test_padded_rel_shift_equals_the_strided_one_forward_and_backward(lead, t, k):
+    """The pad-reshape-slice form (the one graph capture and the ONNX export run) and the strided view (eager)
+    agree on every entry a query may attend (j <= M + i) and send the same gradient back to x."""
+    from txl.model.attention import _rel_shift_padded
+
+    m = k - t
+    valid = torch.tensor([[j <= m + i for j in range(k)] for i in range(t)])
+    x = torch.randn(*lead, t, k, dtype=torch.float64)
+    weights = torch.randn(*lead, t, k, dtype=torch.float64) * valid
+    grads = []
+    for shift in (rel_shift, _rel_shift_padded):
+        leaf = x.clone().requires_grad_(True)
+        y = shift(leaf)
+        assert y.shape == x.shape
+        (grad,) = torch.autograd.grad((y * weights).sum(), leaf)
+        grads.append((y.detach() * valid, grad))
+    (strided, strided_grad), (padded, padded_grad) = grads
+    torch.testing.assert_close(padded, strided, rtol=0, atol=0)
+    torch.testing.assert_close(padded_grad, strided_grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("m", [0, 3])
 def test_cpu_attention_equals_the_fused_kernel_path_with_gradients(tiny_config, m):
     """attend (one baddbmm, the CPU path) and attend_fused (scaled_dot_product_attention with a bias, the GPU
@@ -260,13 +282,14 @@ def test_changing_a_token_never_changes_earlier_losses(tiny_config):
 
 def test_no_gradient_flows_through_memory(tiny_config):
     model = TransformerXL(tiny_config)
-    first = model(torch.randint(0, 37, (2, 5)), targets=torch.randint(0, 37, (2, 5)), return_hidden=True)
-    assert all(not s.requires_grad for s in first.memory.states)
-    second = model(torch.randint(0, 37, (2, 5)), memory=first.memory, targets=torch.randint(0, 37, (2, 5)))
-    (grad,) = torch.autograd.grad(second.loss.sum(), first.hidden, allow_unused=True)
+    hidden, memory = model.hidden_states(torch.randint(0, 37, (2, 5)))
+    first_loss = model.softmax.nll(hidden.reshape(10, -1), torch.randint(0, 37, (10,)))
+    assert all(not s.requires_grad for s in memory.states)
+    second = model(torch.randint(0, 37, (2, 5)), memory=memory, targets=torch.randint(0, 37, (2, 5)))
+    (grad,) = torch.autograd.grad(second.loss.sum(), hidden, allow_unused=True)
     assert grad is None
     # The first segment's graph still exists and is differentiable on its own.
-    (own,) = torch.autograd.grad(first.loss.sum(), first.hidden)
+    (own,) = torch.autograd.grad(first_loss.sum(), hidden)
     assert own.abs().sum() > 0
 
 
@@ -279,10 +302,9 @@ def test_memory_is_truncated_to_the_last_positions(tiny_config):
     tokens = torch.randint(0, config.vocab_size, (2, 9))
     memory, lengths, finals = None, [], []
     for start in range(0, 9, 3):
-        out = model(tokens[:, start : start + 3], memory=memory, return_hidden=True)
-        memory = out.memory
+        hidden, memory = model.hidden_states(tokens[:, start : start + 3], memory=memory)
         lengths.append(memory.length)
-        finals.append(out.hidden)
+        finals.append(hidden)
     assert lengths == [3, 5, 5]
     assert len(memory) == config.n_layer  # the input of each layer; the last layer's output is never read
     torch.testing.assert_close(memory.states[0], model.embedding(tokens)[:, -5:], rtol=0, atol=0)
@@ -339,8 +361,8 @@ def test_clamp_len_uses_the_clamped_distance_embedding(tiny_config):
     tokens = torch.randint(0, 37, (1, 10))
     # A model with clamp 3 differs from the unclamped one only when distances exceed 3.
     free = Span(mem_len=32, clamp_len=None)
-    assert torch.equal(model(tokens[:, :4]).logits, model(tokens[:, :4], span=free).logits)
-    assert (model(tokens).logits - model(tokens, span=free).logits).abs().max() > 1e-9
+    assert torch.equal(model(tokens[:, :4]).log_probs, model(tokens[:, :4], span=free).log_probs)
+    assert (model(tokens).log_probs - model(tokens, span=free).log_probs).abs().max() > 1e-9
 
 
 # 7. Adaptive softmax ---------------------------------------------------------------------------------------
@@ -359,10 +381,13 @@ def test_adaptive_softmax_normalises_and_lines_up_with_targets(tiny_config, extr
     torch.testing.assert_close(
         model.softmax.nll(hidden, target), -logp.gather(1, target[:, None])[:, 0], rtol=0, atol=1e-12
     )
-    ignored = target.clone()
-    ignored[::3] = -100
-    nll = model.softmax.nll(hidden, ignored)
-    assert torch.all(nll[::3] == 0) and torch.all(nll[1::3] > 0)
+    for bad in (-100, -1, tiny_config.vocab_size):  # no ignore id: every target outside [0, V) is an error
+        wrong = target.clone()
+        wrong[7] = bad
+        with pytest.raises(
+            ValueError, match=rf"targets must be token ids in \[0, {tiny_config.vocab_size}\)"
+        ):
+            model.softmax.nll(hidden, wrong)
 
 
 def test_no_cutoffs_is_a_full_softmax(tiny_config):
@@ -372,10 +397,8 @@ def test_no_cutoffs_is_a_full_softmax(tiny_config):
     expected = F.log_softmax(hidden @ weight.t() + model.softmax.out_layers[0].bias, dim=-1)
     torch.testing.assert_close(model.softmax.log_prob(hidden), expected, rtol=0, atol=1e-12)
     tokens = torch.randint(0, 37, (2, 6))
-    out = model(tokens, targets=tokens, return_logits=True)
-    torch.testing.assert_close(
-        out.loss, F.cross_entropy(out.logits.transpose(1, 2), tokens, reduction="none")
-    )
+    loss, log_probs = model(tokens, targets=tokens).loss, model(tokens).log_probs
+    torch.testing.assert_close(loss, F.cross_entropy(log_probs.transpose(1, 2), tokens, reduction="none"))
 
 
 def test_tying_shares_parameters(tiny_config):
@@ -490,7 +513,7 @@ def test_absolute_baseline_positions_only_at_input(tiny_config):
     torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-12)
     # The same token at every position: without positions every output would be the same (each query and
     # its keys are identical copies); with absolute positions each position's output differs.
-    same = model(torch.full((1, 7), 5)).logits[0]  # (T, V)
+    same = model(torch.full((1, 7), 5)).log_probs[0]  # (T, V)
     assert (same[1:] - same[:-1]).abs().amax(-1).min() > 1e-6
 
 
@@ -502,13 +525,13 @@ def test_positions_tell_the_order_of_earlier_tokens(tiny_config, attention):
     model = _model(dataclasses.replace(tiny_config, n_layer=1, attention=attention, init_std=0.5))
     tokens = torch.tensor([[3, 17, 8, 30, 11, 25]])
     swapped = tokens[:, [1, 0, 2, 3, 4, 5]]
-    later = (model(tokens).logits[:, 2:] - model(swapped).logits[:, 2:]).abs().amax(-1)  # (1, T-2)
+    later = (model(tokens).log_probs[:, 2:] - model(swapped).log_probs[:, 2:]).abs().amax(-1)  # (1, T-2)
     assert later.min() > 1e-5
     if attention == "relative":  # control: with W_R = 0 the position term vanishes and the orders agree
         with torch.no_grad():
             model.layers[0].attn.r_net.weight.zero_()
         torch.testing.assert_close(
-            model(tokens).logits[:, 2:], model(swapped).logits[:, 2:], rtol=0, atol=1e-12
+            model(tokens).log_probs[:, 2:], model(swapped).log_probs[:, 2:], rtol=0, atol=1e-12
         )
 
 
@@ -519,12 +542,12 @@ def test_relative_positions_reach_into_memory(tiny_config):
     memory = model(torch.tensor([[4, 9, 21, 2, 33]])).memory  # the embeddings of 5 tokens (the layer's input)
     reordered = Memory(tuple(s[:, [4, 2, 0, 1, 3]] for s in memory.states))
     tokens = torch.tensor([[6, 14, 6]])
-    diff = (model(tokens, memory=memory).logits - model(tokens, memory=reordered).logits).abs().amax(-1)
+    diff = (model(tokens, memory=memory).log_probs - model(tokens, memory=reordered).log_probs).abs().amax(-1)
     assert diff.min() > 1e-5
     with torch.no_grad():  # control: without the position term the order of the memory is invisible
         model.layers[0].attn.r_net.weight.zero_()
     torch.testing.assert_close(
-        model(tokens, memory=memory).logits, model(tokens, memory=reordered).logits, rtol=0, atol=1e-12
+        model(tokens, memory=memory).log_probs, model(tokens, memory=reordered).log_probs, rtol=0, atol=1e-12
     )
 
 
@@ -598,3 +621,50 @@ def test_hidden_states_are_forward_before_the_softmax(tiny_config):
     torch.testing.assert_close(nll, want.loss, rtol=0, atol=0)
     for got, expected in zip(memory.states, want.memory.states, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# 10. The forward interface ----------------------------------------------------------------------------------
+
+
+def test_forward_takes_exactly_the_documented_arguments():
+    """No test-only or never-used switches (return_logits, return_hidden, ignore_index), no train() override."""
+    import inspect
+
+    assert list(inspect.signature(TransformerXL.forward).parameters) == [
+        "self",
+        "tokens",
+        "memory",
+        "targets",
+        "span",
+        "cache",
+        "last_only",
+    ]
+    assert TransformerXL.train is torch.nn.Module.train
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"cutoffs": (10, 20)}, {"cutoffs": (10, 20), "div_val": 2, "d_embed": 16}]
+)
+@pytest.mark.parametrize("bad", [37, 77, -1, -5, -100])
+def test_targets_outside_the_vocabulary_are_an_error(tiny_config, extra, bad):
+    """As F.cross_entropy: a target outside [0, V) raises (plain and adaptive softmax), it never gives a finite
+    loss; with a cache too."""
+    model = _model(dataclasses.replace(tiny_config, **extra))
+    tokens = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    targets = tokens.clone()
+    targets[1, 3] = bad
+    with pytest.raises(ValueError, match=r"targets must be token ids in \[0, 37\)"):
+        model(tokens, targets=targets)
+    from txl.model import KVCache
+
+    cache = KVCache(model.config, batch_size=2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"targets must be token ids in \[0, 37\)"):
+        model(tokens, targets=targets, cache=cache)
+
+
+def test_log_probs_field_and_its_deprecated_alias(tiny_config):
+    model = _model(tiny_config)
+    out = model(torch.randint(0, 37, (2, 5)))
+    torch.testing.assert_close(out.log_probs.exp().sum(-1), torch.ones(2, 5, dtype=torch.float64))
+    with pytest.warns(DeprecationWarning, match="log_probs"):
+        assert out.logits is out.log_probs

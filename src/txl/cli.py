@@ -117,8 +117,9 @@ def _library_warnings(args: argparse.Namespace) -> Iterator[None]:
         if message in said:  # the same warning for each sample: once
             continue
         said.add(message)
-        if issubclass(warning.category, SameLengthOff):
-            _note(message.replace("mem_len 0", "--mem-len 0", 1) if args.mem_len == 0 else message)
+        if isinstance(warning.message, SameLengthOff):
+            flag = "--" + warning.message.field.replace("_", "-")
+            _note(warning.message.named(flag) if getattr(args, warning.message.field, None) == 0 else message)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
@@ -460,6 +461,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         Path(args.out),
         tgt_len=args.tgt_len,
         mem_len=args.mem_len,
+        clamp_len=args.clamp_len,
+        same_length=args.same_length,
         checkpoint=args.checkpoint,
         opset=args.opset,
         check=not args.no_check,
@@ -586,6 +589,28 @@ def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_harness)
 
 
+def _add_span_flags(p: argparse.ArgumentParser, *, export: bool = False) -> None:
+    """--mem-len, --clamp-len and --same-length, as ``txl eval`` and ``txl export`` take them (defaults: the
+    run's [eval] section, else its model's; :func:`txl.config.eval_span`). An export carries a memory."""
+    p.add_argument(
+        "--mem-len",
+        type=_positive_int if export else _non_negative_int,
+        help="memory length (default: the run's eval.mem_len, else the model's)"
+        + ("" if export else "; 0: no memory"),
+    )
+    p.add_argument(
+        "--clamp-len", type=_positive_int, help="clamp relative distances (default: the run's eval.clamp_len)"
+    )
+    p.add_argument(
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query attends to the same number of keys (default: the run's eval setting"
+        + ("" if export else "; turned off with a note when there is no memory")
+        + ")",
+    )
+
+
 def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert", help="a pretrained checkpoint (the authors' or Hugging Face's) as a txl run"
@@ -637,7 +662,7 @@ def _add_interop_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tgt-len", type=_positive_int, help="segment length traced (default: the run's eval tgt_len)"
     )
-    p.add_argument("--mem-len", type=_positive_int, help="memory length M (default: the model's mem_len)")
+    _add_span_flags(p, export=True)
     p.add_argument("--opset", type=_positive_int, default=18, help="ONNX opset (default: 18)")
     p.add_argument("--checkpoint", default="best", help="best (default), latest, a step or a folder")
     p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
@@ -1037,21 +1062,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tgt-len", type=_positive_int, help="segment length (default: the run's eval/train tgt_len)"
     )
-    p.add_argument(
-        "--mem-len",
-        type=_non_negative_int,
-        help="memory length (default: the run's eval.mem_len, else the model's); 0: no memory",
-    )
-    p.add_argument(
-        "--clamp-len", type=_positive_int, help="clamp relative distances (default: the run's eval.clamp_len)"
-    )
-    p.add_argument(
-        "--same-length",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="every query attends to the same number of keys (default: the run's eval setting; "
-        "turned off with a note when there is no memory)",
-    )
+    _add_span_flags(p)
     p.add_argument(
         "--batch-size", type=_positive_int, help="parallel streams (default: the run's eval.batch_size)"
     )

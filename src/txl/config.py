@@ -27,6 +27,7 @@ __all__ = [
     "span_of",
     "architecture_fields",
     "eval_span",
+    "vanilla_baseline",
     "first_set",
     "DataConfig",
     "TrainConfig",
@@ -74,7 +75,10 @@ def _probability(obj: Any, name: str) -> None:
     _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}")
 
 
-_SAME_LENGTH_NEEDS_MEMORY = "needs mem_len > 0 (same_length=true with mem_len=0 would block all attention)"
+_SAME_LENGTH_NEEDS_MEMORY = (
+    "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)"
+)
+"""The one same-length rule, for every config that has both fields (Span, the model, the [eval] section)."""
 
 
 def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
@@ -123,19 +127,21 @@ class Span:
             "same_length",
             f"must be true or false, got {self.same_length!r}",
         )
-        _check(
-            not (self.same_length and self.mem_len == 0),
-            "same_length",
-            "needs mem_len > 0 (same_length=true with mem_len=0 would leave every query no key to attend to)",
-        )
-
-    def replace(self, **changes: Any) -> Span:
-        """A new span with some lengths changed (validated)."""
-        return dataclasses.replace(self, **changes)
+        _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
 
 
 class SameLengthOff(TxlWarning):
-    """Same-length attention was turned off because the span has no memory (it would mask every key)."""
+    """Same-length attention was turned off because the span has no memory (it would mask every key).
+    ``field`` names the setting that gave the memory length 0 (as data: a command names its own flag)."""
+
+    def __init__(self, field: str = "mem_len") -> None:
+        self.field = field
+        super().__init__(self.named(field))
+
+    @staticmethod
+    def named(name: str) -> str:
+        """The message, with the setting called ``name`` (a field, or a command's flag)."""
+        return f"{name} 0: same_length turned off (it needs a memory)"
 
 
 def span_of(
@@ -145,7 +151,7 @@ def span_of(
     to: when it comes with the settings (it was not asked for with ``mem_len``) it is turned off, with a
     :class:`SameLengthOff` warning; asked for with ``same_length_asked``, it is a ConfigError."""
     if mem_len == 0 and same_length and not same_length_asked:
-        warnings.warn("mem_len 0: same_length turned off (it needs a memory)", SameLengthOff, stacklevel=3)
+        warnings.warn(SameLengthOff("mem_len"), stacklevel=3)
         same_length = False
     return Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
 
@@ -264,11 +270,6 @@ class TransformerXLConfig:
     def embed_dim(self) -> int:
         """The embedding size actually used (d_embed, or d_model when d_embed is None)."""
         return self.d_model if self.d_embed is None else self.d_embed
-
-    @property
-    def has_memory(self) -> bool:
-        """Whether forward returns memory for the next segment."""
-        return self.attention == "relative" and self.mem_len > 0
 
     @property
     def span(self) -> Span:
@@ -702,3 +703,19 @@ def apply_overrides(config: RunConfig, overrides: list[str] | tuple[str, ...]) -
             raise ConfigError(f"{key.strip()}: unknown field")
         data[section][name] = _parse_value(raw.strip())
     return config_from_dict(data)
+
+
+def vanilla_baseline(config: RunConfig) -> RunConfig:
+    """The paper's vanilla Transformer for a Transformer-XL run config.
+
+    Same sizes, data, steps, optimiser and seed; ``attention="absolute"`` (sinusoidal positions added to
+    the input, standard causal attention) and no memory. Its evaluation uses disjoint segments of the length
+    it was trained with (``eval.tgt_len = train.tgt_len``, no memory, clamp or same-length setting): with
+    absolute positions, a longer segment would show it positions it never saw in training."""
+    model = dataclasses.replace(
+        config.model, attention="absolute", mem_len=0, clamp_len=None, same_length=False
+    )
+    evaluation = dataclasses.replace(
+        config.eval, tgt_len=config.train.tgt_len, mem_len=None, clamp_len=None, same_length=None
+    )
+    return dataclasses.replace(config, model=model, eval=evaluation)

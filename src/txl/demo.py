@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from .analysis.baseline import vanilla_baseline
-from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig
+from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig, vanilla_baseline
 from .data import prepare_data
 from .files import atomic_write_text
 from .generate import generate_text

@@ -1,28 +1,46 @@
-"""Perplexity and bits per token over a whole split, carrying memory from segment to segment; every
-token of the split is predicted exactly once. Evaluation may use other lengths than training (a longer
-memory, another segment length, a clamp, same-length attention), given as a :class:`~txl.config.Span`.
-:func:`evaluate_run` evaluates a trained run folder (what ``txl eval`` does).
+"""The one evaluation protocol and its reductions. :func:`segment_losses` reads a token array as B streams in
+segments, carrying memory from segment to segment (in a key/value cache where it applies), and yields the
+per-token losses of each segment; every target is predicted exactly once. :func:`evaluate` reduces them to
+perplexity and bits per token over a split, ``analysis.context``, ``serve``'s scoring and the ONNX check read
+the same segments. Evaluation may use other lengths than training (a longer memory, another segment length,
+a clamp, same-length attention), given as a :class:`~txl.config.Span`. :func:`evaluate_run` evaluates a
+trained run folder (what ``txl eval`` does). :func:`eval_mode` is the one way to switch a model to evaluation
+for a while.
+
+Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .config import Span, eval_span, first_set
 from .data import SegmentStream, prepare_data
+from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
-from .model import KVCache, TransformerXL
+from .model import KVCache, Memory, TransformerXL
 from .runs import load_run
 
-__all__ = ["EvalResult", "evaluate", "evaluate_run", "metrics_from_loss"]
+__all__ = [
+    "EvalResult",
+    "SegmentLosses",
+    "eval_mode",
+    "evaluate",
+    "evaluate_run",
+    "metrics_from_loss",
+    "segment_losses",
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,133 @@ def metrics_from_loss(loss: float) -> dict[str, float]:
     return {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bpc": loss / math.log(2)}
 
 
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in evaluation mode inside the block; every module's own training flag restored after (also
+    when the block raises)."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
+@dataclass(frozen=True)
+class SegmentLosses:
+    """One segment of :func:`segment_losses`, for the B streams."""
+
+    loss: Tensor
+    """(B, T) float64 negative log-likelihood in nats of each target given everything before it in its
+    stream (0 where ``mask`` is False)."""
+    targets: Tensor
+    """(B, T) the target ids."""
+    mask: Tensor | None
+    """(B, T) bool, True where the target is a real token (the last segment is padded); None when all are."""
+    log_probs: Tensor | None = None
+    """(B, T, V) the log-probabilities, with ``log_probs=True``."""
+    memory: Memory | None = None
+    """The memory after the segment when no cache holds it (with ``log_probs=True``: ``reuse_keys`` off)."""
+
+    @property
+    def count(self) -> int:
+        """The number of real targets."""
+        return int(self.mask.sum()) if self.mask is not None else self.targets.numel()
+
+
+def segment_losses(
+    model: TransformerXL,
+    tokens: np.ndarray | Tensor,
+    *,
+    tgt_len: int,
+    span: Span | None = None,
+    batch_size: int,
+    rows: slice | None = None,
+    memory: Memory | None = None,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+    reuse_keys: bool = True,
+    log_probs: bool = False,
+    name: str = "tokens",
+) -> Iterator[SegmentLosses]:
+    """Per-token losses of ``tokens`` segment by segment: the array (N,) cut into ``batch_size`` contiguous
+    streams (:class:`~txl.data.SegmentStream`, the last segment padded), or given as streams already, (B, L+1)
+    ids with ``batch_size`` = B, each row's inputs ``row[:-1]`` and targets ``row[1:]``. Each segment of
+    ``tgt_len`` attends over the memory of the previous ones with ``span`` (default: the model's), starting
+    from ``memory`` (default: none). ``rows``: only these streams (a data-parallel rank's share).
+
+    ``reuse_keys``: a Transformer-XL in float32 keeps the keys and values of the remembered positions in a
+    :class:`~txl.model.KVCache` (computed once, when the position was in the current segment) instead of
+    projecting the whole memory again at every segment, as generation does; the losses are the same up to
+    float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
+    projections. False recomputes them, as training does (where the weights change between segments).
+    ``log_probs``: also the (B, T, V) log-probabilities (the losses are then read from them) and the memory.
+
+    Runs in evaluation mode (restored after) without gradients; ``precision`` "bf16" runs under autocast.
+    ``name`` names the array in errors (a split)."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    span = model.config.span if span is None else span
+    if isinstance(tokens, Tensor) and tokens.dim() == 2:
+        if tokens.shape[0] != batch_size or tokens.shape[1] < 2:
+            raise ValueError(
+                f"streams must be ({batch_size}, L+1) ids with L >= 1, got {tuple(tokens.shape)}"
+            )
+        ids = tokens.to(device=device, dtype=torch.long)
+        inputs, targets = ids[:, :-1], ids[:, 1:]  # (B, L) each
+        batches = (
+            Batch(inputs[:, start : start + tgt_len], targets[:, start : start + tgt_len])
+            for start in range(0, inputs.shape[1], tgt_len)
+        )
+    else:
+        try:
+            batches = SegmentStream(
+                tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=name
+            )
+        except ValueError as exc:
+            raise TxlError(str(exc)) from None
+    rows = slice(0, batch_size) if rows is None else rows
+    cache = None
+    relative = model.config.attention == "relative" and span.mem_len > 0
+    if reuse_keys and not log_probs and relative and precision == "fp32":
+        dtype = next(model.parameters()).dtype
+        cache = KVCache(
+            model.config,
+            batch_size=rows.stop - rows.start,
+            span=span,
+            memory=None if memory is None else memory.select(rows),
+            dtype=dtype,
+            device=device,
+        )
+    elif memory is not None:
+        memory = memory.select(rows)
+    with eval_mode(model), torch.no_grad():
+        for batch in batches:
+            batch = batch.select(rows).to(device)  # (B', T): these streams
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                if log_probs:
+                    out = model(batch.inputs, memory=memory, span=span)
+                    probs = out.log_probs.float() if out.log_probs.dtype == torch.bfloat16 else out.log_probs
+                    loss = -probs.gather(-1, batch.targets[..., None])[..., 0]  # (B', T)
+                elif cache is not None:
+                    out = model(batch.inputs, cache=cache, targets=batch.targets)
+                    loss = out.loss
+                else:
+                    out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
+                    loss = out.loss
+            memory = out.memory
+            loss = loss.double()  # (B', T)
+            if batch.mask is not None:
+                loss = loss * batch.mask
+            yield SegmentLosses(
+                loss=loss,
+                targets=batch.targets,
+                mask=batch.mask,
+                log_probs=out.log_probs if log_probs else None,
+                memory=memory,
+            )
+
+
 @torch.no_grad()
 def evaluate(
     model: TransformerXL,
@@ -61,56 +206,35 @@ def evaluate(
     reuse_keys: bool = True,
 ) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
-    its stream, carrying memory across segments. ``span`` sets the memory length, clamp and same-length
-    attention (default: the model's). ``max_tokens`` limits evaluation to a prefix. Under data parallelism
-    (``group``) every process reads its rows (streams) of each batch, with their memory, and the loss sums
-    and token counts are added up over the processes: the figure is the one process's.
-
-    ``reuse_keys``: a Transformer-XL evaluated in float32 keeps the keys and values of the remembered positions
-    in a :class:`~txl.model.KVCache` (computed once, when the position was in the current segment) instead of
-    projecting the whole memory again at every segment, as generation does; the losses are the same up to
-    float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
-    projections. False recomputes them, as training does (where the weights change between segments)."""
+    its stream, carrying memory across segments (:func:`segment_losses`, whose ``reuse_keys`` this passes
+    on). ``span`` sets the memory length, clamp and same-length attention (default: the model's).
+    ``max_tokens`` limits evaluation to a prefix. Under data parallelism (``group``) every process reads its
+    rows (streams) of each batch, with their memory, and the loss sums and token counts are added up over the
+    processes: the figure is the one process's."""
     rows = group.rows(batch_size, field="eval.batch_size")
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
-    was_training = model.training
-    model.eval()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    try:
-        stream = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=desc)
-    except ValueError as exc:
-        raise TxlError(str(exc)) from None
+    segments = segment_losses(
+        model,
+        tokens,
+        tgt_len=tgt_len,
+        span=span,
+        batch_size=batch_size,
+        rows=rows,
+        device=device,
+        precision=precision,
+        reuse_keys=reuse_keys,
+        name=desc,
+    )
+    n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    memory = None
-    span = model.config.span if span is None else span
-    cache = None
-    if reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32":
-        dtype = next(model.parameters()).dtype
-        cache = KVCache(
-            model.config, batch_size=rows.stop - rows.start, span=span, dtype=dtype, device=device
-        )
-    try:
-        for batch in tqdm(
-            stream, total=stream.n_batches, desc=desc, disable=not progress or not group.is_main, leave=False
-        ):
-            batch = batch.select(rows).to(device)  # (B/N, T): this process's streams
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                if cache is not None:
-                    out = model(batch.inputs, cache=cache, targets=batch.targets)
-                else:
-                    out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
-            loss = out.loss.double()  # (B, T)
-            if batch.mask is not None:
-                loss = loss * batch.mask
-                count += int(batch.mask.sum())
-            else:
-                count += batch.targets.numel()
-            total += loss.sum()
-            memory = out.memory
-    finally:
-        model.train(was_training)
+    for segment in tqdm(
+        segments, total=n_batches, desc=desc, disable=not progress or not group.is_main, leave=False
+    ):
+        count += segment.count
+        total += segment.loss.sum()
     total = group.all_reduce_sum(total)
     count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
     mean = float(total) / max(count, 1)

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .config import Span
+from .config import Span, eval_span, first_set
 from .errors import TxlError
+from .evaluate import eval_mode, segment_losses
 from .model import Memory, TransformerXL
 
 __all__ = [
@@ -54,7 +55,7 @@ class SegmentStep(nn.Module):
 
     def forward(self, tokens: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
         out = self.model(tokens, memory=Memory(tuple(memory)), span=self.span)
-        return (out.logits, *out.memory.states)
+        return (out.log_probs, *out.memory.states)
 
 
 def _names(n_layer: int) -> tuple[list[str], list[str]]:
@@ -68,15 +69,18 @@ def export_model(
     out: str | Path,
     *,
     tgt_len: int,
-    mem_len: int,
+    mem_len: int | None = None,
+    span: Span | None = None,
     batch_size: int = EXAMPLE_BATCH,
     opset: int = 18,
 ) -> Path:
     """Write ``model`` (relative attention, with memory) as ONNX to ``out``: segments of ``tgt_len`` tokens
-    after a memory of ``mem_len`` positions (its clamp and same-length setting are the model's). The file is
-    written under a temporary name next to ``out`` and renamed into place, so a failed export leaves nothing
-    and never half replaces an older file."""
+    after a memory of ``span.mem_len`` positions, with its clamp and same-length setting (or give ``mem_len``
+    alone: the model's clamp and same-length setting). The file is written under a temporary name next to
+    ``out`` and renamed into place, so a failed export leaves nothing and never half replaces an older file."""
     cfg = model.config
+    span = _span(model, mem_len=mem_len, span=span)
+    mem_len = span.mem_len
     if cfg.attention != "relative":
         raise ExportError(
             "only the Transformer-XL (relative attention) exports with memory; the vanilla baseline has none"
@@ -85,9 +89,7 @@ def export_model(
         raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
-    span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
-    was_training = model.training
-    step = SegmentStep(model.eval(), span=span)
+    step = SegmentStep(model, span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
     memory = tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer))
     inputs, outputs = _names(cfg.n_layer)
@@ -96,7 +98,7 @@ def export_model(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
-    with torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+    with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
@@ -117,8 +119,6 @@ def export_model(
                     f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
                 ) from None
             raise
-        finally:
-            model.train(was_training)
     os.replace(partial, out)
     return out
 
@@ -139,7 +139,8 @@ def check_onnx(
     path: str | Path,
     *,
     tgt_len: int,
-    mem_len: int,
+    mem_len: int | None = None,
+    span: Span | None = None,
     segments: int = 3,
     batch_size: int = 3,
     atol: float = 1e-4,
@@ -149,26 +150,26 @@ def check_onnx(
     ``model``, from the same zero memory, on random tokens; returns the largest log-probability difference and
     raises ExportError when it exceeds ``atol``."""
     cfg = model.config
+    span = _span(model, mem_len=mem_len, span=span)
+    mem_len = span.mem_len
     session = onnxruntime_session(path)
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len), generator=generator)
-    span = Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
+    tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len + 1), generator=generator)
     memory = Memory(tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer)))
     feeds_memory = [m.numpy() for m in memory.states]  # float32, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for s in range(segments):
-            seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
-            expected = model(seg, memory=memory, span=span)
-            got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
-            worst = max(worst, float(np.abs(got[0] - expected.logits.numpy()).max()))
-            for mine, theirs in zip(got[1:], expected.memory.states, strict=True):
-                worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
-            memory, feeds_memory = expected.memory, got[1:]
-    model.train(was_training)
+    # the segments as txl eval reads them (the same loop), from the zero memory the graph starts with
+    expected = segment_losses(
+        model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, memory=memory, log_probs=True
+    )
+    for s, segment in enumerate(expected):
+        seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
+        got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
+        worst = max(worst, float(np.abs(got[0] - segment.log_probs.numpy()).max()))
+        for mine, theirs in zip(got[1:], segment.memory.states, strict=True):
+            worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
+        feeds_memory = got[1:]
     if not worst <= atol:
         raise ExportError(
             f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "
@@ -177,36 +178,55 @@ def check_onnx(
     return worst
 
 
+def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Span:
+    """The span to export with: ``span``, or ``mem_len`` with the model's clamp and same-length setting."""
+    if (mem_len is None) == (span is None):
+        raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
+    if span is not None:
+        return span
+    cfg = model.config
+    if mem_len <= 0:  # export_model says what is wrong
+        return Span(mem_len=mem_len)
+    return Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
+
+
 def export_onnx(
     run_dir: Path,
     out: Path,
     *,
     tgt_len: int | None = None,
     mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
     checkpoint: str = "best",
     opset: int = 18,
     check: bool = True,
 ) -> dict[str, Any]:
     """``txl export``: the run's model as ONNX in ``out``; with ``check`` the file is run by onnxruntime over
-    3 segments against txl. ``tgt_len`` defaults to the run's evaluation segment length, ``mem_len`` to the
-    model's. Returns what was written (a JSON-able record)."""
+    3 segments against txl. The settings left as None start from the same place as ``txl eval``'s: the run's
+    ``[eval]`` section, else its training segment length and its model's lengths (:func:`~txl.config.eval_span`).
+    Returns what was written (a JSON-able record)."""
     from .runs import load_run
 
     run = load_run(Path(run_dir), checkpoint=checkpoint)
     config = run.config
-    tgt_len = next(v for v in (tgt_len, config.eval.tgt_len, config.train.tgt_len) if v is not None)
-    mem_len = mem_len if mem_len is not None else config.model.mem_len
-    path = export_model(run.model, out, tgt_len=tgt_len, mem_len=mem_len, opset=opset)
+    tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
+    span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    if span.mem_len <= 0:
+        raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
+    path = export_model(run.model, out, tgt_len=tgt_len, span=span, opset=opset)
     record: dict[str, Any] = {
         "out": str(path),
         "format": "onnx",
         "tgt_len": tgt_len,
-        "mem_len": mem_len,
+        "mem_len": span.mem_len,
+        "clamp_len": span.clamp_len,
+        "same_length": span.same_length,
         "n_layer": config.model.n_layer,
         "d_model": config.model.d_model,
         "vocab_size": config.model.vocab_size,
         "opset": opset,
     }
     if check:
-        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, mem_len=mem_len)
+        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, span=span)
     return record

@@ -27,7 +27,9 @@ from torch import Tensor, nn
 
 from .config import Span, check_sampling, first_set, span_of
 from .errors import TxlWarning
+from .evaluate import eval_mode
 from .model import KVCache, Memory
+from .model.decode import Decoder
 
 if TYPE_CHECKING:
     from .runs import LoadedRun
@@ -82,9 +84,8 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
             values.float() if values.dtype in (torch.float16, torch.bfloat16) else values, dim=-1
         )
         mass = torch.cumsum(probs, dim=-1)  # (..., V)
-        mass_before = torch.cat(
-            [torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1
-        )  # better-ranked mass
+        # better-ranked mass
+        mass_before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)
         keep_sorted = mass_before < top_p  # rank 0 has mass_before 0 < p: always kept
         keep = torch.gather(keep_sorted, -1, ranks)  # (..., V) back to token order
         out = out.masked_fill(~keep, float("-inf"))
@@ -226,7 +227,6 @@ class _CachedRows:
         chunk: int,
         dtype: torch.dtype,
     ) -> None:
-        self.model = model
         self.cache = KVCache(
             model.config,
             batch_size=prompt.shape[0],
@@ -235,12 +235,11 @@ class _CachedRows:
             dtype=dtype,
             device=prompt.device,
         )
-        for start in range(0, prompt.shape[1], chunk):  # at most `chunk` positions attend at once
-            out = model(prompt[:, start : start + chunk], cache=self.cache, last_only=True)
-        self.logprobs = out.logits[:, -1]  # (G, V)
+        self.decoder = Decoder(model, self.cache)
+        self.logprobs = self.decoder.prefill(prompt, chunk=chunk)  # (G, V): at most `chunk` attend at once
 
     def feed(self, token: Tensor) -> None:
-        self.logprobs = self.model(token[:, None], cache=self.cache, last_only=True).logits[:, -1]  # (G, V)
+        self.logprobs = self.decoder.step(token)  # (G, V)
 
     def memory(self) -> Memory | None:
         return self.cache.memory()
@@ -251,12 +250,12 @@ class _WindowRows:
 
     def __init__(self, model: nn.Module, prompt: Tensor, *, context: int, span: Span) -> None:
         self.model, self.context, self.seq, self.span = model, context, prompt, span
-        self.logprobs = model(prompt[:, -context:], span=span, last_only=True).logits[:, -1]  # (G, V)
+        self.logprobs = model(prompt[:, -context:], span=span, last_only=True).log_probs[:, -1]  # (G, V)
 
     def feed(self, token: Tensor) -> None:
         self.seq = torch.cat([self.seq, token[:, None]], dim=1)  # (G, P + i)
         window = self.seq[:, -self.context :]  # (G, min(C, P + i))
-        self.logprobs = self.model(window, span=self.span, last_only=True).logits[:, -1]  # (G, V)
+        self.logprobs = self.model(window, span=self.span, last_only=True).log_probs[:, -1]  # (G, V)
 
     def memory(self) -> Memory | None:
         return None
@@ -367,13 +366,10 @@ class _Decoding:
     def steps(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield (token ids (B,), log-probabilities (B, V)) for each new token: PAD_ID for stopped rows.
         The model is in eval mode, and the work in inference mode, only while this runs."""
-        model = self.model
-        flags = {module: module.training for module in model.modules()}
-        model.eval()
         sampling = self.sampling
         stop_ids = self.stop_ids
         token = None
-        try:
+        with eval_mode(self.model):
             for step in range(self.max_new_tokens):
                 with torch.inference_mode():
                     if step == 0:
@@ -393,9 +389,6 @@ class _Decoding:
                 yield shown, logprobs
                 if done:
                     return
-        finally:
-            for module, flag in flags.items():
-                module.training = flag
 
     def memory(self) -> Memory | None:
         """The memory after the last token fed (see :attr:`Generation.memory`)."""

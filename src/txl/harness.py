@@ -60,8 +60,8 @@ TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
 DEFAULT_MAX_GEN_TOKS = 256
 """New tokens per ``generate_until`` request when the task gives no ``max_gen_toks`` (the harness's default)."""
 
-IGNORE = -100
-"""The target id of padding positions, whose loss the model sets to 0 (``ignore_index``)."""
+PAD = 0
+"""The input and target id of padding positions (any id of the vocabulary: their losses are never read)."""
 
 
 def task_manager(include_path: Sequence[str | Path] = (), *, metadata: dict[str, Any] | None = None) -> Any:
@@ -115,8 +115,8 @@ def _score_rows(
     lengths = [len(rows[r]) - 1 for r in order]  # targets per row
     device = next(model.parameters()).device
     width = lengths[0]
-    inputs = torch.zeros((len(rows), width), dtype=torch.long)  # (B, L - 1)
-    targets = torch.full((len(rows), width), IGNORE, dtype=torch.long)  # (B, L - 1)
+    inputs = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L - 1)
+    targets = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L - 1)
     for b, r in enumerate(order):
         ids = torch.as_tensor(rows[r], dtype=torch.long)
         inputs[b, : lengths[b]] = ids[:-1]
@@ -135,13 +135,14 @@ def _score_rows(
             cache = KVCache(model.config, batch_size=live, span=span, memory=kept, dtype=dtype, device=device)
         stop = min(start + tgt_len, width)
         seg_targets = targets[:live, start:stop]  # (B', T)
-        if cached:
-            out = model(inputs[:live, start:stop], cache=cache, targets=seg_targets, return_logits=greedy)
+        where = {"cache": cache} if cached else {"span": span}
+        if greedy:  # the log-probabilities (B', T, V), for the losses and the model's top choices
+            log_probs = model(inputs[:live, start:stop], **where).log_probs
+            loss = -log_probs.gather(-1, seg_targets[..., None])[..., 0]  # (B', T)
+            hits[:live, start:stop] = (log_probs.argmax(dim=-1) == seg_targets).cpu()
         else:
-            out = model(inputs[:live, start:stop], targets=seg_targets, span=span, return_logits=greedy)
-        losses[:live, start:stop] = out.loss.double().cpu()
-        if greedy:
-            hits[:live, start:stop] = (out.logits.argmax(dim=-1) == seg_targets).cpu()  # logits (B', T, V)
+            loss = model(inputs[:live, start:stop], targets=seg_targets, **where).loss  # (B', T)
+        losses[:live, start:stop] = loss.double().cpu()
     result: list[_RowScores | None] = [None] * len(rows)
     for b, r in enumerate(order):
         result[r] = _RowScores(

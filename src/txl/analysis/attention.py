@@ -12,6 +12,7 @@ Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span
 from ..errors import TxlError
+from ..evaluate import eval_mode
 from ..model import TransformerXL
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
 from ..runs import load_run
@@ -155,18 +157,16 @@ def attention_statistics(
         layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
         for i, layer in enumerate(model.layers)
     ]
-    was_training = model.training
-    model.eval()
     memory = None
     try:
         starts = range(0, length - tgt_len + 1, tgt_len)  # whole segments only: every query has T - 1 peers
         for s, start in enumerate(tqdm(starts, desc="attention", disable=not progress, leave=False)):
             collector.active = s >= warm
-            memory = model(rows[:, start : start + tgt_len], memory=memory, span=span).memory
+            with eval_mode(model):
+                memory = model(rows[:, start : start + tgt_len], memory=memory, span=span).memory
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     return collector.stats()
 
 
@@ -293,7 +293,7 @@ def analyze_attention(
     config = run.config
     span = eval_span(config)
     if mem_len is not None:
-        span = span.replace(mem_len=mem_len)
+        span = dataclasses.replace(span, mem_len=mem_len)
     tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
     tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
     stats = attention_statistics(

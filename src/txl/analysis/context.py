@@ -29,7 +29,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Span
-from ..model import ModelOutput, TransformerXL
+from ..evaluate import SegmentLosses, eval_mode, segment_losses
+from ..model import TransformerXL
 
 __all__ = [
     "absolute_hidden",
@@ -42,15 +43,9 @@ __all__ = [
 
 @contextmanager
 def _evaluating(model: TransformerXL) -> Iterator[None]:
-    """Eval mode and inference mode inside; every module's training flag restored after."""
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
+    """Eval mode (:func:`txl.evaluate.eval_mode`) and inference mode inside."""
+    with eval_mode(model), torch.inference_mode():
+        yield
 
 
 def _as_tensor(tokens: np.ndarray | Tensor, device: torch.device) -> Tensor:
@@ -83,10 +78,11 @@ def _stream(
     batch_size: int,
     progress: bool,
     desc: str,
-    read: Callable[[ModelOutput, Tensor], Tensor],
+    read: Callable[[SegmentLosses], Tensor],
     with_targets: bool,
 ) -> np.ndarray:
-    """Run the rows segment by segment and return ``read(output, targets)`` (B, T) for targets first..N-1."""
+    """Run the rows segment by segment (:func:`txl.evaluate.segment_losses`, the protocol of ``txl eval``) and
+    return ``read(segment)`` (B, T) for targets first..N-1."""
     device = _device(model)
     ids = _as_tensor(tokens, device)
     n = ids.numel()
@@ -94,22 +90,20 @@ def _stream(
     rows = min(batch_size, n - first)
     per_row = math.ceil((n - first) / rows)  # counted targets per row (C)
     length = first - 1 + per_row  # inputs per row (L): first - 1 warm-up targets, then C counted ones
+    # (B, L+1)
     index = (
         torch.arange(rows, device=device)[:, None] * per_row
         + torch.arange(length + 1, device=device)[None, :]
-    )  # (B, L+1)
+    )
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
-    inputs, targets = padded[:, :-1], padded[:, 1:]  # (B, L) each
+    segments = segment_losses(
+        model, padded, tgt_len=tgt_len, span=span, batch_size=rows, log_probs=not with_targets
+    )
     pieces = []
-    memory = None
-    with _evaluating(model):
-        for start in tqdm(range(0, length, tgt_len), desc=desc, disable=not progress, leave=False):
-            seg = slice(start, start + tgt_len)
-            out = model(
-                inputs[:, seg], memory=memory, targets=targets[:, seg] if with_targets else None, span=span
-            )
-            pieces.append(read(out, targets[:, seg]).double().cpu())  # (B, T)
-            memory = out.memory
+    with torch.inference_mode():
+        steps = math.ceil(length / tgt_len)
+        for segment in tqdm(segments, total=steps, desc=desc, disable=not progress, leave=False):
+            pieces.append(read(segment).double().cpu())  # (B, T)
     values = torch.cat(pieces, dim=1)[:, first - 1 :]  # (B, C): the counted targets, row after row
     return values.reshape(-1)[: n - first].numpy()
 
@@ -137,7 +131,7 @@ def stream_losses(
         batch_size=batch_size,
         progress=progress,
         desc=desc,
-        read=lambda out, _: out.loss,
+        read=lambda segment: segment.loss,
         with_targets=True,
     )
 
@@ -163,7 +157,7 @@ def stream_predictions(
         batch_size=batch_size,
         progress=progress,
         desc=desc,
-        read=lambda out, _: out.logits.argmax(-1),
+        read=lambda segment: segment.log_probs.argmax(-1),
         with_targets=False,
     )
 

@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, RunConfig, Span, TransformerXLConfig
+from ..evaluate import eval_mode
 from ..model import TransformerXL
 from .baseline import vanilla_baseline
 from .context import sliding_losses
@@ -164,15 +165,10 @@ def time_xl(
             memory = model(x[:, :-1], memory=memory, targets=x[:, 1:], span=span).memory
         return memory
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            filled = segments(0, warm, None)
-            segments(warm, timed, filled)  # warm-up
-            seconds = _fastest(lambda: segments(warm, timed, filled), repeats)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        filled = segments(0, warm, None)
+        segments(warm, timed, filled)  # warm-up
+        seconds = _fastest(lambda: segments(warm, timed, filled), repeats)
     return seconds / (timed * segment)
 
 

@@ -1,7 +1,6 @@
 """txl.data: corpora, vocabularies, encoded-split cache, a run's prepared data, the ordered segment stream,
 downloads."""
 
-from .cache import default_cache_dir, encode_split, token_dtype
 from .corpora import (
     CORPUS_NAMES,
     GENERATED_CORPUS_NAMES,
@@ -12,6 +11,7 @@ from .corpora import (
     load_corpus,
 )
 from .download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
+from .encoded import default_cache_dir, encode_split, token_dtype
 from .prepare import PreparedData, prepare_data
 from .stream import Batch, SegmentStream
 from .vocab import (

@@ -4,7 +4,7 @@ the hub (or its local cache) and ``hf-disk:PATH`` for a dataset written with ``s
 Each row's ``text_field`` is one line of text (a newline is added to rows that have none, as WikiText's rows
 already end with one); the splits ``train``, ``validation`` (or ``valid``, ``dev``) and ``test`` become txl's
 train, valid and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and
-:mod:`txl.data.cache`'s.
+:mod:`txl.data.encoded`'s.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import DataConfig
-from .cache import encode_split
 from .corpora import Corpus, load_corpus
+from .encoded import encode_split
 from .vocab import Vocab, build_vocab
 
 __all__ = ["PreparedData", "prepare_data", "SPLITS"]

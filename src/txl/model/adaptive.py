@@ -42,6 +42,17 @@ def _upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
+def _check_targets(target: Tensor, vocab_size: int) -> None:
+    """Targets must be token ids in [0, V): ``F.cross_entropy`` raises on others, and so does txl's loss."""
+    outside = (target < 0) | (target >= vocab_size)
+    if target.device.type != "cpu":
+        torch._assert_async(~outside.any(), f"targets must be token ids in [0, {vocab_size})")
+    elif bool(outside.any()):
+        raise ValueError(
+            f"targets must be token ids in [0, {vocab_size}), got {target[outside][:5].tolist()}"
+        )
+
+
 class AdaptiveEmbedding(nn.Module):
     """Token ids (B, T) -> embeddings (B, T, D) scaled by sqrt(D).
 
@@ -190,25 +201,27 @@ class AdaptiveLogSoftmax(nn.Module):
     def _head_logits(self, hidden: Tensor) -> Tensor:
         return self._logits(hidden, *self._head_params())  # (N, shortlist + n_clusters)
 
-    def nll(self, hidden: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
-        """Per-token negative log-likelihood (N,), in the order of ``target``; 0 where target == ignore_index.
+    def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """Per-token negative log-likelihood (N,), in the order of ``target``: token ids in [0, V), anything else
+        is an error (a ValueError on the CPU; on an accelerator, an asynchronous device assertion, which needs
+        no host synchronisation).
 
         -log p(t) = -log p_head(t) for a shortlist token, -log p_head(cluster i) - log p_i(t) for a token of tail
         cluster i: the head's fused cross-entropy runs on every row with the target's head column (the token, or
         its cluster's logit), each tail's on the rows whose target it holds (data-dependent, as the original)."""
+        _check_targets(target, self.bounds[-1][1])
         weight, bias, proj = self._head_params()
         head = hidden if proj is None else hidden @ proj  # (N, E_0)
         if self.n_clusters == 0:
-            return linear_cross_entropy(head, weight, bias, target, ignore_index=ignore_index)
+            return linear_cross_entropy(head, weight, bias, target)
         head_target = target
         for i, (start, end) in enumerate(self.bounds[1:], start=1):
             column = self.shortlist + self.n_clusters - i
             head_target = torch.where((target >= start) & (target < end), column, head_target)
-        nll = linear_cross_entropy(head, weight, bias, head_target, ignore_index=ignore_index)  # (N,)
+        nll = linear_cross_entropy(head, weight, bias, head_target)  # (N,)
         for i, (start, end) in enumerate(self.bounds[1:], start=1):
-            rows = (
-                ((target >= start) & (target < end)).nonzero().squeeze(1)
-            )  # data-dependent, as the original
+            # data-dependent, as the original
+            rows = ((target >= start) & (target < end)).nonzero().squeeze(1)
             if rows.numel() == 0:
                 continue
             weight, bias, proj = self.cluster_params(i)

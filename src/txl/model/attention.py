@@ -1,8 +1,8 @@
 """Multi-head attention: Transformer-XL's relative attention (the paper's Eq. in Section 3.3) and the
 absolute-position attention of the vanilla baseline. Norms and residuals belong to ``layers.py``.
 
-Dimensions: B batch, T segment length (queries), M memory length, K = M + T keys, H heads, Dh head size,
-D model size.
+Dimensions (the legend of ``model/``, see its ``__init__``): B batch, T queries (new positions), M memory
+length, K = M + T keys, H heads, Dh head size, D model size.
 
 The relative score between query i and key j (Dai et al. 2019, Section 3.3):
 
@@ -13,11 +13,9 @@ The relative score between query i and key j (Dai et al. 2019, Section 3.3):
 Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
 by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
 
-Incremental decoding passes a :class:`~txl.model.cache.LayerCache`: the memory's keys and values are then
-read from the cache (projected once, when their positions were new) instead of being projected again. For
-one new position (:meth:`RelativeMultiHeadAttention.forward_one`) a :class:`OneQueryContext` carries the
-distance table ``W_R R`` projected once per model and memory length
-(:meth:`~txl.model.TransformerXL.decoding_tables`). The maths is the same.
+With a :class:`~txl.model.cache.KVCache` the keys and values of remembered positions are read from the
+cache (projected once, when their positions were new) instead of being projected again: the only difference
+between the memory path and the cache path. One-position decoding has its own room, ``decode.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = [
     "rel_shift",
     "RelativeContext",
-    "OneQueryContext",
     "MultiHeadAttention",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
@@ -115,25 +112,6 @@ class RelativeContext:
     v: Tensor
 
 
-@dataclass(frozen=True)
-class OneQueryContext:
-    """What relative attention needs for one new position per row against a key/value cache (incremental
-    decoding), prepared once per model and settings by :meth:`RelativeMultiHeadAttention.prepare_one` and
-    sliced to the K keys in view. A single query needs no shift and no mask (``same_length`` leaves the oldest key out of view).
-
-    rel: (B*H, Dh, K) this layer's projected distances ``W_R R`` for the distances K-1..0 (clamped), one copy
-    per batch row so that one batched matmul scores every head of every row; q_bias: (3*H*Dh,) ``[u | 0 | 0]``,
-    which makes the qkv projection return q + u; v_minus_u: (H, Dh), since q + v = (q + u) + (v - u);
-    qkv_t: (D, 3*H*Dh) and out_t: (H*Dh, D), the projection weights transposed and contiguous, the layout in
-    which a few rows times a weight run fastest on the CPU."""
-
-    rel: Tensor
-    q_bias: Tensor
-    v_minus_u: Tensor
-    qkv_t: Tensor
-    out_t: Tensor
-
-
 class MultiHeadAttention(nn.Module):
     """Causal multi-head attention over [memory ; current]: the projections shared by both variants.
     A variant overrides :meth:`attend`, which turns heads into the attention output."""
@@ -156,9 +134,8 @@ class MultiHeadAttention(nn.Module):
         else:  # queries of the current positions only; keys and values of [memory ; current]
             inner = self.n_head * self.d_head
             q = F.linear(x, self.qkv.weight[:inner])  # (B, T, H*Dh)
-            k, v = F.linear(torch.cat([memory, x], dim=1), self.qkv.weight[inner:]).chunk(
-                2, dim=-1
-            )  # 2 x (B, K, H*Dh)
+            kv = F.linear(torch.cat([memory, x], dim=1), self.qkv.weight[inner:])  # (B, K, 2*H*Dh)
+            k, v = kv.chunk(2, dim=-1)  # 2 x (B, K, H*Dh)
         q = q.reshape(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
         k = k.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
@@ -178,14 +155,13 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
 
-        With ``cache`` (incremental decoding; ``memory`` must be None) only the T new positions are projected:
-        their keys and values are appended to the cache, and the memory's come from it."""
+        With ``cache`` the keys and values of ``memory`` and of the T new positions are projected and appended to
+        the cache, and attention reads those of every remembered position from it; ``memory`` is then only
+        what the cache holds unprojected (see :meth:`~txl.model.cache.LayerCache.unprojected`), usually None."""
         b, t, _ = x.shape
-        if cache is None:
-            q, k, v = self.project(x, memory)
-        else:
-            q, k, v = self.project(x, None)
-            k, v = cache.append(k, v)  # (B, H, K, Dh): [memory ; current] as far as this query sees
+        q, k, v = self.project(x, memory)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, K, Dh): [memory ; current], the memory's read from the cache
         attn = self.attend(q, k, v, context)  # (B, H, T, Dh)
         attn = attn.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)  # (B, T, H*Dh)
         return self.drop(self.out(attn))
@@ -215,42 +191,6 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = (content + self.position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
 
-    def prepare_one(self, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> OneQueryContext:
-        """The :class:`OneQueryContext` for distances ``pos`` (R, D) (sinusoids of R-1..0) and B rows."""
-        b, h, dh = batch_size, self.n_head, self.d_head
-        rel = self.project_distances(pos)  # (H, Dh, R)
-        rel = rel.unsqueeze(0).expand(b, h, dh, rel.shape[-1]).reshape(b * h, dh, -1)  # (B*H, Dh, R)
-        q_bias = torch.cat([u.reshape(-1), u.new_zeros(2 * h * dh)])  # (3*H*Dh,): [u | 0 | 0]
-        return OneQueryContext(
-            rel=rel,
-            q_bias=q_bias,
-            v_minus_u=v - u,
-            qkv_t=self.qkv.weight.t().contiguous(),
-            out_t=self.out.weight.t().contiguous(),
-        )
-
-    def forward_one(
-        self, x: Tensor, *, context: OneQueryContext, cache: LayerCache, residual: Tensor
-    ) -> Tensor:
-        """One new position per row against the cache (incremental decoding), eval mode only (no dropout):
-        x (B, D) -> residual + attention output (B, D).
-
-        The four terms of :meth:`attend`: (q + u)·k + (q + v)·W_R R, with the distance table projected ahead,
-        no shift and no mask (one query), and batched matmuls with a plain softmax, which for one query cost
-        less than the fused kernel's set-up. Every tensor op costs microseconds of dispatch whatever its size,
-        so this path issues few: u rides in the projection as a bias, the scale and the position term enter
-        through one ``baddbmm``, the residual through the output projection's ``addmm``."""
-        b, h, dh = x.shape[0], self.n_head, self.d_head
-        qkv = torch.addmm(context.q_bias, x, context.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
-        k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1))  # (B*H, Dh, K), (B*H, K, Dh), x's k, v included
-        q_u = qkv[:, 0]  # (B, H, Dh)
-        q_v = (q_u + context.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
-        score = torch.baddbmm(
-            torch.bmm(q_v, context.rel), q_u.reshape(b * h, 1, dh), k_t, beta=self.scale, alpha=self.scale
-        )  # (B*H, 1, K): (b)+(d), + (a)+(c), scaled
-        attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
-        return torch.addmm(residual, attn.view(b, h * dh), context.out_t)  # (B, D)
-
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
         if context is None:
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
@@ -265,9 +205,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         kk = k.shape[2]
         position = self.position_term(q, context.pos, context.v, scale=self.scale)  # (B, H, T, K), a view
         content_q = ((q + context.u[:, None, :]) * self.scale).reshape(b * h, t, dh)  # (B*H, T, Dh)
+        # (B*H, T, K): ((a)+(c) + (b)+(d)) / sqrt(Dh)
         score = torch.baddbmm(
             position.reshape(b * h, t, kk), content_q, k.reshape(b * h, kk, dh).transpose(1, 2)
-        )  # (B*H, T, K): ((a)+(c) + (b)+(d)) / sqrt(Dh)
+        )
         with torch.no_grad():  # masked entries get probability 0, so their gradient is 0 without autograd's
             score.masked_fill_(context.mask, float("-inf"))  # masked_fill backward (a copy of the scores)
         attn = F.dropout(torch.softmax(score.view(b, h, t, kk), dim=-1), self.dropatt, self.training)

@@ -57,9 +57,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         picked = torch.zeros(n, dtype=acc, device=hidden.device)  # the target's logit
         kept = []  # with keep (gradients needed), the logits of each block, for backward
         for s in range(0, v, cols):
-            logits = _chunk_logits(
-                hidden, weight[s : s + cols], None if bias is None else bias[s : s + cols]
-            )  # (N, C)
+            block_bias = None if bias is None else bias[s : s + cols]
+            logits = _chunk_logits(hidden, weight[s : s + cols], block_bias)  # (N, C)
             inside = (target >= s) & (target < s + logits.shape[1])
             local = (target - s).clamp(0, logits.shape[1] - 1)
             picked += logits.gather(1, local[:, None])[:, 0] * inside
@@ -90,14 +89,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.empty(v, dtype=acc, device=weight.device) if need_b else None
         for s in range(0, v, cols):
             exps, block_top = ctx.kept[s // cols]
-            probs = exps.mul_(
-                (block_top - lse[:, None]).exp_().mul_(grad)
-            )  # (N, C): grad * softmax, in place
+            # (N, C): grad * softmax, in place
+            probs = exps.mul_((block_top - lse[:, None]).exp_().mul_(grad))
             inside = ((target >= s) & (target < s + probs.shape[1]))[:, None]
             local = (target - s).clamp(0, probs.shape[1] - 1)[:, None]
-            probs.scatter_add_(
-                1, local, -(grad * inside)
-            )  # minus grad * the one-hot target: d loss / d logits
+            probs.scatter_add_(1, local, -(grad * inside))  # minus grad * one-hot target: d loss / d logits
             if need_b:
                 torch.sum(probs, 0, out=grad_b[s : s + cols])
             if need_w:

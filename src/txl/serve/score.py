@@ -7,13 +7,16 @@ Dimensions: N tokens of the text, T segment length.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from ..config import RunConfig, Span
+from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
+from ..evaluate import segment_losses
 
 __all__ = ["Scores", "score_tokens", "token_pieces", "scoring_lengths"]
 
@@ -36,26 +39,16 @@ class Scores:
 
 
 def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
-    """The segment length and span a run is evaluated with when ``txl eval`` is given no flags: the run's
-    ``[eval]`` settings, else its model's and training's. ``memory=False`` sets the memory length to 0 (and
-    same-length attention off, since it needs a memory). The vanilla baseline always has no memory."""
-    tgt_len = config.eval.tgt_len if config.eval.tgt_len is not None else config.train.tgt_len
-    span = config.model.span
+    """The segment length and span a run is evaluated with when ``txl eval`` is given no flags (the one
+    resolver, :func:`~txl.config.eval_span`): the run's ``[eval]`` settings, else its model's and training's.
+    ``memory=False`` is ``txl eval --mem-len 0``: same-length attention then goes off (it needs a memory;
+    the answer's span says so, the warning is not repeated). The vanilla baseline always has no memory."""
+    tgt_len = first_set(config.eval.tgt_len, config.train.tgt_len)
     if config.model.attention != "relative":
-        return tgt_len, span
-    settings = {
-        k: v
-        for k, v in (
-            ("mem_len", config.eval.mem_len),
-            ("clamp_len", config.eval.clamp_len),
-            ("same_length", config.eval.same_length),
-        )
-        if v is not None
-    }
-    span = span.replace(**settings)
-    if not memory or span.mem_len == 0:
-        span = span.replace(mem_len=0, same_length=False)
-    return tgt_len, span
+        return tgt_len, eval_span(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SameLengthOff)
+        return tgt_len, eval_span(config, mem_len=None if memory else 0)
 
 
 @torch.inference_mode()
@@ -70,28 +63,14 @@ def score_tokens(
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
     if tgt_len < 1:
         raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
-    device = next(model.parameters()).device
-    ids = ids.to(device=device, dtype=torch.long)
-    inputs, targets = ids[None, :-1], ids[None, 1:]  # (1, N - 1) each
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
     losses: list[Tensor] = []
-    memory = None
-    try:
-        for start in range(0, inputs.shape[1], tgt_len):
-            if should_stop is not None and should_stop():
+    segments = segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1)  # txl eval's loop
+    with closing(segments):  # stopped early: the generator restores the training flags now
+        while should_stop is None or not should_stop():
+            segment = next(segments, None)
+            if segment is None:
                 break
-            out = model(
-                inputs[:, start : start + tgt_len],
-                memory=memory,
-                targets=targets[:, start : start + tgt_len],
-                span=span,
-            )
-            losses.append(out.loss[0].double())  # (T,)
-            memory = out.memory if span.mem_len > 0 else None
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
+            losses.append(segment.loss[0])  # (T,)
     joined = torch.cat(losses).cpu() if losses else torch.zeros(0, dtype=torch.float64)
     return Scores(losses=joined, tgt_len=tgt_len, span=span)
 

@@ -1,4 +1,5 @@
-"""Encoded-split cache: token ids of one corpus split under one vocabulary, as memory-mapped `.npy`.
+"""Encoded splits on disk: token ids of one corpus split under one vocabulary, as memory-mapped `.npy` (a
+cache of the encoding, kept next to the data; named for what it holds, apart from ``model/cache.py``).
 
 Owns the cache key and the dtype choice; files are written with :func:`txl.files.atomic_open`. Reading corpora and encoding text are left to
 `corpora.py` and `vocab.py`.
