@@ -6,6 +6,7 @@ probabilities and the speed and memory tables."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -26,9 +27,9 @@ from txl.analysis import (
 )
 from txl.analysis.common import parse_ints
 from txl.analysis.context import absolute_hidden
-from txl.analysis.recl import default_recl_lengths
+from txl.analysis.recl import context_losses, default_recl_lengths
 from txl.analysis.report import format_table, plain
-from txl.config import ConfigError, load_config
+from txl.config import ConfigError, RunConfig, TrainConfig, load_config
 from txl.data.corpora import (
     RECALL_ALPHABET,
     CorpusError,
@@ -178,31 +179,88 @@ def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
 # -- RECL -------------------------------------------------------------------------------------------------
 
 
-def test_relative_gains_and_recl_on_hand_made_losses():
-    lengths = [1, 2, 3]
-    a = [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]  # l_A(c, t): gains from 1 -> 2 only
-    b = [[3.0, 1.0], [3.0, 1.0], [0.5, 1.0]]  # l_B: gains from 2 -> 3 only
-    contexts, gains = relative_gains(np.array([a, b]), lengths=lengths, delta=1)
-    # c = 1: b(1) = [2, 1], f(1,1) = 1.5; f_A(1,2) = mean(min([2,1],[1,1])) = 1; f_B(1,2) = mean([2,1]) = 1.5
-    # c = 2: b(2) = [1, 1], f(2,2) = 1;   f_A(2,3) = 1;                       f_B(2,3) = mean([0.5,1]) = 0.75
-    assert contexts == (1, 2)
-    np.testing.assert_allclose(gains, [[1 / 3, 0.0], [0.0, 0.25]])
-    recl = recl_from_gains(contexts, gains, r_percent=[10, 30, 50])
-    assert recl == [{10: 1, 30: 1, 50: 0}, {10: 2, 30: 0, 50: 0}]
+# Two models, four targets, contexts 1 and 2 (the paper's Appendix C by hand). A gains only on its easy
+# targets, B only on the hardest one, and B's own loss at c = 1 is worse than A's everywhere.
+RECL_A = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 1.0, 0.5]]  # l_A(c, t), c = 1, 2
+RECL_B = [[5.0, 3.5, 2.5, 1.5], [3.0, 3.5, 2.5, 1.5]]  # l_B(c, t)
 
 
-def test_relative_loss_is_capped_by_the_best_model():
+@pytest.mark.parametrize(
+    ("r", "expected_a", "expected_b"),
+    [
+        # b(1, t) = [4, 3, 2, 1]; top-r hardest: r = 0.25 -> {t0}, 0.5 -> {t0, t1}, 1 -> all four.
+        # r = 0.25: f(1,1) = 4; f_A(1,2) = min(4, 4) = 4; f_B(1,2) = min(4, 3) = 3
+        (0.25, 0.0, 1 - math.exp(3 - 4)),
+        # r = 0.5: f(1,1) = 3.5; f_A = mean(4, 3) = 3.5; f_B = mean(min(4, 3), min(3, 3.5)) = 3
+        (0.5, 0.0, 1 - math.exp(3 - 3.5)),
+        # r = 1: f(1,1) = 2.5; f_A = mean(4, 3, 1, 0.5) = 2.125; f_B = mean(3, 3, 2, 1) = 2.25
+        (1.0, 1 - math.exp(2.125 - 2.5), 1 - math.exp(2.25 - 2.5)),
+    ],
+)
+def test_relative_gains_on_the_top_r_hardest_targets_against_the_group_baseline(r, expected_a, expected_b):
+    contexts, gains = relative_gains(np.array([RECL_A, RECL_B]), lengths=[1, 2], delta=1, r=r)
+    assert contexts == (1,)
+    np.testing.assert_allclose(gains[:, 0], [expected_a, expected_b], rtol=1e-12, atol=1e-15)
+    # the perplexity form of the paper: (exp f(c, c) - exp f(c, c')) / exp f(c, c)
+
+
+def test_relative_gain_is_measured_against_the_best_model_of_the_group():
+    """Alone, B's baseline is its own loss at c = 1 (5 on the hardest target), so it gains 1 - e^-2 from
+    5 -> 3; in the group the baseline is A's 4, and the gain is 1 - e^-1."""
+    _, alone = relative_gains(np.array([RECL_B]), lengths=[1, 2], delta=1, r=0.25)
+    _, group = relative_gains(np.array([RECL_A, RECL_B]), lengths=[1, 2], delta=1, r=0.25)
+    assert alone[0, 0] == pytest.approx(1 - math.exp(-2)) and group[1, 0] == pytest.approx(1 - math.exp(-1))
+
+
+def test_relative_loss_is_capped_by_the_baseline():
     """f_i(c, c') takes min(b(c, t), l_i(c', t)): a model cannot gain on a token where it got worse."""
     losses = np.array([[[1.0, 4.0], [3.0, 2.0]]])  # one model: token 0 worse at c'=2, token 1 better
-    _, gains = relative_gains(losses, lengths=[1, 2], delta=1)
-    assert gains[0, 0] == pytest.approx((2.5 - 1.5) / 2.5)  # min([1,4],[3,2]) = [1, 2]
+    _, gains = relative_gains(losses, lengths=[1, 2], delta=1, r=1.0)
+    assert gains[0, 0] == pytest.approx(1 - math.exp(1.5 - 2.5))  # min([1,4],[3,2]) = [1, 2]
+    with pytest.raises(ValueError, match="r must be"):
+        relative_gains(losses, lengths=[1, 2], delta=1, r=10)
 
 
-def test_recl_is_the_largest_qualifying_context_not_the_first():
-    gains = np.array([[0.02, 0.0, 0.015, 0.0005]])
-    assert recl_from_gains([10, 20, 30, 40], gains, r_percent=[0.1, 1.0, 2.0, 5.0]) == [
-        {0.1: 30, 1.0: 30, 2.0: 10, 5.0: 0}
+def test_recl_is_where_the_steps_first_fall_below_the_threshold():
+    """The paper's algorithm: from the shortest c, c -> c + delta while g >= 0.01; a later gain above the
+    threshold does not count, and still gaining at the last measured context is a lower bound."""
+    contexts = [10, 20, 30, 40]
+    gains = np.array(
+        [
+            [0.02, 0.005, 0.5, 0.5],  # stops at 20
+            [0.009, 0.5, 0.5, 0.5],  # stops at once: the shortest context
+            [0.01, 0.01, 0.2, 0.3],  # never below: at least 50
+        ]
+    )
+    assert recl_from_gains(contexts, gains, delta=10) == [(20, False), (10, False), (50, True)]
+    assert recl_from_gains(contexts, gains, delta=10, threshold=0.015) == [
+        (20, False),
+        (10, False),
+        (10, False),
     ]
+
+
+def test_recl_of_a_hand_made_group():
+    """X keeps gaining on its hardest target up to c = 3; Y never beats the baseline: RECL 3 and 1."""
+    x = [[4, 2, 2, 2], [3, 2, 2, 2], [2.5, 2, 2, 2], [2.5, 2, 2, 2]]
+    y = [[5, 2, 2, 2]] * 4
+    contexts, gains = relative_gains(np.array([x, y], dtype=float), lengths=[1, 2, 3, 4], delta=1, r=0.25)
+    assert contexts == (1, 2, 3)
+    # c=1: b = 4 -> X 3: 1 - e^-1; c=2: b = 3 -> 2.5: 1 - e^-0.5; c=3: b = 2.5 -> 2.5: 0. Y: 0 throughout.
+    np.testing.assert_allclose(gains, [[1 - math.exp(-1), 1 - math.exp(-0.5), 0], [0, 0, 0]], atol=1e-15)
+    assert recl_from_gains(contexts, gains, delta=1) == [(3, False), (1, False)]
+
+
+def test_vanilla_context_is_capped_at_its_training_segment(tiny_config):
+    """A context longer than the vanilla model's training segment T gives it the T tokens before each
+    target, by a naive forward over exactly that window."""
+    vanilla = TransformerXL(dataclasses.replace(tiny_config, mem_len=0, attention="absolute"))
+    vanilla = vanilla.double().eval()
+    config = RunConfig(model=vanilla.config, train=TrainConfig(tgt_len=4))
+    x = torch.randint(0, 37, (30,))
+    got = context_losses(vanilla, config, x.numpy(), context=12, first=12)
+    expected = [_naive_loss(vanilla, x, t - 4, t, t) for t in range(12, 30)]
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
 def test_default_recl_lengths():

@@ -175,10 +175,17 @@ def test_analyze_recl(compared, tmp_path):
     )
     results = _results(out)
     assert [m["run"] for m in results["models"]] == [str(compared / "xl"), str(compared / "vanilla")]
-    for model in results["models"]:
-        assert set(model["recl"]) == {"0.1", "0.5", "1.0"}
-        assert all(c in (0, 4, 8, 16) for c in model["recl"].values())
     assert results["lengths"] == [4, 8, 12, 16, 20] and results["tokens"] == 300
+    assert results["r"] == [0.1, 0.5, 1.0] and results["threshold"] == 0.01
+    for model in results["models"]:
+        assert set(model["recl"]) == set(model["at_least"]) == set(model["gains"]) == {"0.1", "0.5", "1.0"}
+        for r, recl in model["recl"].items():  # the steps from c = 4, recomputed from the printed gains
+            gains = {int(c): g for c, g in model["gains"][r].items()}
+            assert list(gains) == [4, 8, 12, 16]
+            c = 4
+            while c in gains and gains[c] >= 0.01:
+                c += 4
+            assert (recl, model["at_least"][r]) == (c, c == 20)
     assert (out / "recl.png").exists()
 
 

@@ -513,11 +513,14 @@ def _cmd_analyze_recl(args: argparse.Namespace) -> int:
     from .analysis.recl import analyze_recl
 
     lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
+    r = parse_floats(args.r, name="--r")
+    if any(not 0 < v <= 1 for v in r):
+        raise ConfigError(f"--r: fractions of the targets in (0, 1], got {args.r!r}")
     result = analyze_recl(
         [Path(d) for d in args.run_dirs],
         lengths=lengths,
         delta=args.delta,
-        r_percent=parse_floats(args.r, name="--r"),
+        r=r,
         split=args.split,
         max_tokens=args.max_tokens,
         batch_size=args.batch_size,
@@ -588,13 +591,16 @@ Each time is the fastest of --repeats. Writes OUT/results.json ({"rows": [{"leng
 "vanilla_ms_per_token", "ratio"}]}) and speed.png."""
 
 _RECL_HELP = """\
-The paper's relative effective context length of a group of trained models (same corpus and
-vocabulary). With l_i(c, t) the loss of model i on token t given c tokens of context, b(c, t) = min_i
-l_i(c, t), f_i(c, c') = mean_t min(b(c, t), l_i(c', t)) and g_i(c, c') = (f_i(c, c) - f_i(c, c')) /
-f_i(c, c), a model's RECL for a threshold r (percent) is the largest c with g_i(c, c + delta) >= r (0 if
-none). Context c: a Transformer-XL reads with memory c and same-length attention (every query attends
-to exactly c positions in every layer); a vanilla model slides a window of min(c, its training segment)
-tokens. Writes OUT/results.json ({"models": [{"run", "recl": {"0.1": c, ...}}]}) and recl.png."""
+The paper's relative effective context length (Dai et al. 2019, Appendix C) of a group of trained models
+(same corpus and vocabulary). With l_i(c, t) the loss of model i on target t given c tokens of context:
+the group's baseline b(c, t) = min_i l_i(c, t); T the top-r fraction of targets with the largest b(c, t)
+(r = 0.1, 0.5, 1.0: the hardest 10%, 50%, all); f_i(c, c') = mean over T of min(b(c, t), l_i(c', t));
+the relative perplexity gain g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c). From the
+shortest context c, step c -> c + delta while g_i(c, c + delta) >= 0.01; the model's RECL is the c where it
+stops (">=" when it still gains at the longest measured context). Context c: a Transformer-XL reads with
+memory c and same-length attention (every query attends to exactly c positions in every layer); a vanilla
+model slides a window of min(c, its training segment) tokens. Writes OUT/results.json ({"models": [{"run",
+"recl": {"0.1": c, ...}, "at_least": {...}, "gains": {"0.1": {"c": g}}}]}) and recl.png."""
 
 _RECALL_HELP = """\
 The fastest demonstration that the memory works. On synthetic-recall, a task txl generates (every symbol
@@ -735,7 +741,9 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--lengths", help="contexts c (default: delta, 2 delta, ..., 8T; T the shortest training segment)"
     )
     a.add_argument("--delta", type=int, help="extension c -> c + delta (default: T/2)")
-    a.add_argument("--r", default="0.1,0.5,1.0", help="thresholds in percent (default: 0.1,0.5,1.0)")
+    a.add_argument(
+        "--r", default="0.1,0.5,1.0", help="fractions of hardest targets, in (0, 1] (default: 0.1,0.5,1.0)"
+    )
     a.add_argument("--batch-size", type=int, default=8, help="rows read in parallel by the Transformer-XL")
     _add_run_options(a, max_tokens=20_000)
     _add_output_options(a, default_out=None)
