@@ -334,15 +334,33 @@ def test_attention_statistics_refuse_the_vanilla_model(vanilla_model):
         attention_statistics(vanilla_model, np.zeros(100, dtype=np.int64), tgt_len=4)
 
 
-def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config):
+@pytest.mark.parametrize(("same_length", "clamp_len"), [(False, None), (True, None), (True, 20)])
+def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_length, clamp_len):
+    """Each row is evaluate() with that memory and the sweep's settings (same-length off at memory 0), and
+    its clamped figures are evaluate() with clamp_len at the training attention length, 16 + 8 = 24."""
     model = TransformerXL(tiny_config).double()
     x = np.random.default_rng(1).integers(0, 37, 300)
-    rows = memory_sweep(model, x, lengths=[0, 8, 32], tgt_len=8, batch_size=2)
-    assert [r.mem_len for r in rows] == [0, 8, 32]
+    lengths = [0, 8, 32]
+    rows = memory_sweep(
+        model, x, lengths=lengths, tgt_len=8, batch_size=2, same_length=same_length, clamp_len=clamp_len
+    )
+    assert [r.mem_len for r in rows] == lengths
     for row in rows:
-        result = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=row.mem_len))
-        assert (row.loss, row.tokens) == (pytest.approx(result.loss, abs=1e-12), 299)
-        assert row.ppl == pytest.approx(np.exp(row.loss))
+        span = Span(mem_len=row.mem_len, clamp_len=clamp_len, same_length=same_length and row.mem_len > 0)
+        result = evaluate(model, x, batch_size=2, tgt_len=8, span=span)
+        clamped = evaluate(model, x, batch_size=2, tgt_len=8, span=span.replace(clamp_len=24))
+        assert (row.loss, row.tokens, row.same_length) == (
+            pytest.approx(result.loss, abs=1e-12),
+            299,
+            span.same_length,
+        )
+        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bpc == pytest.approx(row.loss / np.log(2))
+        assert row.clamped_loss == pytest.approx(clamped.loss, abs=1e-12)
+        assert row.clamped_ppl == pytest.approx(np.exp(row.clamped_loss))
+    # the settings matter on this model: same-length and the clamp change the loss at memory 32
+    plain = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=32))
+    assert (rows[2].loss != pytest.approx(plain.loss, abs=1e-10)) == (same_length or clamp_len is not None)
+    assert rows[2].clamped_loss != pytest.approx(rows[2].loss, abs=1e-10) or clamp_len == 20
 
 
 def test_speed_rows_have_the_agreed_fields():

@@ -5,8 +5,10 @@ the one-line error (with the JSON still written) when matplotlib is missing."""
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import sysconfig
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -147,8 +149,40 @@ def test_analyze_memory(compared, tmp_path):
     )
     rows = _results(out)["rows"]
     assert [r["mem_len"] for r in rows] == [0, 4, 8, 16, 32, 64, 128]  # 0 .. 8x the training memory of 16
-    assert all({"mem_len", "loss", "ppl"} <= set(r) for r in rows)
+    assert all({"mem_len", "loss", "ppl", "clamped_loss", "clamped_ppl"} <= set(r) for r in rows)
     assert (out / "memory.png").exists()
+
+
+def _eval_json(*args: str) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["eval", *args, "--quiet"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_analyze_memory_starts_from_the_settings_of_txl_eval(corpus, tmp_path):
+    """A run whose [eval] asks for same-length attention and a clamp: the sweep's row at each memory is
+    what ``txl eval --mem-len M`` prints on the run, and its clamped column is ``txl eval --clamp-len 32``
+    (the training attention length, memory 16 + segment 16)."""
+    run = tmp_path / "run"
+    sets = ["eval.same_length=true", "eval.clamp_len=48", "eval.tgt_len=16"]
+    flags = [arg for s in sets for arg in ("--set", s)]
+    assert main(["train", "--config", "tiny", *_overrides(corpus), *flags, "--out", str(run), "--quiet"]) == 0
+    out = tmp_path / "memory"
+    args = ["--max-tokens", "600", "--batch-size", "2"]
+    assert (
+        main(["analyze", "memory", str(run), "--lengths", "8,16,64", "--out", str(out), "--quiet", *args])
+        == 0
+    )
+    results = _results(out)
+    assert (results["same_length"], results["clamp_len"], results["train_attention_len"]) == (True, 48, 32)
+    for row in results["rows"]:
+        record = _eval_json(str(run), "--mem-len", str(row["mem_len"]), *args)
+        assert record["same_length"] is True and record["clamp_len"] == 48
+        assert row["loss"] == pytest.approx(record["loss"], abs=1e-9) and row["tokens"] == record["tokens"]
+        clamped = _eval_json(str(run), "--mem-len", str(row["mem_len"]), "--clamp-len", "32", *args)
+        assert row["clamped_loss"] == pytest.approx(clamped["loss"], abs=1e-9)
+    assert results["rows"][2]["clamped_loss"] != pytest.approx(results["rows"][2]["loss"], abs=1e-7)
 
 
 def test_analyze_recl(compared, tmp_path):

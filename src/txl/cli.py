@@ -578,7 +578,10 @@ continue from their last checkpoint, finished ones are reused."""
 _MEMORY_HELP = """\
 Evaluate one trained Transformer-XL over a whole split with evaluation memories from 0 up to 8x its
 training memory (--lengths to choose), every token predicted once: the loss against the memory it gets.
-Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", ...}]}) and memory.png."""
+It starts from the settings of 'txl eval' on the run (its [eval] clamp_len and same_length, else the
+model's). Each length is also evaluated with clamp_len at the training attention length (training memory
++ segment), beside the unclamped figure: a gain lost to distances never seen in training shows there.
+Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", "clamped_loss", ...}]}) and memory.png."""
 
 _SPEED_HELP = """\
 The paper's Table 9: evaluation time per token of the vanilla Transformer against the Transformer-XL at
@@ -695,7 +698,11 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)"
     )
     a.add_argument(
-        "--same-length", action="store_true", help="every query attends to the same number of keys"
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query attends to the same number of keys (default: the run's eval setting, as txl "
+        "eval; off at memory 0)",
     )
     a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
     a.add_argument("--batch-size", type=int, help="parallel streams (default: the run's eval.batch_size)")
