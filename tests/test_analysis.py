@@ -29,6 +29,7 @@ from txl.analysis.common import parse_ints
 from txl.analysis.context import absolute_hidden
 from txl.analysis.recl import context_losses, default_recl_lengths
 from txl.analysis.report import format_table, plain
+from txl.analysis.speed import time_vanilla, time_xl
 from txl.config import ConfigError, RunConfig, TrainConfig, load_config
 from txl.data.corpora import (
     RECALL_ALPHABET,
@@ -363,18 +364,89 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
     assert rows[2].clamped_loss != pytest.approx(rows[2].loss, abs=1e-10) or clamp_len == 20
 
 
-def test_speed_rows_have_the_agreed_fields():
-    sizes = TransformerXLConfig(vocab_size=50, n_layer=1, n_head=2, d_head=8, d_model=16, d_inner=32)
+SPEED_SIZES = TransformerXLConfig(vocab_size=50, n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=32)
+
+
+def test_speed_rows_have_the_agreed_fields(monkeypatch):
+    import txl.analysis.speed as speed
+
+    calls = []
+
+    def recorded(model, tokens, **kwargs):
+        calls.append((kwargs["length"], kwargs["windows_per_batch"]))
+        return time_vanilla(model, tokens, **kwargs)
+
+    monkeypatch.setattr(speed, "time_vanilla", recorded)
     result = speed_benchmark(
-        lengths=(8, 16), model=sizes, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+        lengths=(8, 16), model=SPEED_SIZES, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
     )
+    assert sorted(calls) == [(8, 1), (8, 6), (16, 1), (16, 6)]  # the paper's batch 1, and batched
     rows = result.as_dict()["rows"]
     assert [r["length"] for r in rows] == [8, 16]
     for row in rows:
-        assert set(row) == {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"}
+        assert set(row) == {
+            "length",
+            "xl_ms_per_token",
+            "vanilla_ms_per_token",
+            "vanilla_batched_ms_per_token",
+            "windows_per_batch",
+            "ratio",
+            "batched_ratio",
+        }
         assert row["ratio"] == pytest.approx(row["vanilla_ms_per_token"] / row["xl_ms_per_token"])
-        assert row["xl_ms_per_token"] > 0 and row["vanilla_ms_per_token"] > 0
-    assert "vanilla / XL" in result.table()
+        assert row["batched_ratio"] == pytest.approx(
+            row["vanilla_batched_ms_per_token"] / row["xl_ms_per_token"]
+        )
+        assert row["windows_per_batch"] == 6  # 16384 / L windows, at most the 6 timed
+        assert (
+            min(row["xl_ms_per_token"], row["vanilla_ms_per_token"], row["vanilla_batched_ms_per_token"]) > 0
+        )
+    xl = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=8))
+    assert result.params == sum(p.numel() for p in xl.parameters())
+    assert result.threads == torch.get_num_threads() and result.model["n_layer"] == 2
+    table = result.table()
+    assert "vanilla / XL (batch 1)" in table and "vanilla / XL (batched)" in table and "threads" in table
+
+
+def _attended_keys(model: TransformerXL) -> tuple[list, list]:
+    """Hooks on every layer's attention: (memory length, keys each query attends to) per call."""
+    seen, handles = [], []
+
+    def keep(module, args, kwargs):
+        memory = kwargs.get("memory")
+        seen.append((0 if memory is None else memory.shape[1], (~kwargs["context"].mask).sum(-1).tolist()))
+
+    for layer in model.layers:
+        handles.append(layer.attn.register_forward_pre_hook(keep, with_kwargs=True))
+    return seen, handles
+
+
+def test_the_xl_is_timed_with_every_prediction_attending_to_exactly_l_positions():
+    model = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=8))
+    seen, handles = _attended_keys(model)
+    ids = torch.randint(0, 50, (200,))
+    time_xl(model, ids, length=8, segment=4, predictions=8, repeats=2)
+    for h in handles:
+        h.remove()
+    full = [keys for memory, keys in seen if memory == 8]
+    # 2 segments to fill the memory, then 2 timed segments, once for the warm-up and twice timed, 2 layers
+    assert len(seen) == 2 * (2 + 3 * 2) and len(full) == 2 * 3 * 2
+    assert all(keys == [8, 8, 8, 8] for keys in full)  # same-length: exactly L keys for every query
+
+
+def test_the_vanilla_model_is_timed_one_window_per_forward_and_batched():
+    model = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=0, attention="absolute"))
+    shapes = []
+    handle = model.layers[0].register_forward_pre_hook(
+        lambda module, args: shapes.append(tuple(args[0].shape))
+    )
+    ids = torch.randint(0, 50, (40,))
+    time_vanilla(model, ids, length=8, predictions=6, windows_per_batch=1, repeats=2)
+    assert shapes == [(1, 8, 16)] * (6 * 3)  # each prediction its own forward of a full window (3 runs)
+    shapes.clear()
+    time_vanilla(model, ids, length=8, predictions=6, windows_per_batch=4, repeats=2)
+    assert shapes == [(4, 8, 16), (2, 8, 16)] * 3
+    handle.remove()
 
 
 # -- small helpers ----------------------------------------------------------------------------------------

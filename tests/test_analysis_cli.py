@@ -273,6 +273,8 @@ def test_analyze_speed(tmp_path):
                 "2",
                 "--d-inner",
                 "16",
+                "--windows-per-batch",
+                "3",
                 "--out",
                 str(out),
                 "--quiet",
@@ -282,7 +284,14 @@ def test_analyze_speed(tmp_path):
     )
     rows = _results(out)["rows"]
     assert [r["length"] for r in rows] == [8, 16]
-    assert all(set(r) >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"} for r in rows)
+    assert all(
+        set(r)
+        >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "vanilla_batched_ms_per_token", "ratio"}
+        for r in rows
+    )
+    results = _results(out)
+    assert results["model"]["n_layer"] == 1 and results["model"]["d_model"] == 16 and results["params"] > 0
+    assert [r["windows_per_batch"] for r in rows] == [3, 3]
     assert (out / "speed.png").exists()
 
 

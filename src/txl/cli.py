@@ -501,6 +501,7 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
         segment=args.segment,
         tokens=args.tokens,
         xl_tokens=args.xl_tokens,
+        windows_per_batch=args.windows_per_batch,
         repeats=args.repeats,
         device=args.device,
         progress=not args.quiet,
@@ -585,13 +586,16 @@ Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", "clamped_loss", ..
 
 _SPEED_HELP = """\
 The paper's Table 9: evaluation time per token of the vanilla Transformer against the Transformer-XL at
-attention lengths L (--lengths), batch 1, the same sizes (random weights and tokens). The vanilla model
-predicts every token from a window of the L tokens before it, recomputed (the window slides one position
-per prediction; windows are batched and only each window's last position goes through the softmax). The
-Transformer-XL reads segments of --segment tokens with a memory of L and same-length attention, so every
-prediction attends to exactly L positions (as the paper evaluates); its memory is filled before timing.
-Each time is the fastest of --repeats. Writes OUT/results.json ({"rows": [{"length", "xl_ms_per_token",
-"vanilla_ms_per_token", "ratio"}]}) and speed.png."""
+attention lengths L (--lengths), the same sizes (--n-layer, --d-model, ...; random weights and tokens).
+The vanilla model predicts every token from a window of the L tokens before it, recomputed (the window
+slides one position per prediction; only its last position goes through the softmax), timed two ways:
+one window per forward (batch 1, the paper's protocol) and batched (--windows-per-batch windows per
+forward, default about 16k positions). The Transformer-XL reads one stream (batch 1) in segments of
+--segment tokens with a memory of L and same-length attention, so every prediction attends to exactly L
+positions (as the paper evaluates); its memory is filled before timing. Each time is the fastest of
+--repeats. Writes OUT/results.json ({"model", "params", "threads", "rows": [{"length", "xl_ms_per_token",
+"vanilla_ms_per_token", "vanilla_batched_ms_per_token", "windows_per_batch", "ratio", "batched_ratio"}]})
+and speed.png."""
 
 _RECL_HELP = """\
 The paper's relative effective context length (Dai et al. 2019, Appendix C) of a group of trained models
@@ -725,6 +729,11 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     )
     a.add_argument(
         "--xl-tokens", type=int, default=2048, help="XL predictions timed per length (default: 2048)"
+    )
+    a.add_argument(
+        "--windows-per-batch",
+        type=_positive_int,
+        help="vanilla windows per forward of the batched timing (default: 16384 / L)",
     )
     a.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the fastest counts")
     a.add_argument("--n-layer", type=int, default=2)
