@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis import (
+    AttentionResult,
     attention_statistics,
     memory_sweep,
     recl_from_gains,
@@ -27,10 +29,11 @@ from txl.analysis import (
 )
 from txl.analysis.common import parse_ints
 from txl.analysis.context import absolute_hidden
+from txl.analysis.recall import recall_accuracy
 from txl.analysis.recl import context_losses, default_recl_lengths
 from txl.analysis.report import format_table, plain
 from txl.analysis.speed import time_vanilla, time_xl
-from txl.config import ConfigError, RunConfig, TrainConfig, load_config
+from txl.config import ConfigError, EvalConfig, RunConfig, TrainConfig, load_config
 from txl.data.corpora import (
     RECALL_ALPHABET,
     CorpusError,
@@ -39,6 +42,7 @@ from txl.data.corpora import (
     synthetic_recall_text,
 )
 from txl.evaluate import evaluate
+from txl.runs import LoadedRun
 
 # -- the vanilla recipe -----------------------------------------------------------------------------------
 
@@ -301,6 +305,28 @@ def test_recall_corpus_is_deterministic_and_its_splits_differ():
         load_corpus("synthetic-recall:length=3")
 
 
+def test_recall_accuracy_scores_each_position_by_the_prediction_of_its_own_token(tiny_config):
+    """Tokens made so that the Transformer-XL predicts exactly the chosen positions (each set to the
+    model's argmax given what precedes it): those are hits, and every other scored position is a hit only
+    where the model's one-pass argmax (an independent computation) says so."""
+    model = TransformerXL(dataclasses.replace(tiny_config, mem_len=16)).double().eval()
+    config = RunConfig(
+        model=model.config, train=TrainConfig(tgt_len=5), eval=EvalConfig(tgt_len=5, batch_size=1, mem_len=64)
+    )
+    run = LoadedRun(config=config, vocab=None, model=model, checkpoint=Path("none"), step=0)
+    x = torch.randint(0, 37, (60,))
+    chosen = [9, 10, 11, 20, 31, 32, 47, 59]
+    with torch.no_grad():
+        for t in chosen:  # causal: setting a later token never changes an earlier prediction
+            x[t] = model(x[None, :t]).logits[0, -1].argmax()
+        argmax = model(x[None, :-1]).logits[0].argmax(-1)  # the prediction of token t is at t - 1
+    positions = np.arange(8, 60)
+    hits = recall_accuracy(run, x.numpy(), positions, distance=8)
+    expected = (argmax[positions - 1] == x[positions]).numpy()
+    assert hits.tolist() == expected.tolist()
+    assert hits[np.isin(positions, chosen)].all() and not hits.all()
+
+
 # -- attention, memory and speed --------------------------------------------------------------------------
 
 
@@ -328,6 +354,43 @@ def test_attention_probabilities_are_what_each_layer_attends_with(tiny_config):
     assert ((stats.memory_share >= 0) & (stats.memory_share <= 1)).all()
     assert stats.seen[0] == stats.queries and stats.seen[11] == counted  # distance 11: the last query only
     assert np.isnan(stats.by_distance[..., 12:]).all()  # K = 12 keys: no distance beyond 11
+
+
+def _uniform_attention(model: TransformerXL) -> TransformerXL:
+    """Queries and global biases zeroed: every score is 0, so each query attends uniformly to the keys it
+    can see."""
+    with torch.no_grad():
+        model.u.zero_()
+        model.v.zero_()
+        for layer in model.layers:
+            inner = layer.attn.qkv.weight.shape[0] // 3
+            layer.attn.qkv.weight[:inner] = 0  # rows: q | k | v
+    return model
+
+
+def test_attention_statistics_of_uniform_attention_are_exact(tiny_config):
+    """Memory 8, segments of 4, no same-length: query i sees the 8 memory keys and i + 1 current ones, each
+    with probability 1 / (9 + i). Memory share: mean_i 8 / (9 + i); mean distance: mean_i (8 + i) / 2; the
+    mean probability at distance d: over the queries that see d, of 1 / (9 + i)."""
+    model = _uniform_attention(TransformerXL(dataclasses.replace(tiny_config, mem_len=8)).double())
+    x = np.random.default_rng(0).integers(0, 37, 3 * 40)
+    stats = attention_statistics(model, x, tgt_len=4, batch_size=3)
+    queries = range(4)
+    np.testing.assert_allclose(stats.memory_share, np.mean([8 / (9 + i) for i in queries]), rtol=1e-12)
+    np.testing.assert_allclose(stats.mean_distance, np.mean([(8 + i) / 2 for i in queries]), rtol=1e-12)
+    for d in range(12):
+        sees = [i for i in queries if d <= 8 + i]
+        expected = np.mean([1 / (9 + i) for i in sees])
+        np.testing.assert_allclose(stats.by_distance[..., d], expected, rtol=1e-12)
+    result = AttentionResult(
+        run="r", split="valid", tgt_len=4, mem_len=8, queries=stats.queries, stats=stats
+    ).as_dict()
+    for layer in result["layers"]:
+        share = np.mean([8 / (9 + i) for i in queries])
+        assert (layer["memory_share"], layer["current_share"]) == (
+            pytest.approx(share),
+            pytest.approx(1 - share),
+        )
 
 
 def test_attention_statistics_refuse_the_vanilla_model(vanilla_model):
