@@ -100,7 +100,7 @@ def relative_gains(
         base = best[hardest].mean()  # f_i(c, c) = mean_T min(b, l_i(c, t)) = mean_T b(c, t), as b <= l_i
         longer = losses[:, index[c + delta]][:, hardest]  # l_i(c + delta, t) on T_r(c): (I, top)
         extended = np.minimum(best[None, hardest], longer).mean(axis=1)  # f_i(c, c + delta): (I,)
-        gains[:, j] = -np.expm1(extended - base)
+        gains[:, j] = 0.0 - np.expm1(extended - base)  # 0.0 - x: no -0.0 where nothing is gained
     return contexts, gains
 
 
