@@ -403,3 +403,12 @@ def test_analyses_refuse_the_vanilla_run_where_they_need_memory(compared, tmp_pa
         == 2
     )
     assert "Transformer-XL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("r", ["0.1,5", "0"])
+def test_recl_refuses_an_r_outside_the_fractions(tmp_path, capsys, r):
+    """r is a fraction of the targets (the paper's 0.1, 0.5, 1.0), no longer a percentage: a one-line error
+    naming the flag, before any run is loaded."""
+    assert main(["analyze", "recl", str(tmp_path / "missing"), "--r", r, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("txl: error: --r:") and "\n" not in err
