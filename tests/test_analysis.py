@@ -6,6 +6,8 @@ probabilities and the speed and memory tables."""
 from __future__ import annotations
 
 import dataclasses
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis import (
+    AttentionResult,
     attention_statistics,
     memory_sweep,
     recl_from_gains,
@@ -26,9 +29,11 @@ from txl.analysis import (
 )
 from txl.analysis.common import parse_ints
 from txl.analysis.context import absolute_hidden
-from txl.analysis.recl import default_recl_lengths
+from txl.analysis.recall import recall_accuracy
+from txl.analysis.recl import context_losses, default_recl_lengths
 from txl.analysis.report import format_table, plain
-from txl.config import ConfigError, load_config
+from txl.analysis.speed import time_vanilla, time_xl
+from txl.config import ConfigError, EvalConfig, RunConfig, TrainConfig, load_config
 from txl.data.corpora import (
     RECALL_ALPHABET,
     CorpusError,
@@ -37,6 +42,7 @@ from txl.data.corpora import (
     synthetic_recall_text,
 )
 from txl.evaluate import evaluate
+from txl.runs import LoadedRun
 
 # -- the vanilla recipe -----------------------------------------------------------------------------------
 
@@ -178,31 +184,88 @@ def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
 # -- RECL -------------------------------------------------------------------------------------------------
 
 
-def test_relative_gains_and_recl_on_hand_made_losses():
-    lengths = [1, 2, 3]
-    a = [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]  # l_A(c, t): gains from 1 -> 2 only
-    b = [[3.0, 1.0], [3.0, 1.0], [0.5, 1.0]]  # l_B: gains from 2 -> 3 only
-    contexts, gains = relative_gains(np.array([a, b]), lengths=lengths, delta=1)
-    # c = 1: b(1) = [2, 1], f(1,1) = 1.5; f_A(1,2) = mean(min([2,1],[1,1])) = 1; f_B(1,2) = mean([2,1]) = 1.5
-    # c = 2: b(2) = [1, 1], f(2,2) = 1;   f_A(2,3) = 1;                       f_B(2,3) = mean([0.5,1]) = 0.75
-    assert contexts == (1, 2)
-    np.testing.assert_allclose(gains, [[1 / 3, 0.0], [0.0, 0.25]])
-    recl = recl_from_gains(contexts, gains, r_percent=[10, 30, 50])
-    assert recl == [{10: 1, 30: 1, 50: 0}, {10: 2, 30: 0, 50: 0}]
+# Two models, four targets, contexts 1 and 2 (the paper's Appendix C by hand). A gains only on its easy
+# targets, B only on the hardest one, and B's own loss at c = 1 is worse than A's everywhere.
+RECL_A = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 1.0, 0.5]]  # l_A(c, t), c = 1, 2
+RECL_B = [[5.0, 3.5, 2.5, 1.5], [3.0, 3.5, 2.5, 1.5]]  # l_B(c, t)
 
 
-def test_relative_loss_is_capped_by_the_best_model():
+@pytest.mark.parametrize(
+    ("r", "expected_a", "expected_b"),
+    [
+        # b(1, t) = [4, 3, 2, 1]; top-r hardest: r = 0.25 -> {t0}, 0.5 -> {t0, t1}, 1 -> all four.
+        # r = 0.25: f(1,1) = 4; f_A(1,2) = min(4, 4) = 4; f_B(1,2) = min(4, 3) = 3
+        (0.25, 0.0, 1 - math.exp(3 - 4)),
+        # r = 0.5: f(1,1) = 3.5; f_A = mean(4, 3) = 3.5; f_B = mean(min(4, 3), min(3, 3.5)) = 3
+        (0.5, 0.0, 1 - math.exp(3 - 3.5)),
+        # r = 1: f(1,1) = 2.5; f_A = mean(4, 3, 1, 0.5) = 2.125; f_B = mean(3, 3, 2, 1) = 2.25
+        (1.0, 1 - math.exp(2.125 - 2.5), 1 - math.exp(2.25 - 2.5)),
+    ],
+)
+def test_relative_gains_on_the_top_r_hardest_targets_against_the_group_baseline(r, expected_a, expected_b):
+    contexts, gains = relative_gains(np.array([RECL_A, RECL_B]), lengths=[1, 2], delta=1, r=r)
+    assert contexts == (1,)
+    np.testing.assert_allclose(gains[:, 0], [expected_a, expected_b], rtol=1e-12, atol=1e-15)
+    # the perplexity form of the paper: (exp f(c, c) - exp f(c, c')) / exp f(c, c)
+
+
+def test_relative_gain_is_measured_against_the_best_model_of_the_group():
+    """Alone, B's baseline is its own loss at c = 1 (5 on the hardest target), so it gains 1 - e^-2 from
+    5 -> 3; in the group the baseline is A's 4, and the gain is 1 - e^-1."""
+    _, alone = relative_gains(np.array([RECL_B]), lengths=[1, 2], delta=1, r=0.25)
+    _, group = relative_gains(np.array([RECL_A, RECL_B]), lengths=[1, 2], delta=1, r=0.25)
+    assert alone[0, 0] == pytest.approx(1 - math.exp(-2)) and group[1, 0] == pytest.approx(1 - math.exp(-1))
+
+
+def test_relative_loss_is_capped_by_the_baseline():
     """f_i(c, c') takes min(b(c, t), l_i(c', t)): a model cannot gain on a token where it got worse."""
     losses = np.array([[[1.0, 4.0], [3.0, 2.0]]])  # one model: token 0 worse at c'=2, token 1 better
-    _, gains = relative_gains(losses, lengths=[1, 2], delta=1)
-    assert gains[0, 0] == pytest.approx((2.5 - 1.5) / 2.5)  # min([1,4],[3,2]) = [1, 2]
+    _, gains = relative_gains(losses, lengths=[1, 2], delta=1, r=1.0)
+    assert gains[0, 0] == pytest.approx(1 - math.exp(1.5 - 2.5))  # min([1,4],[3,2]) = [1, 2]
+    with pytest.raises(ValueError, match="r must be"):
+        relative_gains(losses, lengths=[1, 2], delta=1, r=10)
 
 
-def test_recl_is_the_largest_qualifying_context_not_the_first():
-    gains = np.array([[0.02, 0.0, 0.015, 0.0005]])
-    assert recl_from_gains([10, 20, 30, 40], gains, r_percent=[0.1, 1.0, 2.0, 5.0]) == [
-        {0.1: 30, 1.0: 30, 2.0: 10, 5.0: 0}
+def test_recl_is_where_the_steps_first_fall_below_the_threshold():
+    """The paper's algorithm: from the shortest c, c -> c + delta while g >= 0.01; a later gain above the
+    threshold does not count, and still gaining at the last measured context is a lower bound."""
+    contexts = [10, 20, 30, 40]
+    gains = np.array(
+        [
+            [0.02, 0.005, 0.5, 0.5],  # stops at 20
+            [0.009, 0.5, 0.5, 0.5],  # stops at once: the shortest context
+            [0.01, 0.01, 0.2, 0.3],  # never below: at least 50
+        ]
+    )
+    assert recl_from_gains(contexts, gains, delta=10) == [(20, False), (10, False), (50, True)]
+    assert recl_from_gains(contexts, gains, delta=10, threshold=0.015) == [
+        (20, False),
+        (10, False),
+        (10, False),
     ]
+
+
+def test_recl_of_a_hand_made_group():
+    """X keeps gaining on its hardest target up to c = 3; Y never beats the baseline: RECL 3 and 1."""
+    x = [[4, 2, 2, 2], [3, 2, 2, 2], [2.5, 2, 2, 2], [2.5, 2, 2, 2]]
+    y = [[5, 2, 2, 2]] * 4
+    contexts, gains = relative_gains(np.array([x, y], dtype=float), lengths=[1, 2, 3, 4], delta=1, r=0.25)
+    assert contexts == (1, 2, 3)
+    # c=1: b = 4 -> X 3: 1 - e^-1; c=2: b = 3 -> 2.5: 1 - e^-0.5; c=3: b = 2.5 -> 2.5: 0. Y: 0 throughout.
+    np.testing.assert_allclose(gains, [[1 - math.exp(-1), 1 - math.exp(-0.5), 0], [0, 0, 0]], atol=1e-15)
+    assert recl_from_gains(contexts, gains, delta=1) == [(3, False), (1, False)]
+
+
+def test_vanilla_context_is_capped_at_its_training_segment(tiny_config):
+    """A context longer than the vanilla model's training segment T gives it the T tokens before each
+    target, by a naive forward over exactly that window."""
+    vanilla = TransformerXL(dataclasses.replace(tiny_config, mem_len=0, attention="absolute"))
+    vanilla = vanilla.double().eval()
+    config = RunConfig(model=vanilla.config, train=TrainConfig(tgt_len=4))
+    x = torch.randint(0, 37, (30,))
+    got = context_losses(vanilla, config, x.numpy(), context=12, first=12)
+    expected = [_naive_loss(vanilla, x, t - 4, t, t) for t in range(12, 30)]
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
 def test_default_recl_lengths():
@@ -242,6 +305,28 @@ def test_recall_corpus_is_deterministic_and_its_splits_differ():
         load_corpus("synthetic-recall:length=3")
 
 
+def test_recall_accuracy_scores_each_position_by_the_prediction_of_its_own_token(tiny_config):
+    """Tokens made so that the Transformer-XL predicts exactly the chosen positions (each set to the
+    model's argmax given what precedes it): those are hits, and every other scored position is a hit only
+    where the model's one-pass argmax (an independent computation) says so."""
+    model = TransformerXL(dataclasses.replace(tiny_config, mem_len=16)).double().eval()
+    config = RunConfig(
+        model=model.config, train=TrainConfig(tgt_len=5), eval=EvalConfig(tgt_len=5, batch_size=1, mem_len=64)
+    )
+    run = LoadedRun(config=config, vocab=None, model=model, checkpoint=Path("none"), step=0)
+    x = torch.randint(0, 37, (60,))
+    chosen = [9, 10, 11, 20, 31, 32, 47]
+    with torch.no_grad():
+        for t in chosen:  # causal: setting a later token never changes an earlier prediction
+            x[t] = model(x[None, :t]).logits[0, -1].argmax()
+        argmax = model(x[None, :-1]).logits[0].argmax(-1)  # the prediction of token t is at t - 1
+    positions = np.arange(8, 52)  # not up to the end: a shifted prediction must show as a wrong hit
+    hits = recall_accuracy(run, x.numpy(), positions, distance=8)
+    expected = (argmax[positions - 1] == x[positions]).numpy()
+    assert hits.tolist() == expected.tolist()
+    assert hits[np.isin(positions, chosen)].all() and not hits.all()
+
+
 # -- attention, memory and speed --------------------------------------------------------------------------
 
 
@@ -271,34 +356,160 @@ def test_attention_probabilities_are_what_each_layer_attends_with(tiny_config):
     assert np.isnan(stats.by_distance[..., 12:]).all()  # K = 12 keys: no distance beyond 11
 
 
+def _uniform_attention(model: TransformerXL) -> TransformerXL:
+    """Queries and global biases zeroed: every score is 0, so each query attends uniformly to the keys it
+    can see."""
+    with torch.no_grad():
+        model.u.zero_()
+        model.v.zero_()
+        for layer in model.layers:
+            inner = layer.attn.qkv.weight.shape[0] // 3
+            layer.attn.qkv.weight[:inner] = 0  # rows: q | k | v
+    return model
+
+
+def test_attention_statistics_of_uniform_attention_are_exact(tiny_config):
+    """Memory 8, segments of 4, no same-length: query i sees the 8 memory keys and i + 1 current ones, each
+    with probability 1 / (9 + i). Memory share: mean_i 8 / (9 + i); mean distance: mean_i (8 + i) / 2; the
+    mean probability at distance d: over the queries that see d, of 1 / (9 + i)."""
+    model = _uniform_attention(TransformerXL(dataclasses.replace(tiny_config, mem_len=8)).double())
+    x = np.random.default_rng(0).integers(0, 37, 3 * 40)
+    stats = attention_statistics(model, x, tgt_len=4, batch_size=3)
+    queries = range(4)
+    np.testing.assert_allclose(stats.memory_share, np.mean([8 / (9 + i) for i in queries]), rtol=1e-12)
+    np.testing.assert_allclose(stats.mean_distance, np.mean([(8 + i) / 2 for i in queries]), rtol=1e-12)
+    for d in range(12):
+        sees = [i for i in queries if d <= 8 + i]
+        expected = np.mean([1 / (9 + i) for i in sees])
+        np.testing.assert_allclose(stats.by_distance[..., d], expected, rtol=1e-12)
+    result = AttentionResult(
+        run="r", split="valid", tgt_len=4, mem_len=8, queries=stats.queries, stats=stats
+    ).as_dict()
+    for layer in result["layers"]:
+        share = np.mean([8 / (9 + i) for i in queries])
+        assert (layer["memory_share"], layer["current_share"]) == (
+            pytest.approx(share),
+            pytest.approx(1 - share),
+        )
+
+
 def test_attention_statistics_refuse_the_vanilla_model(vanilla_model):
     with pytest.raises(ValueError, match="Transformer-XL"):
         attention_statistics(vanilla_model, np.zeros(100, dtype=np.int64), tgt_len=4)
 
 
-def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config):
+@pytest.mark.parametrize(("same_length", "clamp_len"), [(False, None), (True, None), (True, 20)])
+def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_length, clamp_len):
+    """Each row is evaluate() with that memory and the sweep's settings (same-length off at memory 0), and
+    its clamped figures are evaluate() with clamp_len at the training attention length, 16 + 8 = 24."""
     model = TransformerXL(tiny_config).double()
     x = np.random.default_rng(1).integers(0, 37, 300)
-    rows = memory_sweep(model, x, lengths=[0, 8, 32], tgt_len=8, batch_size=2)
-    assert [r.mem_len for r in rows] == [0, 8, 32]
-    for row in rows:
-        result = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=row.mem_len))
-        assert (row.loss, row.tokens) == (pytest.approx(result.loss, abs=1e-12), 299)
-        assert row.ppl == pytest.approx(np.exp(row.loss))
-
-
-def test_speed_rows_have_the_agreed_fields():
-    sizes = TransformerXLConfig(vocab_size=50, n_layer=1, n_head=2, d_head=8, d_model=16, d_inner=32)
-    result = speed_benchmark(
-        lengths=(8, 16), model=sizes, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+    lengths = [0, 8, 32]
+    rows = memory_sweep(
+        model, x, lengths=lengths, tgt_len=8, batch_size=2, same_length=same_length, clamp_len=clamp_len
     )
+    assert [r.mem_len for r in rows] == lengths
+    for row in rows:
+        span = Span(mem_len=row.mem_len, clamp_len=clamp_len, same_length=same_length and row.mem_len > 0)
+        result = evaluate(model, x, batch_size=2, tgt_len=8, span=span)
+        clamped = evaluate(model, x, batch_size=2, tgt_len=8, span=span.replace(clamp_len=24))
+        assert (row.loss, row.tokens, row.same_length) == (
+            pytest.approx(result.loss, abs=1e-12),
+            299,
+            span.same_length,
+        )
+        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bpc == pytest.approx(row.loss / np.log(2))
+        assert row.clamped_loss == pytest.approx(clamped.loss, abs=1e-12)
+        assert row.clamped_ppl == pytest.approx(np.exp(row.clamped_loss))
+    # the settings matter on this model: same-length and the clamp change the loss at memory 32
+    plain = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=32))
+    assert (rows[2].loss != pytest.approx(plain.loss, abs=1e-10)) == (same_length or clamp_len is not None)
+    assert rows[2].clamped_loss != pytest.approx(rows[2].loss, abs=1e-10) or clamp_len == 20
+
+
+SPEED_SIZES = TransformerXLConfig(vocab_size=50, n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=32)
+
+
+def test_speed_rows_have_the_agreed_fields(monkeypatch):
+    import txl.analysis.speed as speed
+
+    calls = []
+
+    def recorded(model, tokens, **kwargs):
+        calls.append((kwargs["length"], kwargs["windows_per_batch"]))
+        return time_vanilla(model, tokens, **kwargs)
+
+    monkeypatch.setattr(speed, "time_vanilla", recorded)
+    result = speed_benchmark(
+        lengths=(8, 16), model=SPEED_SIZES, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+    )
+    assert sorted(calls) == [(8, 1), (8, 6), (16, 1), (16, 6)]  # the paper's batch 1, and batched
     rows = result.as_dict()["rows"]
     assert [r["length"] for r in rows] == [8, 16]
     for row in rows:
-        assert set(row) == {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"}
+        assert set(row) == {
+            "length",
+            "xl_ms_per_token",
+            "vanilla_ms_per_token",
+            "vanilla_batched_ms_per_token",
+            "windows_per_batch",
+            "ratio",
+            "batched_ratio",
+        }
         assert row["ratio"] == pytest.approx(row["vanilla_ms_per_token"] / row["xl_ms_per_token"])
-        assert row["xl_ms_per_token"] > 0 and row["vanilla_ms_per_token"] > 0
-    assert "vanilla / XL" in result.table()
+        assert row["batched_ratio"] == pytest.approx(
+            row["vanilla_batched_ms_per_token"] / row["xl_ms_per_token"]
+        )
+        assert row["windows_per_batch"] == 6  # 16384 / L windows, at most the 6 timed
+        assert (
+            min(row["xl_ms_per_token"], row["vanilla_ms_per_token"], row["vanilla_batched_ms_per_token"]) > 0
+        )
+    xl = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=8))
+    assert result.params == sum(p.numel() for p in xl.parameters())
+    assert result.threads == torch.get_num_threads() and result.model["n_layer"] == 2
+    table = result.table()
+    assert "vanilla / XL (batch 1)" in table and "vanilla / XL (batched)" in table and "threads" in table
+
+
+def _attended_keys(model: TransformerXL) -> tuple[list, list]:
+    """Hooks on every layer's attention: (memory length, keys each query attends to) per call."""
+    seen, handles = [], []
+
+    def keep(module, args, kwargs):
+        memory = kwargs.get("memory")
+        seen.append((0 if memory is None else memory.shape[1], (~kwargs["context"].mask).sum(-1).tolist()))
+
+    for layer in model.layers:
+        handles.append(layer.attn.register_forward_pre_hook(keep, with_kwargs=True))
+    return seen, handles
+
+
+def test_the_xl_is_timed_with_every_prediction_attending_to_exactly_l_positions():
+    model = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=8))
+    seen, handles = _attended_keys(model)
+    ids = torch.randint(0, 50, (200,))
+    time_xl(model, ids, length=8, segment=4, predictions=8, repeats=2)
+    for h in handles:
+        h.remove()
+    full = [keys for memory, keys in seen if memory == 8]
+    # 2 segments to fill the memory, then 2 timed segments, once for the warm-up and twice timed, 2 layers
+    assert len(seen) == 2 * (2 + 3 * 2) and len(full) == 2 * 3 * 2
+    assert all(keys == [8, 8, 8, 8] for keys in full)  # same-length: exactly L keys for every query
+
+
+def test_the_vanilla_model_is_timed_one_window_per_forward_and_batched():
+    model = TransformerXL(dataclasses.replace(SPEED_SIZES, mem_len=0, attention="absolute"))
+    shapes = []
+    handle = model.layers[0].register_forward_pre_hook(
+        lambda module, args: shapes.append(tuple(args[0].shape))
+    )
+    ids = torch.randint(0, 50, (40,))
+    time_vanilla(model, ids, length=8, predictions=6, windows_per_batch=1, repeats=2)
+    assert shapes == [(1, 8, 16)] * (6 * 3)  # each prediction its own forward of a full window (3 runs)
+    shapes.clear()
+    time_vanilla(model, ids, length=8, predictions=6, windows_per_batch=4, repeats=2)
+    assert shapes == [(4, 8, 16), (2, 8, 16)] * 3
+    handle.remove()
 
 
 # -- small helpers ----------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ the one-line error (with the JSON still written) when matplotlib is missing."""
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import sysconfig
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -147,8 +149,40 @@ def test_analyze_memory(compared, tmp_path):
     )
     rows = _results(out)["rows"]
     assert [r["mem_len"] for r in rows] == [0, 4, 8, 16, 32, 64, 128]  # 0 .. 8x the training memory of 16
-    assert all({"mem_len", "loss", "ppl"} <= set(r) for r in rows)
+    assert all({"mem_len", "loss", "ppl", "clamped_loss", "clamped_ppl"} <= set(r) for r in rows)
     assert (out / "memory.png").exists()
+
+
+def _eval_json(*args: str) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["eval", *args, "--quiet"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_analyze_memory_starts_from_the_settings_of_txl_eval(corpus, tmp_path):
+    """A run whose [eval] asks for same-length attention and a clamp: the sweep's row at each memory is
+    what ``txl eval --mem-len M`` prints on the run, and its clamped column is ``txl eval --clamp-len 32``
+    (the training attention length, memory 16 + segment 16)."""
+    run = tmp_path / "run"
+    sets = ["eval.same_length=true", "eval.clamp_len=48", "eval.tgt_len=16"]
+    flags = [arg for s in sets for arg in ("--set", s)]
+    assert main(["train", "--config", "tiny", *_overrides(corpus), *flags, "--out", str(run), "--quiet"]) == 0
+    out = tmp_path / "memory"
+    args = ["--max-tokens", "600", "--batch-size", "2"]
+    assert (
+        main(["analyze", "memory", str(run), "--lengths", "8,16,64", "--out", str(out), "--quiet", *args])
+        == 0
+    )
+    results = _results(out)
+    assert (results["same_length"], results["clamp_len"], results["train_attention_len"]) == (True, 48, 32)
+    for row in results["rows"]:
+        record = _eval_json(str(run), "--mem-len", str(row["mem_len"]), *args)
+        assert record["same_length"] is True and record["clamp_len"] == 48
+        assert row["loss"] == pytest.approx(record["loss"], abs=1e-9) and row["tokens"] == record["tokens"]
+        clamped = _eval_json(str(run), "--mem-len", str(row["mem_len"]), "--clamp-len", "32", *args)
+        assert row["clamped_loss"] == pytest.approx(clamped["loss"], abs=1e-9)
+    assert results["rows"][2]["clamped_loss"] != pytest.approx(results["rows"][2]["loss"], abs=1e-7)
 
 
 def test_analyze_recl(compared, tmp_path):
@@ -175,10 +209,17 @@ def test_analyze_recl(compared, tmp_path):
     )
     results = _results(out)
     assert [m["run"] for m in results["models"]] == [str(compared / "xl"), str(compared / "vanilla")]
-    for model in results["models"]:
-        assert set(model["recl"]) == {"0.1", "0.5", "1.0"}
-        assert all(c in (0, 4, 8, 16) for c in model["recl"].values())
     assert results["lengths"] == [4, 8, 12, 16, 20] and results["tokens"] == 300
+    assert results["r"] == [0.1, 0.5, 1.0] and results["threshold"] == 0.01
+    for model in results["models"]:
+        assert set(model["recl"]) == set(model["at_least"]) == set(model["gains"]) == {"0.1", "0.5", "1.0"}
+        for r, recl in model["recl"].items():  # the steps from c = 4, recomputed from the printed gains
+            gains = {int(c): g for c, g in model["gains"][r].items()}
+            assert list(gains) == [4, 8, 12, 16]
+            c = 4
+            while c in gains and gains[c] >= 0.01:
+                c += 4
+            assert (recl, model["at_least"][r]) == (c, c == 20)
     assert (out / "recl.png").exists()
 
 
@@ -232,6 +273,8 @@ def test_analyze_speed(tmp_path):
                 "2",
                 "--d-inner",
                 "16",
+                "--windows-per-batch",
+                "3",
                 "--out",
                 str(out),
                 "--quiet",
@@ -241,7 +284,14 @@ def test_analyze_speed(tmp_path):
     )
     rows = _results(out)["rows"]
     assert [r["length"] for r in rows] == [8, 16]
-    assert all(set(r) >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "ratio"} for r in rows)
+    assert all(
+        set(r)
+        >= {"length", "xl_ms_per_token", "vanilla_ms_per_token", "vanilla_batched_ms_per_token", "ratio"}
+        for r in rows
+    )
+    results = _results(out)
+    assert results["model"]["n_layer"] == 1 and results["model"]["d_model"] == 16 and results["params"] > 0
+    assert [r["windows_per_batch"] for r in rows] == [3, 3]
     assert (out / "speed.png").exists()
 
 
@@ -353,3 +403,12 @@ def test_analyses_refuse_the_vanilla_run_where_they_need_memory(compared, tmp_pa
         == 2
     )
     assert "Transformer-XL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("r", ["0.1,5", "0"])
+def test_recl_refuses_an_r_outside_the_fractions(tmp_path, capsys, r):
+    """r is a fraction of the targets (the paper's 0.1, 0.5, 1.0), no longer a percentage: a one-line error
+    naming the flag, before any run is loaded."""
+    assert main(["analyze", "recl", str(tmp_path / "missing"), "--r", r, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("txl: error: --r:") and "\n" not in err

@@ -134,6 +134,22 @@ def test_stop_cuts_the_text_and_ends_the_generation(client, run_dir):
     assert len(events) - 1 == cut + len(stop) and events[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_stream_flushes_its_held_back_text_at_the_end(client, run_dir):
+    """A stop string that starts with the last generated character (and can never match: NUL is not in the
+    vocabulary) holds that character back; the last token must release it, so the streamed text is the
+    whole text."""
+    full = _reference(run_dir, PROMPT, 30, seed=11, temperature=1.0)
+    stop = full[-1] + "\x00"
+    events, _ = _stream(client, prompt=PROMPT, max_tokens=30, temperature=1.0, seed=11, stop=[stop])
+    assert "".join(e["choices"][0]["text"] for e in events) == full
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    plain = client.post(
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.0, "seed": 11, "stop": stop},
+    )
+    assert plain.json()["choices"][0]["text"] == full
+
+
 # -- score ---------------------------------------------------------------------------------------------------
 
 

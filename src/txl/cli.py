@@ -744,6 +744,7 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
         segment=args.segment,
         tokens=args.tokens,
         xl_tokens=args.xl_tokens,
+        windows_per_batch=args.windows_per_batch,
         repeats=args.repeats,
         device=args.device,
         progress=not args.quiet,
@@ -756,11 +757,14 @@ def _cmd_analyze_recl(args: argparse.Namespace) -> int:
     from .analysis.recl import analyze_recl
 
     lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
+    r = parse_floats(args.r, name="--r")
+    if any(not 0 < v <= 1 for v in r):
+        raise ConfigError(f"--r: fractions of the targets in (0, 1], got {args.r!r}")
     result = analyze_recl(
         [Path(d) for d in args.run_dirs],
         lengths=lengths,
         delta=args.delta,
-        r_percent=parse_floats(args.r, name="--r"),
+        r=r,
         split=args.split,
         max_tokens=args.max_tokens,
         batch_size=args.batch_size,
@@ -818,26 +822,35 @@ continue from their last checkpoint, finished ones are reused."""
 _MEMORY_HELP = """\
 Evaluate one trained Transformer-XL over a whole split with evaluation memories from 0 up to 8x its
 training memory (--lengths to choose), every token predicted once: the loss against the memory it gets.
-Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", ...}]}) and memory.png."""
+It starts from the settings of 'txl eval' on the run (its [eval] clamp_len and same_length, else the
+model's). Each length is also evaluated with clamp_len at the training attention length (training memory
++ segment), beside the unclamped figure: a gain lost to distances never seen in training shows there.
+Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", "clamped_loss", ...}]}) and memory.png."""
 
 _SPEED_HELP = """\
 The paper's Table 9: evaluation time per token of the vanilla Transformer against the Transformer-XL at
-attention lengths L (--lengths), batch 1, the same sizes (random weights and tokens). The vanilla model
-predicts every token from a window of the L tokens before it, recomputed (the window slides one position
-per prediction; windows are batched and only each window's last position goes through the softmax). The
-Transformer-XL reads segments of --segment tokens with a memory of L and same-length attention, so every
-prediction attends to exactly L positions (as the paper evaluates); its memory is filled before timing.
-Each time is the fastest of --repeats. Writes OUT/results.json ({"rows": [{"length", "xl_ms_per_token",
-"vanilla_ms_per_token", "ratio"}]}) and speed.png."""
+attention lengths L (--lengths), the same sizes (--n-layer, --d-model, ...; random weights and tokens).
+The vanilla model predicts every token from a window of the L tokens before it, recomputed (the window
+slides one position per prediction; only its last position goes through the softmax), timed two ways:
+one window per forward (batch 1, the paper's protocol) and batched (--windows-per-batch windows per
+forward, default about 16k positions). The Transformer-XL reads one stream (batch 1) in segments of
+--segment tokens with a memory of L and same-length attention, so every prediction attends to exactly L
+positions (as the paper evaluates); its memory is filled before timing. Each time is the fastest of
+--repeats. Writes OUT/results.json ({"model", "params", "threads", "rows": [{"length", "xl_ms_per_token",
+"vanilla_ms_per_token", "vanilla_batched_ms_per_token", "windows_per_batch", "ratio", "batched_ratio"}]})
+and speed.png."""
 
 _RECL_HELP = """\
-The paper's relative effective context length of a group of trained models (same corpus and
-vocabulary). With l_i(c, t) the loss of model i on token t given c tokens of context, b(c, t) = min_i
-l_i(c, t), f_i(c, c') = mean_t min(b(c, t), l_i(c', t)) and g_i(c, c') = (f_i(c, c) - f_i(c, c')) /
-f_i(c, c), a model's RECL for a threshold r (percent) is the largest c with g_i(c, c + delta) >= r (0 if
-none). Context c: a Transformer-XL reads with memory c and same-length attention (every query attends
-to exactly c positions in every layer); a vanilla model slides a window of min(c, its training segment)
-tokens. Writes OUT/results.json ({"models": [{"run", "recl": {"0.1": c, ...}}]}) and recl.png."""
+The paper's relative effective context length (Dai et al. 2019, Appendix C) of a group of trained models
+(same corpus and vocabulary). With l_i(c, t) the loss of model i on target t given c tokens of context:
+the group's baseline b(c, t) = min_i l_i(c, t); T the top-r fraction of targets with the largest b(c, t)
+(r = 0.1, 0.5, 1.0: the hardest 10%, 50%, all); f_i(c, c') = mean over T of min(b(c, t), l_i(c', t));
+the relative perplexity gain g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c). From the
+shortest context c, step c -> c + delta while g_i(c, c + delta) >= 0.01; the model's RECL is the c where it
+stops (">=" when it still gains at the longest measured context). Context c: a Transformer-XL reads with
+memory c and same-length attention (every query attends to exactly c positions in every layer); a vanilla
+model slides a window of min(c, its training segment) tokens. Writes OUT/results.json ({"models": [{"run",
+"recl": {"0.1": c, ...}, "at_least": {...}, "gains": {"0.1": {"c": g}}}]}) and recl.png."""
 
 _RECALL_HELP = """\
 The fastest demonstration that the memory works. On synthetic-recall, a task txl generates (every symbol
@@ -933,7 +946,11 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--clamp-len", type=int, help="clamp relative distances (default: the run's eval.clamp_len)"
     )
     a.add_argument(
-        "--same-length", action="store_true", help="every query attends to the same number of keys"
+        "--same-length",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every query attends to the same number of keys (default: the run's eval setting, as txl "
+        "eval; off at memory 0)",
     )
     a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
     a.add_argument("--batch-size", type=int, help="parallel streams (default: the run's eval.batch_size)")
@@ -957,6 +974,11 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--xl-tokens", type=int, default=2048, help="XL predictions timed per length (default: 2048)"
     )
+    a.add_argument(
+        "--windows-per-batch",
+        type=_positive_int,
+        help="vanilla windows per forward of the batched timing (default: 16384 / L)",
+    )
     a.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the fastest counts")
     a.add_argument("--n-layer", type=int, default=2)
     a.add_argument("--n-head", type=int, default=4)
@@ -979,7 +1001,9 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
         "--lengths", help="contexts c (default: delta, 2 delta, ..., 8T; T the shortest training segment)"
     )
     a.add_argument("--delta", type=int, help="extension c -> c + delta (default: T/2)")
-    a.add_argument("--r", default="0.1,0.5,1.0", help="thresholds in percent (default: 0.1,0.5,1.0)")
+    a.add_argument(
+        "--r", default="0.1,0.5,1.0", help="fractions of hardest targets, in (0, 1] (default: 0.1,0.5,1.0)"
+    )
     a.add_argument("--batch-size", type=int, default=8, help="rows read in parallel by the Transformer-XL")
     _add_run_options(a, max_tokens=20_000)
     _add_output_options(a, default_out=None)

@@ -1,7 +1,11 @@
 """``txl analyze memory``: the loss of one trained Transformer-XL as a function of the memory it is given
 at evaluation, from none up to several times its training memory (the paper evaluates with a longer memory
 than it trains with). Each length is a full evaluation of the split with :func:`txl.evaluate.evaluate`:
-every token predicted once, memory carried across segments.
+every token predicted once, memory carried across segments. The sweep starts from the settings ``txl eval``
+uses on the run (:func:`txl.config.eval_span`: its ``[eval]`` clamp and same-length attention, else the
+model's), and each length is also evaluated with ``clamp_len`` at the training attention length (training
+memory + training segment): beside the unclamped figure, it tells a gain lost to distances the model never
+saw in training from one the model cannot make.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span
 from ..errors import TxlError
-from ..evaluate import evaluate
+from ..evaluate import EvalResult, evaluate
 from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
@@ -30,13 +34,19 @@ __all__ = ["MemoryRow", "MemoryResult", "default_memory_lengths", "memory_sweep"
 
 @dataclass(frozen=True)
 class MemoryRow:
-    """One evaluation: the memory length and the mean loss (nats per token) over ``tokens`` targets."""
+    """One memory length: the mean loss (nats per token) over ``tokens`` targets with the sweep's clamp,
+    and with distances clamped at the training attention length (``clamped_*``; the same evaluation when
+    no distance reaches it: memory + segment - 1 <= that length). ``same_length``: as evaluated (off without
+    memory, as ``txl eval`` turns it off)."""
 
     mem_len: int
     loss: float
     ppl: float
     bpc: float
     tokens: int
+    same_length: bool
+    clamped_loss: float
+    clamped_ppl: float
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class MemoryResult:
     batch_size: int
     clamp_len: int | None
     same_length: bool
+    train_attention_len: int
     rows: tuple[MemoryRow, ...]
 
     def as_dict(self) -> dict[str, Any]:
@@ -68,15 +79,19 @@ class MemoryResult:
                 r.loss,
                 r.ppl,
                 r.bpc,
+                r.clamped_loss,
+                r.clamped_ppl,
                 "best" if r is best else "",
             ]
             for r in self.rows
         ]
         head = (
             f"{self.run}: {self.split} loss against evaluation memory (segments of {self.tgt_len}, trained "
-            f"with memory {self.train_mem_len}, clamp_len {self.clamp_len}, same_length {self.same_length})"
+            f"with memory {self.train_mem_len}, clamp_len {self.clamp_len}, same_length {self.same_length}; "
+            f"clamped: clamp_len {self.train_attention_len}, the training attention length)"
         )
-        return head + "\n" + format_table(["mem_len", "x train", "loss", "ppl", "bits", ""], rows)
+        names = ["mem_len", "x train", "loss", "ppl", "bits", "clamped loss", "clamped ppl", ""]
+        return head + "\n" + format_table(names, rows)
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
         return {"memory": self._plot}
@@ -84,7 +99,15 @@ class MemoryResult:
     def _plot(self) -> Figure:
         fig = new_figure()
         ax = fig.subplots()
-        ax.plot([r.mem_len for r in self.rows], [r.loss for r in self.rows], marker="o")
+        mems = [r.mem_len for r in self.rows]
+        ax.plot(mems, [r.loss for r in self.rows], marker="o", label=f"clamp_len {self.clamp_len}")
+        ax.plot(
+            mems,
+            [r.clamped_loss for r in self.rows],
+            marker="x",
+            linestyle="--",
+            label=f"clamp_len {self.train_attention_len} (training attention length)",
+        )
         ax.axvline(
             self.train_mem_len, color="gray", linestyle="--", label=f"training memory ({self.train_mem_len})"
         )
@@ -96,11 +119,10 @@ class MemoryResult:
         return fig
 
 
-def default_memory_lengths(train_mem_len: int, *, same_length: bool = False) -> tuple[int, ...]:
-    """0 (none; left out with ``same_length``), a quarter, a half, 1x, 2x, 4x and 8x the training memory."""
+def default_memory_lengths(train_mem_len: int) -> tuple[int, ...]:
+    """0 (none), a quarter, a half, 1x, 2x, 4x and 8x the training memory."""
     m = max(train_mem_len, 1)
-    lengths = {m // 4, m // 2, m, 2 * m, 4 * m, 8 * m} | ({0} if not same_length else set())
-    return tuple(sorted(v for v in lengths if v > 0 or not same_length))
+    return tuple(sorted({0, m // 4, m // 2, m, 2 * m, 4 * m, 8 * m}))
 
 
 def memory_sweep(
@@ -112,29 +134,50 @@ def memory_sweep(
     batch_size: int,
     clamp_len: int | None = None,
     same_length: bool = False,
+    train_attention_len: int | None = None,
     progress: bool = False,
 ) -> tuple[MemoryRow, ...]:
     """Evaluate ``model`` on ``tokens`` once per memory length (segments of ``tgt_len``, ``batch_size``
-    streams); the other evaluation lengths are ``clamp_len`` and ``same_length``."""
+    streams); the other evaluation lengths are ``clamp_len`` and ``same_length`` (off at memory 0, which
+    leaves it nothing to act on), and again with ``clamp_len = train_attention_len`` (default: the model's
+    mem_len + ``tgt_len``)."""
     if model.config.attention != "relative":
         raise TxlError(
             "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
             "which has no memory)"
         )
-    rows = []
-    for mem_len in tqdm(lengths, desc="memory lengths", disable=not progress, leave=False):
-        span = Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
-        result = evaluate(
+    attention_len = train_attention_len or model.config.mem_len + tgt_len
+
+    def run(span: Span) -> EvalResult:
+        return evaluate(
             model,
             tokens,
             batch_size=batch_size,
             tgt_len=tgt_len,
             span=span,
             progress=progress,
-            desc=f"mem_len {mem_len}",
+            desc=f"mem_len {span.mem_len}, clamp_len {span.clamp_len}",
         )
+
+    rows = []
+    for mem_len in tqdm(lengths, desc="memory lengths", disable=not progress, leave=False):
+        span = Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length and mem_len > 0)
+        result = run(span)
+        # distances reach mem_len + tgt_len - 1: a clamp at or above that changes nothing
+        reach = mem_len + tgt_len - 1
+        same = clamp_len == attention_len or (attention_len >= reach and (clamp_len or reach) >= reach)
+        clamped = result if same else run(span.replace(clamp_len=attention_len))
         rows.append(
-            MemoryRow(mem_len=mem_len, loss=result.loss, ppl=result.ppl, bpc=result.bpc, tokens=result.tokens)
+            MemoryRow(
+                mem_len=mem_len,
+                loss=result.loss,
+                ppl=result.ppl,
+                bpc=result.bpc,
+                tokens=result.tokens,
+                same_length=span.same_length,
+                clamped_loss=clamped.loss,
+                clamped_ppl=clamped.ppl,
+            )
         )
     return tuple(rows)
 
@@ -144,7 +187,7 @@ def analyze_memory(
     *,
     lengths: Sequence[int] | None = None,
     clamp_len: int | None = None,
-    same_length: bool = False,
+    same_length: bool | None = None,
     split: str = "valid",
     max_tokens: int | None = None,
     tgt_len: int | None = None,
@@ -153,16 +196,24 @@ def analyze_memory(
     device: str = "cpu",
     progress: bool = True,
 ) -> MemoryResult:
-    """Load a run and sweep its evaluation memory (default: :func:`default_memory_lengths`). Segment length
-    and streams default to the run's evaluation settings; ``clamp_len`` to the run's evaluation clamp."""
+    """Load a run and sweep its evaluation memory (default: :func:`default_memory_lengths`). Everything
+    not given starts where ``txl eval`` starts on the run: segment length and streams from its ``[eval]``
+    section (else training), ``clamp_len`` and ``same_length`` by :func:`txl.config.eval_span`."""
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
     config = run.config
+    if config.model.attention != "relative":
+        raise TxlError(
+            "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
+            "which has no memory)"
+        )
     tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
     train_mem = config.model.mem_len
-    lengths = tuple(lengths) if lengths else default_memory_lengths(train_mem, same_length=same_length)
-    clamp_len = clamp_len if clamp_len is not None else eval_span(config).clamp_len
+    lengths = tuple(lengths) if lengths else default_memory_lengths(train_mem)
+    span = eval_span(config, mem_len=max(1, train_mem), clamp_len=clamp_len, same_length=same_length)
+    clamp_len, same_length = span.clamp_len, span.same_length
     tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
     batch_size = batch_size or config.eval.batch_size
+    attention_len = train_mem + config.train.tgt_len
     rows = memory_sweep(
         run.model,
         tokens,
@@ -171,6 +222,7 @@ def analyze_memory(
         batch_size=batch_size,
         clamp_len=clamp_len,
         same_length=same_length,
+        train_attention_len=attention_len,
         progress=progress,
     )
     return MemoryResult(
@@ -182,5 +234,6 @@ def analyze_memory(
         batch_size=batch_size,
         clamp_len=clamp_len,
         same_length=same_length,
+        train_attention_len=attention_len,
         rows=rows,
     )

@@ -1,13 +1,21 @@
-"""``txl analyze recl``: the relative effective context length (RECL) of a group of trained models
-(Dai et al. 2019, Section 4.4; after Khandelwal et al. 2018's effective context length).
+"""``txl analyze recl``: the relative effective context length (RECL) of a group of trained models, as
+Dai et al. (2019) define it (Section 4.2 and Appendix C, after Khandelwal et al. 2018's effective context
+length). RECL is a property of a model *within a group*: every model's gain is measured against the same
+baseline, the best model of the group at the shorter context.
 
-With l_i(c, t) the loss of model i on target t given c tokens of context:
+With l_i(c, t) the loss of model i of the group on target t given c tokens of context, N targets, and a
+ratio r in (0, 1] (the paper's r = 0.1, 0.5 and 1.0 are fractions of the targets: 1.0 is every target):
 
-    b(c, t)      = min_i l_i(c, t)                             the best model of the group at context c
-    f_i(c, c')   = mean_t min(b(c, t), l_i(c', t))             relative loss of model i at c' against b at c
-    g_i(c, c')   = (f_i(c, c) - f_i(c, c')) / f_i(c, c)        relative gain of extending c to c'
-    RECL_i(r)    = the largest c with g_i(c, c + delta) >= r   (r in percent, as the paper's table; 0 when
-                                                               no measured c gains r)
+    b(c, t)       = min_i l_i(c, t)                                  the group's baseline at context c
+    T_r(c)        = the ceil(r N) targets t with the largest b(c, t)  the top-r hardest positions
+    f_i(c, c')    = 1/|T_r(c)| sum_{t in T_r(c)} min(b(c, t), l_i(c', t))   relative loss, c' >= c
+    g_i(c, c')    = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)   relative perplexity gain
+
+and RECL_i(r) by the paper's thresholding with step delta and the fixed threshold 0.01: start with c the
+shortest measured context; while g_i(c, c + delta) >= 0.01, set c = c + delta; RECL_i(r) = c. (As
+b <= l_i, f_i(c, c) = mean_{T_r(c)} b(c, t) is the same for every model: all gain over one baseline.) A
+model whose gain still passes at the longest measured extension has a RECL of at least that c + delta;
+the result says so (:attr:`ReclModel.at_least`) instead of inventing a number.
 
 How a model gets exactly c tokens of context (:func:`context_losses`):
 
@@ -23,6 +31,7 @@ Every model scores the same targets, and each of them has at least max(c) tokens
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_R",
+    "THRESHOLD",
     "relative_gains",
     "recl_from_gains",
     "context_losses",
@@ -54,7 +64,10 @@ __all__ = [
 ]
 
 DEFAULT_R = (0.1, 0.5, 1.0)
-"""The paper's thresholds, in percent."""
+"""The paper's ratios r: fractions of the targets, the hardest first (1.0: every target)."""
+
+THRESHOLD = 0.01
+"""The paper's threshold on the relative gain g_i(c, c + delta) (a 1% lower perplexity)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -63,41 +76,49 @@ DEFAULT_R = (0.1, 0.5, 1.0)
 
 
 def relative_gains(
-    losses: np.ndarray, *, lengths: Sequence[int], delta: int
+    losses: np.ndarray, *, lengths: Sequence[int], delta: int, r: float
 ) -> tuple[tuple[int, ...], np.ndarray]:
-    """Relative gains g_i(c, c + delta) from per-token losses.
+    """Relative gains g_i(c, c + delta) of every model of the group on its top-``r`` hardest targets.
 
     ``losses``: (I, C, N), the loss of model i at context ``lengths[k]`` on target t. Returns the contexts c
-    for which c + delta is among ``lengths`` (in the order of ``lengths``) and the gains (I, len(contexts))."""
+    for which c + delta is among ``lengths`` (in the order of ``lengths``) and the gains (I, len(contexts)),
+    by the equations of the module docstring: T_r(c) is the ceil(r N) targets with the largest baseline
+    b(c, t) (ties: the earlier target first), and g_i = 1 - exp(f_i(c, c + delta) - f_i(c, c)), which is
+    (exp f_i(c, c) - exp f_i(c, c + delta)) / exp f_i(c, c) without overflow."""
     losses = np.asarray(losses, dtype=np.float64)
     if losses.ndim != 3 or losses.shape[1] != len(lengths):
         raise ValueError(f"losses must be (models, {len(lengths)} lengths, tokens), got {losses.shape}")
+    if not 0 < r <= 1:
+        raise ValueError(f"r must be a fraction of the targets in (0, 1], got {r}")
     index = {c: k for k, c in enumerate(lengths)}
     contexts = tuple(c for c in lengths if c + delta in index)
+    top = max(1, math.ceil(r * losses.shape[2]))
     gains = np.zeros((losses.shape[0], len(contexts)))
     for j, c in enumerate(contexts):
         best = losses[:, index[c]].min(axis=0)  # b(c, t): (N,)
-        base = best.mean()  # f_i(c, c) = mean_t min(b, l_i(c, t)) = mean_t b(c, t), as b <= l_i
-        extended = np.minimum(best[None, :], losses[:, index[c + delta]]).mean(
-            axis=1
-        )  # f_i(c, c + delta): (I,)
-        gains[:, j] = (base - extended) / base
+        hardest = np.argsort(-best, kind="stable")[:top]  # T_r(c): (top,)
+        base = best[hardest].mean()  # f_i(c, c) = mean_T min(b, l_i(c, t)) = mean_T b(c, t), as b <= l_i
+        longer = losses[:, index[c + delta]][:, hardest]  # l_i(c + delta, t) on T_r(c): (I, top)
+        extended = np.minimum(best[None, hardest], longer).mean(axis=1)  # f_i(c, c + delta): (I,)
+        gains[:, j] = 0.0 - np.expm1(extended - base)  # 0.0 - x: no -0.0 where nothing is gained
     return contexts, gains
 
 
 def recl_from_gains(
-    contexts: Sequence[int], gains: np.ndarray, *, r_percent: Sequence[float]
-) -> list[dict[float, int]]:
-    """For each model (row of ``gains``) and threshold r (percent): the largest context c whose gain is at
-    least r / 100, or 0 when there is none."""
+    contexts: Sequence[int], gains: np.ndarray, *, delta: int, threshold: float = THRESHOLD
+) -> list[tuple[int, bool]]:
+    """The paper's thresholding, per model (row of ``gains``, the gains g(c, c + delta) at ``contexts``):
+    from the shortest context c, step to c + delta while g(c, c + delta) >= ``threshold``; RECL is the c
+    where it stops. Returns (RECL, at_least) per model: ``at_least`` when the steps ran past the measured
+    contexts (the true RECL may be longer)."""
+    measured = dict.fromkeys(contexts)
     result = []
     for row in np.asarray(gains, dtype=np.float64):
-        result.append(
-            {
-                r: max((c for c, g in zip(contexts, row, strict=True) if g >= r / 100), default=0)
-                for r in r_percent
-            }
-        )
+        gain = dict(zip(contexts, row, strict=True))
+        c = min(contexts)
+        while c in measured and gain[c] >= threshold:
+            c += delta
+        result.append((c, c not in measured))
     return result
 
 
@@ -153,12 +174,14 @@ def context_losses(
 
 @dataclass(frozen=True)
 class ReclModel:
-    """One model of the group: its RECL per threshold, its gain per context and its mean loss per length."""
+    """One model of the group: its RECL per ratio r (``at_least``: the r whose steps ran past the measured
+    contexts), its gain g(c, c + delta) per r and context, and its mean loss (all targets) per length."""
 
     run: str
     attention: str
     recl: dict[float, int]
-    gains: dict[int, float]
+    at_least: dict[float, bool]
+    gains: dict[float, dict[int, float]]
     mean_loss: dict[int, float]
 
     def as_dict(self) -> dict[str, Any]:
@@ -166,7 +189,8 @@ class ReclModel:
             "run": self.run,
             "attention": self.attention,
             "recl": {str(r): c for r, c in self.recl.items()},
-            "gains": {str(c): g for c, g in self.gains.items()},
+            "at_least": {str(r): v for r, v in self.at_least.items()},
+            "gains": {str(r): {str(c): g for c, g in row.items()} for r, row in self.gains.items()},
             "mean_loss": {str(c): v for c, v in self.mean_loss.items()},
         }
 
@@ -179,7 +203,8 @@ class ReclResult:
     tokens: int
     lengths: tuple[int, ...]
     delta: int
-    r_percent: tuple[float, ...]
+    r: tuple[float, ...]
+    threshold: float
     models: tuple[ReclModel, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -188,21 +213,23 @@ class ReclResult:
             "tokens": self.tokens,
             "lengths": list(self.lengths),
             "delta": self.delta,
-            "r_percent": list(self.r_percent),
+            "r": list(self.r),
+            "threshold": self.threshold,
             "models": [m.as_dict() for m in self.models],
         }
 
     def table(self) -> str:
         head = (
-            f"relative effective context length on {self.tokens:,} {self.split} targets (contexts "
-            f"{self.lengths[0]}..{self.lengths[-1]}, delta {self.delta}; 0: no measured gain reaches r)"
+            f"relative effective context length (Dai et al. 2019, Appendix C) on {self.tokens:,} {self.split} "
+            f"targets: the group's baseline is its best model at each context; r: the fraction of hardest "
+            f"targets; contexts {self.lengths[0]}..{self.lengths[-1]} in steps of {self.delta}, threshold "
+            f"{self.threshold:g} (>=: still gaining at the longest measured context)"
         )
-        rows = [[m.run, m.attention, *(m.recl[r] for r in self.r_percent)] for m in self.models]
-        return (
-            head
-            + "\n"
-            + format_table(["run", "attention", *(f"RECL r={r:g}%" for r in self.r_percent)], rows)
-        )
+        rows = [
+            [m.run, m.attention, *(f"{'>=' if m.at_least[r] else ''}{m.recl[r]}" for r in self.r)]
+            for m in self.models
+        ]
+        return head + "\n" + format_table(["run", "attention", *(f"RECL r={r:g}" for r in self.r)], rows)
 
     def figures(self) -> Mapping[str, Callable[[], Figure]]:
         return {"recl": self._plot}
@@ -210,16 +237,16 @@ class ReclResult:
     def _plot(self) -> Figure:
         fig = new_figure(width=10.0)
         left, right = fig.subplots(1, 2)
+        r = min(self.r)  # the paper's Figure 3 shows r = 0.1
         for m in self.models:
             name = run_label(m.run)
             left.plot(list(m.mean_loss), list(m.mean_loss.values()), marker="o", label=name)
-            right.plot(list(m.gains), [100 * g for g in m.gains.values()], marker="o", label=name)
-        for r in self.r_percent:
-            right.axhline(r, color="gray", linestyle=":", linewidth=1)
+            right.plot(list(m.gains[r]), [100 * g for g in m.gains[r].values()], marker="o", label=name)
+        right.axhline(100 * self.threshold, color="gray", linestyle=":", linewidth=1)
         left.set_xlabel("context c (tokens)")
         left.set_ylabel("mean loss (nats per token)")
         right.set_xlabel("context c (tokens)")
-        right.set_ylabel(f"relative gain g(c, c + {self.delta}) (%)")
+        right.set_ylabel(f"relative gain g(c, c + {self.delta}) (%), r = {r:g}")
         for ax in (left, right):
             ax.legend()
             ax.grid(alpha=0.3)
@@ -239,7 +266,8 @@ def analyze_recl(
     *,
     lengths: Sequence[int] | None = None,
     delta: int | None = None,
-    r_percent: Sequence[float] = DEFAULT_R,
+    r: Sequence[float] = DEFAULT_R,
+    threshold: float = THRESHOLD,
     split: str = "valid",
     max_tokens: int | None = 20_000,
     batch_size: int = 8,
@@ -247,8 +275,10 @@ def analyze_recl(
     device: str = "cpu",
     progress: bool = True,
 ) -> ReclResult:
-    """RECL of the runs in ``run_dirs`` (same corpus and vocabulary) on the first ``max_tokens`` targets
-    of ``split`` after a warm-up of max(c) tokens. Defaults: :func:`default_recl_lengths`."""
+    """RECL of the group of runs in ``run_dirs`` (same corpus and vocabulary) on the first ``max_tokens``
+    targets of ``split`` after a warm-up of max(c) tokens, for each ratio in ``r`` (fractions). The losses
+    are measured at every context c of ``lengths`` and at c + ``delta``; the steps of the thresholding walk
+    through all of them. Defaults: :func:`default_recl_lengths`."""
     if len(run_dirs) < 1:
         raise TxlError("recl needs at least one run (the paper compares a group of models)")
     runs = [load_run(Path(d), checkpoint=checkpoint, device=device) for d in run_dirs]
@@ -268,6 +298,8 @@ def analyze_recl(
     contexts = tuple(sorted(set(lengths))) if lengths else default_contexts
     if min(contexts) < 1 or delta < 1:
         raise TxlError("recl: lengths and delta must be positive")
+    if not r or any(not 0 < v <= 1 for v in r):
+        raise TxlError(f"recl: r must be fractions of the targets in (0, 1], got {list(r)}")
     grid = tuple(sorted(set(contexts) | {c + delta for c in contexts}))
     first = grid[-1]
     tokens = split_tokens(
@@ -296,16 +328,17 @@ def analyze_recl(
                     progress=progress,
                 )
             losses[i, k] = done[key]
-    measured, gains = relative_gains(losses, lengths=grid, delta=delta)
-    keep = [j for j, c in enumerate(measured) if c in contexts]
-    measured, gains = tuple(measured[j] for j in keep), gains[:, keep]
-    recls = recl_from_gains(measured, gains, r_percent=r_percent)
+    gains: dict[float, tuple[tuple[int, ...], np.ndarray]] = {
+        v: relative_gains(losses, lengths=grid, delta=delta, r=v) for v in r
+    }
+    recls = {v: recl_from_gains(*gains[v], delta=delta, threshold=threshold) for v in r}
     models = tuple(
         ReclModel(
             run=str(d),
             attention=run.config.model.attention,
-            recl=recls[i],
-            gains={c: float(g) for c, g in zip(measured, gains[i], strict=True)},
+            recl={v: recls[v][i][0] for v in r},
+            at_least={v: recls[v][i][1] for v in r},
+            gains={v: {c: float(g) for c, g in zip(gains[v][0], gains[v][1][i], strict=True)} for v in r},
             mean_loss={c: float(losses[i, k].mean()) for k, c in enumerate(grid)},
         )
         for i, (d, run) in enumerate(zip(run_dirs, runs, strict=True))
@@ -315,6 +348,7 @@ def analyze_recl(
         tokens=losses.shape[2],
         lengths=grid,
         delta=delta,
-        r_percent=tuple(r_percent),
+        r=tuple(r),
+        threshold=threshold,
         models=models,
     )
