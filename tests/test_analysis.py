@@ -318,8 +318,8 @@ def test_recall_accuracy_scores_each_position_by_the_prediction_of_its_own_token
     chosen = [9, 10, 11, 20, 31, 32, 47]
     with torch.no_grad():
         for t in chosen:  # causal: setting a later token never changes an earlier prediction
-            x[t] = model(x[None, :t]).logits[0, -1].argmax()
-        argmax = model(x[None, :-1]).logits[0].argmax(-1)  # the prediction of token t is at t - 1
+            x[t] = model(x[None, :t]).log_probs[0, -1].argmax()
+        argmax = model(x[None, :-1]).log_probs[0].argmax(-1)  # the prediction of token t is at t - 1
     positions = np.arange(8, 52)  # not up to the end: a shifted prediction must show as a wrong hit
     hits = recall_accuracy(run, x.numpy(), positions, distance=8)
     expected = (argmax[positions - 1] == x[positions]).numpy()
