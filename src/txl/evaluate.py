@@ -15,14 +15,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import Span, eval_span, first_set
+from .config import Span, TransformerXLConfig, eval_span, first_set
 from .data import SegmentStream, prepare_data
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
 from .model import KVCache, TransformerXL
 from .runs import load_run
 
-__all__ = ["EvalResult", "evaluate", "evaluate_run", "metrics_from_loss"]
+__all__ = ["EvalResult", "eval_rows", "evaluate", "evaluate_run", "metrics_from_loss"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,59 @@ class EvalResult:
 def metrics_from_loss(loss: float) -> dict[str, float]:
     """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2."""
     return {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bpc": loss / math.log(2)}
+
+
+def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
+    """The batch rows an evaluation of ``n_tokens`` tokens in ``batch_size`` streams actually fills: rows of
+    L = ceil((n - 1) / B) targets hold ceil((n - 1) / L) of them, the rest would be all padding. Evaluating
+    with that many rows (rounded up to a multiple of ``world_size``, at most B) gives the same streams, the
+    same L, hence the same figures."""
+    if batch_size < 1 or n_tokens < 2:
+        return batch_size  # refused by the stream, with its message
+    length = -(-(n_tokens - 1) // batch_size)
+    used = -(-(n_tokens - 1) // length)
+    return min(batch_size, -(-used // world_size) * world_size)
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on ``device`` (MemAvailable on the CPU); None when it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_eval_fits(
+    config: TransformerXLConfig, *, rows: int, steps: int, keys: int, available: int | None
+) -> None:
+    """Refuse (TxlError, one line) an evaluation whose largest buffers cannot fit in ``available`` bytes:
+    with B ``rows``, segments of T ``steps`` and K ``keys`` (memory and segment), the hidden states and the
+    keys and values of every layer, N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities,
+    2 x (B, H, T, K), and the logits (B, T, V), all in float32. About a lower bound: what it refuses would
+    fail."""
+    if available is None:
+        return
+    width = config.d_model + 2 * config.n_head * config.d_head
+    floats = config.n_layer * rows * keys * width + 2 * rows * config.n_head * steps * keys
+    need = 4 * (floats + rows * steps * config.vocab_size)
+    if need > available:
+        raise TxlError(
+            f"--batch-size / eval.batch_size: {rows} rows of segments of {steps} attending to {keys} positions "
+            f"need at least {_size(need)}, more than the {_size(available)} available; "
+            "lower the batch size (or the memory or segment length)"
+        )
 
 
 @torch.no_grad()
@@ -71,12 +124,28 @@ def evaluate(
     projecting the whole memory again at every segment, as generation does; the losses are the same up to
     float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
     projections. False recomputes them, as training does (where the weights change between segments)."""
-    rows = group.rows(batch_size, field="eval.batch_size")
+    group.rows(batch_size, field="eval.batch_size")  # the setting as given must split over the processes
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
+    span = model.config.span if span is None else span
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    batch_size = eval_rows(len(tokens), batch_size, world_size=group.world_size)
+    reuse_keys = (
+        reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32"
+    )
+    if batch_size >= 1 and tgt_len >= 1 and len(tokens) >= 2:
+        row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
+        check_eval_fits(
+            model.config,
+            rows=batch_size,
+            steps=min(tgt_len, row_len),
+            # a cache holds the whole memory from the start; a memory grows with the stream
+            keys=span.mem_len + tgt_len if reuse_keys else min(span.mem_len + tgt_len, row_len),
+            available=_available_bytes(device),
+        )
+    rows = group.rows(batch_size, field="eval.batch_size")
     was_training = model.training
     model.eval()
-    device = torch.device(device) if device is not None else next(model.parameters()).device
     try:
         stream = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=desc)
     except ValueError as exc:
@@ -84,9 +153,8 @@ def evaluate(
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     memory = None
-    span = model.config.span if span is None else span
     cache = None
-    if reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32":
+    if reuse_keys:
         dtype = next(model.parameters()).dtype
         cache = KVCache(
             model.config, batch_size=rows.stop - rows.start, span=span, dtype=dtype, device=device
