@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -239,6 +240,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     shown = -1  # the sample being streamed
+    made: dict[int, list[str]] = {}  # each sample's prompt as read, then its pieces: printed if interrupted
 
     def header(index: int) -> None:
         if args.num_samples > 1:
@@ -248,6 +250,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         index: int, prompt_text: str
     ) -> None:  # --stream: the prompt as the model reads it, then pieces
         nonlocal shown
+        made[index] = [prompt_text]
+        if not args.stream:
+            return
         if shown >= 0:
             print()
         header(index)
@@ -255,10 +260,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         shown = index
 
     def show(index: int, piece: str) -> None:
-        print(piece, end="", flush=True)
+        made[index].append(piece)
+        if args.stream:
+            print(piece, end="", flush=True)
 
     try:
-        with _library_warnings(args):
+        with _library_warnings(args), _signals_stop():
             result = generate_from_run(
                 run,
                 prompt,
@@ -267,10 +274,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 stop=args.stop,
                 num_samples=args.num_samples,
                 unknown="unk",
-                on_start=start if args.stream else None,
-                on_text=show if args.stream else None,
+                on_start=start,
+                on_text=show,
                 **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"),
             )
+    except _Stopped as stop:  # Ctrl-C or SIGTERM: what exists is printed, then the usual note
+        if args.stream:
+            print()  # the text is on screen already
+        for index, pieces in made.items() if not args.stream else ():
+            header(index)
+            print("".join(pieces))
+        print("txl: interrupted", file=sys.stderr)
+        return 128 + stop.signum
     except (
         ValueError
     ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
@@ -288,6 +303,34 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM while generating."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`_Stopped` for the block (in the main thread; elsewhere, nothing)."""
+
+    def handler(signum, _frame):
+        raise _Stopped(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -844,7 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens",
         type=_non_negative_int,
-        help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt",
+        help="tokens to sample, at most 100000 (default: the run's generate.max_new_tokens); 0 prints the prompt",
     )
     p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
     p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
