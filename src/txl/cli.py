@@ -1036,15 +1036,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, Interrupted):  # the checkpoint is saved: the run can go on, this is no error
             if not rank:
                 _note(str(exc))
-            return 128 + exc.signum
+            return _stopped_status(128 + exc.signum)
         print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("txl: interrupted", file=sys.stderr)
-        return 130
+        if not rank:
+            print("txl: interrupted", file=sys.stderr)
+        return _stopped_status(130)
+
+
+def _stopped_status(status: int) -> int:
+    """The exit status of a process stopped by a signal: 0 for a rank that ``txl train --nproc`` launched
+    (its launcher reports the signal; a non-zero status would make torchrun print a failure report)."""
+    from .distributed import LAUNCHED_BY_TXL
+
+    return 0 if os.environ.get(LAUNCHED_BY_TXL) == "1" and _rank() is not None else status
 
 
 if __name__ == "__main__":
