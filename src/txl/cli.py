@@ -196,10 +196,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate_prompt(args: argparse.Namespace) -> str:
-    """The prompt text: --prompt, or the contents of --prompt-file, or a newline."""
+def _generate_prompt(args: argparse.Namespace) -> str | None:
+    """The prompt text: --prompt, or the contents of --prompt-file, or None (the run's generate.prompt, else a
+    newline)."""
     if args.prompt_file is None:
-        return "\n" if args.prompt is None else args.prompt
+        return args.prompt
     if args.prompt is not None:
         raise ConfigError("give --prompt or --prompt-file, not both")
     try:
@@ -239,6 +240,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _generate_prompt(args)
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    if prompt is None:
+        prompt = "\n" if run.config.generate.prompt is None else run.config.generate.prompt
     shown = -1  # the sample being streamed
     made: dict[int, list[str]] = {}  # each sample's prompt as read, then its pieces: printed if interrupted
 
@@ -882,7 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="sample text from a trained run, with a key/value cache of the memory"
     )
     p.add_argument("run_dir")
-    p.add_argument("--prompt", help="text to continue (default: a newline)")
+    p.add_argument("--prompt", help="text to continue (default: the run's generate.prompt, else a newline)")
     p.add_argument("--prompt-file", metavar="FILE", help="continue the text of this UTF-8 file")
     p.add_argument(
         "--max-new-tokens",
