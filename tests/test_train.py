@@ -689,3 +689,24 @@ def test_flipped_byte_in_weights_is_a_clear_error(tmp_path, text_corpus):
     with pytest.raises(CheckpointError, match=r"step-00000002/model\.safetensors: checksum mismatch"):
         load_run(run, checkpoint="latest")
     assert load_run(run, checkpoint="step-00000001").step == 1
+
+
+def test_every_run_file_has_the_permissions_of_the_umask(tmp_path, text_corpus):
+    """One permission for every file of a run, the umask's (0666 less it; folders 0777 less it): the atomic
+    writes once came out 0600 (tempfile.mkstemp's) next to 0644 ones."""
+    previous = os.umask(0o027)
+    try:
+        run = tmp_path / "run"
+        config = run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=1")
+        train(config, run, progress=False)
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(run)): p.stat().st_mode & 0o777 for p in run.rglob("*")}
+    assert {"config.json", "vocab.json", "metrics.jsonl", "summary.json"} <= modes.keys()
+    assert any(name.endswith(".safetensors") for name in modes) and any(
+        n.endswith("state.json") for n in modes
+    )
+    wrong = {
+        name: oct(mode) for name, mode in modes.items() if mode != (0o750 if (run / name).is_dir() else 0o640)
+    }
+    assert not wrong, wrong

@@ -218,7 +218,7 @@ def _create_lock(path: Path, record: dict[str, Any]) -> None:
     FileExistsError when ``path`` exists), so a process killed at any moment never leaves an empty lock."""
     draft = path.with_name(f"{path.name}.{record['host']}.{record['pid']}.tmp")
     try:
-        fd = os.open(draft, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        fd = os.open(draft, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o666)  # less the umask
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(record))
             fh.flush()
