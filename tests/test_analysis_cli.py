@@ -79,7 +79,15 @@ def _results(folder: Path) -> dict:
 def test_compare_reports_the_three_rows_side_by_side(compared):
     results = _results(compared)
     for name in ("xl", "vanilla", "vanilla_sliding"):
-        for key in ("val_loss", "val_ppl", "test_loss", "test_ppl", "val_bpc", "test_bpc"):  # a byte corpus
+        for key in (
+            "val_loss",
+            "val_ppl",
+            "test_loss",
+            "test_ppl",
+            "val_bpb",
+            "test_bpb",
+            "val_bits_per_token",
+        ):
             assert isinstance(results[name][key], float), (name, key)
     xl, vanilla, sliding = results["xl"], results["vanilla"], results["vanilla_sliding"]
     assert vanilla["val_tokens"] == sliding["val_tokens"] == xl["val_tokens"]  # every token once

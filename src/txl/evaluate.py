@@ -22,26 +22,41 @@ from .errors import TxlError
 from .model import KVCache, TransformerXL
 from .runs import load_run
 
-__all__ = ["EvalResult", "eval_rows", "evaluate", "evaluate_run", "metrics_from_loss"]
+__all__ = ["EvalResult", "bits_name", "eval_rows", "evaluate", "evaluate_run", "metrics_from_loss"]
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Mean loss over ``tokens`` predicted targets, with perplexity and bits per token (bpc for
-    character- and byte-level vocabularies)."""
+    """Mean loss over ``tokens`` predicted targets, with perplexity and bits per token."""
 
     loss: float
     ppl: float
-    bpc: float
+    bits_per_token: float
     tokens: int
 
-    def as_dict(self, prefix: str = "") -> dict[str, float | int]:
-        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+    def as_dict(self, prefix: str = "", *, kind: str | None = None) -> dict[str, float | int]:
+        """The fields as ``{prefix}name``; with the vocabulary's ``kind`` also the bits under
+        :func:`bits_name` (``bpc`` for a char vocabulary, ``bpb`` for a byte one)."""
+        out = {f"{prefix}{k}": v for k, v in asdict(self).items()}
+        if bits_name(kind):
+            out[f"{prefix}{bits_name(kind)}"] = self.bits_per_token
+        return out
 
 
-def metrics_from_loss(loss: float) -> dict[str, float]:
-    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2."""
-    return {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bpc": loss / math.log(2)}
+def bits_name(kind: str | None) -> str | None:
+    """What bits per token are also called for a vocabulary of ``kind``: ``bpc`` (bits per character) for a
+    char vocabulary, ``bpb`` (per byte) for a byte one, None for word and BPE ones (a token is neither)."""
+    return {"char": "bpc", "byte": "bpb"}.get(kind or "")
+
+
+def metrics_from_loss(loss: float, *, kind: str | None = None) -> dict[str, float]:
+    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2 (also under
+    :func:`bits_name` of the vocabulary's ``kind``)."""
+    bits = loss / math.log(2)
+    out = {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bits_per_token": bits}
+    if bits_name(kind):
+        out[bits_name(kind)] = bits
+    return out
 
 
 def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
@@ -225,7 +240,7 @@ def evaluate_run(
         "split": split,
         "checkpoint": run.checkpoint.name,
         "step": run.step,
-        **result.as_dict(),
+        **result.as_dict(kind=run.vocab.kind),
         "tgt_len": tgt_len,
         "batch_size": batch_size,
         "mem_len": span.mem_len,

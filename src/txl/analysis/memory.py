@@ -35,7 +35,7 @@ class MemoryRow:
     mem_len: int
     loss: float
     ppl: float
-    bpc: float
+    bits_per_token: float
     tokens: int
 
 
@@ -67,7 +67,7 @@ class MemoryResult:
                 f"{r.mem_len / self.train_mem_len:g}x" if self.train_mem_len else "-",
                 r.loss,
                 r.ppl,
-                r.bpc,
+                r.bits_per_token,
                 "best" if r is best else "",
             ]
             for r in self.rows
@@ -134,7 +134,13 @@ def memory_sweep(
             desc=f"mem_len {mem_len}",
         )
         rows.append(
-            MemoryRow(mem_len=mem_len, loss=result.loss, ppl=result.ppl, bpc=result.bpc, tokens=result.tokens)
+            MemoryRow(
+                mem_len=mem_len,
+                loss=result.loss,
+                ppl=result.ppl,
+                bits_per_token=result.bits_per_token,
+                tokens=result.tokens,
+            )
         )
     return tuple(rows)
 

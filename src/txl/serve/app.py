@@ -368,7 +368,7 @@ def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool, job: _Job) -> dic
         "scored_tokens": len(losses),
         "mean_loss": mean,
         "ppl": math.exp(mean) if mean < 700 else float("inf"),
-        "bpc": mean / math.log(2),
+        "bits_per_token": mean / math.log(2),
         "tokens": tokens,
     }
 
