@@ -15,6 +15,7 @@ checkpoint, says so in a ``txl: note: ...`` line and exits with 128 + the signal
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -47,8 +48,45 @@ class _UsageError(Exception):
     """A command line that argparse refused; ``main`` prints it as one line."""
 
 
+class _StatesDefaults(argparse.HelpFormatter):
+    """Help that states every option's default: `` (default: X)`` is added to the help of an option with a
+    default (not None, False or an empty list) whose help does not already say it."""
+
+    @staticmethod
+    def _has_default(action: argparse.Action) -> bool:
+        default = action.default
+        return bool(action.option_strings) and not (
+            default is None or default is False or default is argparse.SUPPRESS or default == []
+        )
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and self._has_default(action):  # an option without help still shows it
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text == argparse.SUPPRESS or not self._has_default(action) or "default" in (text or ""):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _HelpFormatter(_StatesDefaults, argparse.HelpFormatter):
+    """Every parser's help formatter (see :class:`_StatesDefaults`)."""
+
+
+class _RawHelpFormatter(_StatesDefaults, argparse.RawDescriptionHelpFormatter):
+    """The same for the commands whose description is laid out by hand."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, ``txl: error: --tgt-len must be ..., got 0``."""
+    """An ArgumentParser whose errors are one line, ``txl: error: --tgt-len must be ..., got 0``, and whose
+    help states the defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         value = re.fullmatch(r"argument (\S+): (must .*)", message, flags=re.DOTALL)  # from the checks below
@@ -682,7 +720,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, max_tokens: int | None) -> N
 
 def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     """``txl compare`` and ``txl analyze ...``."""
-    raw = argparse.RawDescriptionHelpFormatter
+    raw = _RawHelpFormatter
     p = sub.add_parser(
         "compare",
         help="train Transformer-XL and the vanilla baseline, compare them side by side",
