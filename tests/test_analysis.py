@@ -418,7 +418,7 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
             299,
             span.same_length,
         )
-        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bpc == pytest.approx(row.loss / np.log(2))
+        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bits_per_token == pytest.approx(row.loss / np.log(2))
         assert row.clamped_loss == pytest.approx(clamped.loss, abs=1e-12)
         assert row.clamped_ppl == pytest.approx(np.exp(row.clamped_loss))
     # the settings matter on this model: same-length and the clamp change the loss at memory 32
