@@ -412,7 +412,7 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
     for row in rows:
         span = Span(mem_len=row.mem_len, clamp_len=clamp_len, same_length=same_length and row.mem_len > 0)
         result = evaluate(model, x, batch_size=2, tgt_len=8, span=span)
-        clamped = evaluate(model, x, batch_size=2, tgt_len=8, span=span.replace(clamp_len=24))
+        clamped = evaluate(model, x, batch_size=2, tgt_len=8, span=dataclasses.replace(span, clamp_len=24))
         assert (row.loss, row.tokens, row.same_length) == (
             pytest.approx(result.loss, abs=1e-12),
             299,

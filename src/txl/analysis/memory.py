@@ -11,7 +11,7 @@ saw in training from one the model cannot make.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -166,7 +166,7 @@ def memory_sweep(
         # distances reach mem_len + tgt_len - 1: a clamp at or above that changes nothing
         reach = mem_len + tgt_len - 1
         same = clamp_len == attention_len or (attention_len >= reach and (clamp_len or reach) >= reach)
-        clamped = result if same else run(span.replace(clamp_len=attention_len))
+        clamped = result if same else run(replace(span, clamp_len=attention_len))
         rows.append(
             MemoryRow(
                 mem_len=mem_len,
