@@ -309,8 +309,8 @@ def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import generate_from_run
     from .runs import load_run
+    from .text import generate_from_run
 
     prompt = _generate_prompt(args)
     _device(args.device)
