@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -34,15 +34,14 @@ from .model import KVCache, Memory
 from .model.decode import Decoder
 from .sampling import SamplingSettings, draw, filter_logits, sample_next
 
-if TYPE_CHECKING:
-    from .text import (
-        TextSamples,
-        TextStream,
-        UnknownTokensWarning,
-        encode_prompt,
-        generate_from_run,
-        generate_text,
-    )
+_IN_TEXT = (  # names that lived here, now in txl.text (which imports this module): reachable from here as before
+    "generate_text",
+    "TextStream",
+    "generate_from_run",
+    "TextSamples",
+    "UnknownTokensWarning",
+    "encode_prompt",
+)
 
 __all__ = [
     "Generation",
@@ -54,23 +53,8 @@ __all__ = [
     "stream",
     "DEFAULT_CONTEXT",
     "PAD_ID",
-    # in txl.text, reachable from here as before:
-    "generate_text",
-    "TextStream",
-    "generate_from_run",
-    "TextSamples",
-    "UnknownTokensWarning",
-    "encode_prompt",
+    *_IN_TEXT,
 ]
-
-_IN_TEXT = (
-    "generate_text",
-    "TextStream",
-    "generate_from_run",
-    "TextSamples",
-    "UnknownTokensWarning",
-    "encode_prompt",
-)
 
 DEFAULT_CONTEXT = 512
 """Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
