@@ -1,7 +1,8 @@
 """The HTTP application of ``txl serve`` (FastAPI): OpenAI-shaped completions, streamed as Server-Sent Events;
 per-token surprisal of a text with and without memory; the model card; the static page. Requests are checked
 here (a 4xx JSON error names the field) and run one at a time on the model, on one worker thread, behind a
-bounded queue. Sampling is :mod:`txl.generate`'s, prompts and streamed text :mod:`txl.text`'s, scoring :mod:`txl.serve.score`'s.
+bounded queue. Decoding is :mod:`txl.generate`'s, prompts and streamed text :mod:`txl.text`'s (prompts are
+read as ``txl generate`` reads them), scoring :mod:`txl.serve.score`'s.
 
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(queue_size=4))
     # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true}
