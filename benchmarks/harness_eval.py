@@ -97,7 +97,7 @@ def main() -> None:
             {
                 "what": "txl eval --batch-size 1",
                 "seconds": round(seconds, 1),
-                "bpc": own["bpc"],
+                "bits_per_token": own["bits_per_token"],
                 "bits_per_byte": nats / math.log(2) / len(text.encode()),
                 "word_perplexity": math.exp(nats / words),
                 "tokens": own["tokens"],

@@ -418,7 +418,9 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
             299,
             span.same_length,
         )
-        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bpc == pytest.approx(row.loss / np.log(2))
+        assert row.ppl == pytest.approx(np.exp(row.loss)) and row.bits_per_token == pytest.approx(
+            row.loss / np.log(2)
+        )
         assert row.clamped_loss == pytest.approx(clamped.loss, abs=1e-12)
         assert row.clamped_ppl == pytest.approx(np.exp(row.clamped_loss))
     # the settings matter on this model: same-length and the clamp change the loss at memory 32
@@ -530,3 +532,50 @@ def test_report_helpers():
     assert parse_ints("0, 8,16", name="--lengths") == (0, 8, 16)
     with pytest.raises(ConfigError, match="--lengths"):
         parse_ints("8,x", name="--lengths")
+
+
+def _drawn(figure):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure).draw()
+    return figure
+
+
+def test_figures_show_plain_values_without_an_offset():
+    pytest.importorskip(
+        "matplotlib", reason="the figures need matplotlib: pip install -e '.[plots]' (or '.[test]')"
+    )
+    from txl.analysis.report import new_figure, plain_ticks
+
+    def narrow():
+        figure = new_figure()
+        figure.subplots().plot([0, 1, 2], [6.3731, 6.3732, 6.3734])  # a range matplotlib counts from +6.373
+        return figure
+
+    assert _drawn(narrow()).axes[0].yaxis.get_offset_text().get_text() != ""  # matplotlib's own choice
+    axis = _drawn(plain_ticks(narrow())).axes[0].yaxis
+    assert axis.get_offset_text().get_text() == ""
+    labels = [t.get_text().replace("\u2212", "-") for t in axis.get_ticklabels() if t.get_text()]
+    assert labels and all(label.startswith("6.373") for label in labels), labels
+
+
+def test_the_speed_figure_gives_the_transformer_xl_its_own_axis():
+    pytest.importorskip(
+        "matplotlib", reason="the figures need matplotlib: pip install -e '.[plots]' (or '.[test]')"
+    )
+    from txl.analysis.speed import SpeedResult, SpeedRow
+
+    rows = tuple(
+        SpeedRow(length=n, xl_ms_per_token=xl, vanilla_ms_per_token=v, ratio=v / xl)
+        for n, xl, v in [(128, 0.5, 20.0), (256, 0.6, 45.0), (512, 0.7, 95.0), (800, 0.8, 150.0)]
+    )
+    result = SpeedResult(
+        model={}, segment=64, tokens=8, xl_tokens=64, repeats=1, threads=1, device="cpu", rows=rows
+    )
+    figure = _drawn(result.figures()["speed"]())
+    xl_axes = [ax for ax in figure.axes for line in ax.get_lines() if "Transformer-XL" in line.get_label()]
+    assert len(xl_axes) == 1
+    [xl_line] = [line for line in xl_axes[0].get_lines() if "Transformer-XL" in line.get_label()]
+    assert list(xl_line.get_ydata()) == [0.5, 0.6, 0.7, 0.8]
+    low, high = xl_axes[0].get_ylim()
+    assert high < 2 * 0.8  # the line spans its axis, not the bottom 1% of the vanilla model's

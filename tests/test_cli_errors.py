@@ -329,3 +329,44 @@ def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, te
     samples = captured.out.split("=== sample 2/2 ===\n")
     assert samples[0] == "=== sample 1/2 ===\n" + plain and samples[1] == plain
     assert captured.err.count("txl: warning:") == 1
+
+
+def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, monkeypatch):
+    """``--batch-size 1000000 --max-tokens 500``: 500 targets fill 500 rows of one target each, so the stream
+    and the cache are built with 500 rows (not a million) and the figures are those of ``--batch-size 500``."""
+    import txl.evaluate as evaluate
+
+    built = []
+
+    class Spy(evaluate.SegmentStream):
+        def __init__(self, tokens, *, batch_size, **kwargs):
+            built.append(batch_size)
+            super().__init__(tokens, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(evaluate, "SegmentStream", Spy)
+    records = []
+    for batch in ("1000000", "500", "7"):
+        assert main(["eval", str(trained_run), "--batch-size", batch, "--max-tokens", "500", "--quiet"]) == 0
+        records.append(json.loads(capsys.readouterr().out))
+    assert built == [500, 500, 7]
+    huge, exact, seven = records
+    assert huge["tokens"] == exact["tokens"] == seven["tokens"] == 500
+    assert huge["loss"] == exact["loss"] and huge["batch_size"] == 1000000
+    # rows of ceil(499 / 7) = 72 targets: 7 rows are filled; with 300 streams rows of 2 targets fill 250
+    assert [evaluate.eval_rows(501, b) for b in (7, 300, 500, 10**6)] == [7, 250, 500, 500]
+    assert evaluate.eval_rows(501, 300, world_size=4) == 252 and evaluate.eval_rows(3, 10**6) == 2
+
+
+def test_eval_refuses_a_batch_that_cannot_fit_with_one_line(trained_run, capsys, monkeypatch):
+    import txl.evaluate as evaluate
+
+    config = txl.TransformerXLConfig(vocab_size=100, n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=32)
+    # 2 x 10 x 30 x (16 + 32) + 2 x 10 x 2 x 20 x 30 + 10 x 20 x 100 floats = 72,800 floats = 291,200 bytes
+    evaluate.check_eval_fits(config, rows=10, steps=20, keys=30, available=291_200)
+    with pytest.raises(txl.errors.TxlError, match="--batch-size / eval.batch_size: 10 rows"):
+        evaluate.check_eval_fits(config, rows=10, steps=20, keys=30, available=291_199)
+    monkeypatch.setattr(evaluate, "_available_bytes", lambda device: 2**20)
+    before = snapshot(trained_run)
+    line = _fails(capsys, ["eval", str(trained_run), "--batch-size", "1000000", "--quiet"], "--batch-size")
+    assert "MiB available; lower the batch size" in line
+    assert snapshot(trained_run) == before

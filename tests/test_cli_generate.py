@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -212,6 +213,7 @@ def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
         (["--prompt-file", "missing.txt"], ["missing.txt"]),
         (["--greedy", "--temperature", "0.7"], ["greedy", "0.7"]),
         (["--num-samples", "0"], ["--num-samples"]),
+        (["--max-new-tokens", "100001"], ["max_new_tokens=100001", "limit of 100000"]),
     ],
 )
 def test_bad_generate_flags_give_one_line(char_run, capsys, tmp_path, flags, fragments):
@@ -261,3 +263,35 @@ def test_text_stream_holds_back_split_characters_and_stop_prefixes():
     assert "".join(out) == pieces.text  # "☃ " was held back (it could begin "☃ X"), then released
     with pytest.raises(ValueError, match="stop"):
         TextStream(vocab, prompt, stop="END")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_generate_prints_what_it_had_made(char_run, capsys, monkeypatch, signum):
+    """The signal arrives after the second sample's 25th piece (sent by the process to itself, so the moment
+    does not depend on the machine's speed): the first sample and what exists of the second are printed,
+    then the note, and the exit status says which signal it was."""
+    import txl.generate as generate
+
+    real = generate.generate_from_run
+
+    def signalled(*args, on_text, **kwargs):
+        count = []
+
+        def piece(index, text):
+            on_text(index, text)
+            count.append(index)
+            if count.count(1) == 25:
+                os.kill(os.getpid(), signum)
+
+        return real(*args, on_text=piece, **kwargs)
+
+    monkeypatch.setattr(generate, "generate_from_run", signalled)
+    flags = ["--prompt", "import ", "--num-samples", "3", "--max-new-tokens", "30", "--seed", "3"]
+    out = _Stdout()
+    monkeypatch.setattr(sys, "stdout", out)
+    code = main(["generate", str(char_run), *flags])
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 128 + signum and err == ["txl: interrupted"], err
+    first, second = _reference(char_run, "import ", 30, samples=2, seed=3)  # a char vocab: a piece per token
+    assert out.getvalue() == f"=== sample 1/3 ===\nimport {first}\n=== sample 2/3 ===\nimport {second[:25]}\n"

@@ -53,7 +53,10 @@ def test_demo_trains_both_models_and_prints_the_comparison(tmp_path, small_demo,
         assert report["results"][name]["steps"] == 8 and report["results"][name]["status"] == "completed"
     assert report["sample"].startswith("def ") and len(report["sample"]) > 4
     saved = json.loads((tmp_path / "demo" / "demo.json").read_text())
-    assert saved["results"]["vanilla"]["val_bpc"] > 0
+    assert (
+        saved["results"]["vanilla"]["val_bpb"] == saved["results"]["vanilla"]["val_bits_per_token"] > 0
+    )  # bytes
+    assert "val_bpc" not in saved["results"]["vanilla"]
 
 
 def test_the_same_steps_print_the_same_table(tmp_path, small_demo, capsys):

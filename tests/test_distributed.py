@@ -350,3 +350,35 @@ def test_nproc_refuses_a_batch_it_cannot_split_before_launching(tmp_path, capsys
         "a multiple of the number of processes\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_under_nproc_saves_and_says_so_without_a_torchrun_traceback(runs, tmp_path):
+    """Ctrl-C reaches the whole foreground process group (sent here with killpg): ``txl train --nproc 2``
+    passes SIGINT to its ranks, which save one checkpoint and stop; the user sees txl's note, not torchrun's
+    traceback or failure report, and the exit status is 130 as for one process."""
+    stopped = tmp_path / "stopped"
+    argv = [
+        sys.executable,
+        "-m",
+        "txl",
+        *_train_args(runs["corpus"], stopped, "train.steps=100000"),
+        "--nproc",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.time() + 120
+        while len(train_losses(stopped) if (stopped / "metrics.jsonl").exists() else {}) < 3:
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("txl: note: SIGINT") == 1 and "checkpoint saved" in err, err[-3000:]
+    for alarming in ("Traceback", "SignalException", "ChildFailedError", "exitcode", "Root Cause"):
+        assert alarming not in err, err[-3000:]
+    assert latest_checkpoint(stopped) is not None and not (stopped / ".lock").exists()

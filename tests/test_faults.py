@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -161,6 +162,49 @@ FORK_SERVER = textwrap.dedent("""
                        "hidden": hidden(name), "resumed": wait(spawn(resume_argv(name), f"{name}-resume"))})
     Path(plan["out"]).write_text(json.dumps({"reference": reference, "duration": duration, "trials": trials}))
 """)
+
+
+# A process that takes a run's lock, stopped by itself (SIGSTOP) at the moment it writes the lock's record:
+# the parent SIGKILLs it there, the widest form of a kill that lands between creating the lock and filling it.
+KILLED_WHILE_LOCKING = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from txl.runs import lock_run
+
+    fdopen = os.fdopen
+
+    def stop_then_fdopen(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return fdopen(*args, **kwargs)
+
+    os.fdopen = stop_then_fdopen
+    with lock_run(Path(sys.argv[1])):
+        pass
+""")
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_it_takes_the_lock_leaves_no_lock(tmp_path, text_corpus):
+    """Killed while writing its lock's record, a process leaves no lock (an empty one was taken for a live
+    owner and refused the next command); its draft is swept by the next process that locks the run."""
+    run = tmp_path / "run"
+    train(
+        run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=0"),
+        run,
+        progress=False,
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WHILE_LOCKING, str(run)], env=env)
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), status
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (run / ".lock").exists()
+    assert resume(run, overrides=("train.steps=3",), progress=False)["steps"] == 3
+    assert _leftovers(run) == [] and not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
 
 
 @pytest.mark.slow

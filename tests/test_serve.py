@@ -203,8 +203,35 @@ def test_model_card(client, run_dir):
     assert card["config"]["model"]["mem_len"] == run.config.model.mem_len
     assert card["summary"] == summary
     assert card["limits"] == {"max_tokens": 300, "max_prompt_chars": 5000, "queue_size": 8}
+    # the page's default prompt: the first line of the training text (serve_helpers: textwrap.py, twice)
+    assert card["defaults"]["prompt"] == '"""Text wrapping and filling.'
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == "run"
+
+
+def test_the_default_prompt_comes_from_the_run(run_dir, tmp_path):
+    import dataclasses
+
+    from txl.serve.app import default_prompt
+
+    run = load_run(run_dir)
+
+    def with_settings(*, prompt=None, corpus=None):
+        config = run.config
+        generate = dataclasses.replace(config.generate, prompt=prompt)
+        data = dataclasses.replace(config.data, corpus=corpus or config.data.corpus)
+        return dataclasses.replace(run, config=dataclasses.replace(config, generate=generate, data=data))
+
+    assert default_prompt(with_settings(prompt="ROMEO:")) == "ROMEO:"  # the [generate] section first
+    assert default_prompt(with_settings(corpus=str(tmp_path / "gone.txt"))) == "\n"  # no corpus here
+    long = tmp_path / "long.txt"
+    long.write_text("\n  \n" + "def wrap " * 12 + "\n" + "text\n" * 200, encoding="utf-8")
+    assert (
+        default_prompt(with_settings(corpus=str(long))) == "def wrap " * 6 + "def "
+    )  # cut at a space, <= 60
+    unseen = tmp_path / "unseen.txt"
+    unseen.write_text("\u2603 snow\n" * 200, encoding="utf-8")  # a character the char vocabulary lacks
+    assert default_prompt(with_settings(corpus=str(unseen))) == "\n"
 
 
 def test_page_is_one_offline_file(client):

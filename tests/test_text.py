@@ -158,7 +158,7 @@ def test_settings_are_one_checked_value():
 
 def test_moved_names_still_resolve_from_txl_generate():
     for name in ("generate_text", "TextStream", "generate_from_run", "TextSamples", "UnknownTokensWarning",
-                 "encode_prompt"):  # fmt: skip
+                 "encode_prompt", "MAX_NEW_TOKENS"):  # fmt: skip
         assert getattr(txl.generate, name) is getattr(txl.text, name)
     for name in ("filter_logits", "sample_next", "SamplingSettings"):
         assert getattr(txl.generate, name) is getattr(txl.sampling, name)

@@ -58,7 +58,8 @@ def test_training_learns_and_writes_the_run(tmp_path, text_corpus):
         "best_val_loss",
         "val_loss",
         "val_ppl",
-        "val_bpc",
+        "val_bits_per_token",
+        "val_bpb",
         "test_loss",
         "steps",
         "tokens",
@@ -270,7 +271,7 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     def fake_evaluate(self, split, *, max_tokens=None):
         calls.append(split)
         loss = next(losses) if split == "valid" else 2.0
-        return EvalResult(loss=loss, ppl=math.exp(loss), bpc=loss / math.log(2), tokens=100)
+        return EvalResult(loss=loss, ppl=math.exp(loss), bits_per_token=loss / math.log(2), tokens=100)
 
     monkeypatch.setattr(Trainer, "evaluate", fake_evaluate)
     config = run_config(text_corpus, "train.steps=50", "train.eval_every=2", "train.patience=2")
@@ -689,3 +690,51 @@ def test_flipped_byte_in_weights_is_a_clear_error(tmp_path, text_corpus):
     with pytest.raises(CheckpointError, match=r"step-00000002/model\.safetensors: checksum mismatch"):
         load_run(run, checkpoint="latest")
     assert load_run(run, checkpoint="step-00000001").step == 1
+
+
+def test_every_run_file_has_the_permissions_of_the_umask(tmp_path, text_corpus):
+    """One permission for every file of a run, the umask's (0666 less it; folders 0777 less it): the atomic
+    writes once came out 0600 (tempfile.mkstemp's) next to 0644 ones."""
+    previous = os.umask(0o027)
+    try:
+        run = tmp_path / "run"
+        config = run_config(text_corpus, "train.steps=2", "train.checkpoint_every=1", "train.eval_every=1")
+        train(config, run, progress=False)
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(run)): p.stat().st_mode & 0o777 for p in run.rglob("*")}
+    assert {"config.json", "vocab.json", "metrics.jsonl", "summary.json"} <= modes.keys()
+    assert any(name.endswith(".safetensors") for name in modes) and any(
+        n.endswith("state.json") for n in modes
+    )
+    wrong = {
+        name: oct(mode) for name, mode in modes.items() if mode != (0o750 if (run / name).is_dir() else 0o640)
+    }
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize(("vocab", "name"), [("word", None), ("char", "bpc"), ("byte", "bpb")])
+def test_bits_are_named_for_what_a_token_is(tmp_path, text_corpus, capsys, vocab, name):
+    """``bits_per_token`` everywhere; ``bpc`` only where a token is a character, ``bpb`` where it is a byte
+    (a word run once wrote bits per word as ``bpc``)."""
+    from txl.cli import main
+
+    run = tmp_path / "run"
+    config = run_config(text_corpus, f'data.vocab="{vocab}"', "train.steps=2", "train.eval_every=1")
+    summary = train(config, run, progress=False)
+    assert main(["eval", str(run), "--quiet"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in records} == {"train", "valid"}
+    others = {"bpc", "bpb"} - {name}
+    for figures, prefix in [
+        *((r, "") for r in records),
+        (summary, "val_"),
+        (summary, "test_"),
+        (evaluated, ""),
+    ]:
+        bits = figures[f"{prefix}loss"] / math.log(2)
+        assert figures[f"{prefix}bits_per_token"] == pytest.approx(bits, rel=1e-12)
+        assert not {f"{prefix}{other}" for other in others} & figures.keys(), figures
+        if name:
+            assert figures[f"{prefix}{name}"] == figures[f"{prefix}bits_per_token"]

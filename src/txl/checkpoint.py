@@ -28,6 +28,7 @@ from torch import nn
 
 from .config import architecture_fields
 from .errors import CheckpointError, TxlWarning
+from .files import new_file_mode
 from .model import Memory
 
 __all__ = [
@@ -137,6 +138,7 @@ def _write(
 ) -> None:
     """The files of a checkpoint, each fsynced, into the folder ``tmp``."""
     save_model(model, str(tmp / MODEL_FILE))
+    os.chmod(tmp / MODEL_FILE, new_file_mode())  # safetensors writes 0600
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, rng in enumerate(torch.cuda.get_rng_state_all()):
@@ -150,6 +152,7 @@ def _write(
         optim_tensors, optim_meta = _optimizer_tensors(optimizer)
         tensors.update(optim_tensors)
     save_file(tensors, str(tmp / STATE_FILE))
+    os.chmod(tmp / STATE_FILE, new_file_mode())
     files = {
         name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
         for name in (MODEL_FILE, STATE_FILE)

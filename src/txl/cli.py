@@ -17,10 +17,12 @@ its output path before it starts. A run stopped by SIGINT or SIGTERM saves a che
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import re
+import signal
 import sys
 import traceback
 import warnings
@@ -51,8 +53,45 @@ class _UsageError(Exception):
     """A command line that argparse refused; ``main`` prints it as one line."""
 
 
+class _StatesDefaults(argparse.HelpFormatter):
+    """Help that states every option's default: `` (default: X)`` is added to the help of an option with a
+    default (not None, False or an empty list) whose help does not already say it."""
+
+    @staticmethod
+    def _has_default(action: argparse.Action) -> bool:
+        default = action.default
+        return bool(action.option_strings) and not (
+            default is None or default is False or default is argparse.SUPPRESS or default == []
+        )
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and self._has_default(action):  # an option without help still shows it
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text == argparse.SUPPRESS or not self._has_default(action) or "default" in (text or ""):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _HelpFormatter(_StatesDefaults, argparse.HelpFormatter):
+    """Every parser's help formatter (see :class:`_StatesDefaults`)."""
+
+
+class _RawHelpFormatter(_StatesDefaults, argparse.RawDescriptionHelpFormatter):
+    """The same for the commands whose description is laid out by hand."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, ``txl: error: --tgt-len must be ..., got 0``."""
+    """An ArgumentParser whose errors are one line, ``txl: error: --tgt-len must be ..., got 0``, and whose
+    help states the defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         value = re.fullmatch(r"argument (\S+): (must .*)", message, flags=re.DOTALL)  # from the checks below
@@ -247,10 +286,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate_prompt(args: argparse.Namespace) -> str:
-    """The prompt text: --prompt, or the contents of --prompt-file, or a newline."""
+def _generate_prompt(args: argparse.Namespace) -> str | None:
+    """The prompt text: --prompt, or the contents of --prompt-file, or None (the run's generate.prompt, else a
+    newline)."""
     if args.prompt_file is None:
-        return "\n" if args.prompt is None else args.prompt
+        return args.prompt
     if args.prompt is not None:
         raise ConfigError("give --prompt or --prompt-file, not both")
     try:
@@ -316,7 +356,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     _check_generation_fits(args, run)
+    if prompt is None:
+        prompt = "\n" if run.config.generate.prompt is None else run.config.generate.prompt
     shown = -1  # the sample being streamed
+    made: dict[int, list[str]] = {}  # each sample's prompt as read, then its pieces: printed if interrupted
 
     def header(index: int) -> None:
         if args.num_samples > 1:
@@ -326,6 +369,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         index: int, prompt_text: str
     ) -> None:  # --stream: the prompt as the model reads it, then pieces
         nonlocal shown
+        made[index] = [prompt_text]
+        if not args.stream:
+            return
         if shown >= 0:
             print()
         header(index)
@@ -333,10 +379,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         shown = index
 
     def show(index: int, piece: str) -> None:
-        print(piece, end="", flush=True)
+        made[index].append(piece)
+        if args.stream:
+            print(piece, end="", flush=True)
 
     try:
-        with _library_warnings(args):
+        with _library_warnings(args), _signals_stop():
             result = generate_from_run(
                 run,
                 prompt,
@@ -345,10 +393,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 stop=args.stop,
                 num_samples=args.num_samples,
                 unknown="unk",
-                on_start=start if args.stream else None,
-                on_text=show if args.stream else None,
+                on_start=start,
+                on_text=show,
                 **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"),
             )
+    except _Stopped as stop:  # Ctrl-C or SIGTERM: what exists is printed, then the usual note
+        if args.stream:
+            print()  # the text is on screen already
+        for index, pieces in made.items() if not args.stream else ():
+            header(index)
+            print("".join(pieces))
+        print("txl: interrupted", file=sys.stderr)
+        return 128 + stop.signum
     except (
         ValueError
     ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
@@ -366,6 +422,34 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM while generating."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`_Stopped` for the block (in the main thread; elsewhere, nothing)."""
+
+    def handler(signum, _frame):
+        raise _Stopped(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -893,7 +977,7 @@ def _add_run_options(p: argparse.ArgumentParser, *, max_tokens: int | None) -> N
 
 def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     """``txl compare`` and ``txl analyze ...``."""
-    raw = argparse.RawDescriptionHelpFormatter
+    raw = _RawHelpFormatter
     p = sub.add_parser(
         "compare",
         help="train Transformer-XL and the vanilla baseline, compare them side by side",
@@ -1100,12 +1184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="sample text from a trained run, with a key/value cache of the memory"
     )
     p.add_argument("run_dir")
-    p.add_argument("--prompt", help="text to continue (default: a newline)")
+    p.add_argument("--prompt", help="text to continue (default: the run's generate.prompt, else a newline)")
     p.add_argument("--prompt-file", metavar="FILE", help="continue the text of this UTF-8 file")
     p.add_argument(
         "--max-new-tokens",
         type=_non_negative_int,
-        help="tokens to sample (default: the run's generate.max_new_tokens); 0 prints the prompt",
+        help="tokens to sample, at most 100000 (default: the run's generate.max_new_tokens); 0 prints the prompt",
     )
     p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
     p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
@@ -1301,7 +1385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, Interrupted):  # the checkpoint is saved: the run can go on, this is no error
             if not rank:
                 _note(str(exc))
-            return 128 + exc.signum
+            return _stopped_status(128 + exc.signum)
         print(f"txl: error: {where}{exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
@@ -1324,8 +1408,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"txl: error: {where}out of memory ({first}); lower {lower}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("txl: interrupted", file=sys.stderr)
-        return 130
+        if not rank:
+            print("txl: interrupted", file=sys.stderr)
+        return _stopped_status(130)
+
+
+def _stopped_status(status: int) -> int:
+    """The exit status of a process stopped by a signal: 0 for a rank that ``txl train --nproc`` launched
+    (its launcher reports the signal; a non-zero status would make torchrun print a failure report)."""
+    from .distributed import LAUNCHED_BY_TXL
+
+    return 0 if os.environ.get(LAUNCHED_BY_TXL) == "1" and _rank() is not None else status
 
 
 if __name__ == "__main__":

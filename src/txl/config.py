@@ -470,10 +470,18 @@ class GenerateConfig:
     """Keep the k most likely tokens."""
     top_p: float | None = None
     """Keep the smallest set of tokens whose probability reaches p (nucleus)."""
+    prompt: str | None = None
+    """The default prompt of ``txl generate`` and of txl serve's page (None: a newline for ``txl generate``,
+    the first line of the corpus's training text for the page)."""
 
     def __post_init__(self) -> None:
         _positive_int(self, "max_new_tokens")
         check_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        _check(
+            self.prompt is None or isinstance(self.prompt, str),
+            "prompt",
+            f"must be text, got {self.prompt!r}",
+        )
 
 
 def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None) -> None:

@@ -160,9 +160,9 @@ def run_demo(
     for name, summary in results.items():
         print(
             f"{name:<16}{summary['params']:>10,}{summary['steps']:>8}"
-            f"{summary['val_bpc']:>9.3f}{summary.get('test_bpc', float('nan')):>10.3f}"
+            f"{summary['val_bpb']:>9.3f}{summary.get('test_bpb', float('nan')):>10.3f}"
         )
-    xl, vanilla = results["transformer-xl"]["val_bpc"], results["vanilla"]["val_bpc"]
+    xl, vanilla = results["transformer-xl"]["val_bpb"], results["vanilla"]["val_bpb"]
     print(
         f"Transformer-XL vs vanilla: {vanilla - xl:+.3f} bits per byte "
         f"({'better' if xl < vanilla else 'not better'} with memory and relative positions)"

@@ -20,6 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,15 @@ from torch import Tensor
 from .config import ConfigError
 from .device import resolve_device
 
-__all__ = ["Distributed", "SINGLE", "from_environment", "launch_command", "launch", "under_torchrun"]
+__all__ = [
+    "Distributed",
+    "SINGLE",
+    "LAUNCHED_BY_TXL",
+    "from_environment",
+    "launch_command",
+    "launch",
+    "under_torchrun",
+]
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for a rank that stopped answering before it fails. A rank that exits closes
@@ -170,24 +179,53 @@ def launch_command(nproc: int, argv: list[str]) -> list[str]:
     ]
 
 
+LAUNCHED_BY_TXL = "TXL_LAUNCHED"
+"""Set by :func:`launch` in the environment of its ranks: a rank stopped by a signal then exits with 0, so that
+torchrun reports no failure; the launcher reports the signal."""
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc; none where there is no /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def launch(nproc: int, argv: list[str]) -> int:
-    """Run ``txl <argv>`` under torchrun on ``nproc`` local processes; returns its exit status. SIGINT and
-    SIGTERM sent to this process are passed on to torchrun, which passes them on to every rank; the status is
-    then 128 + the signal number, as for one process (torchrun itself exits with 1)."""
+    """Run ``txl <argv>`` under torchrun on ``nproc`` local processes; returns its exit status.
+
+    torchrun runs in a session of its own, so a Ctrl-C at the terminal reaches this process only (torchrun,
+    given SIGINT, prints its own traceback and stops the ranks before they can save). SIGINT and SIGTERM sent
+    to this process are passed on to the ranks (torchrun's children; torchrun itself where it has none yet),
+    which save a checkpoint, say so once (rank 0) and exit with 0 (see :data:`LAUNCHED_BY_TXL`); the status is
+    then 128 + the signal number, as for one process."""
     import signal
     import subprocess
 
-    proc = subprocess.Popen(launch_command(nproc, argv))
+    env = {**os.environ, LAUNCHED_BY_TXL: "1"}
+    proc = subprocess.Popen(launch_command(nproc, argv), env=env, start_new_session=True)
     forwarded: list[int] = []
 
     def forward(signum, _frame):
         forwarded.append(signum)
-        proc.send_signal(signum)
+        ranks = _children(proc.pid)
+        for pid in ranks:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        if not ranks:
+            proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         status = proc.wait()
-        return 128 + forwarded[0] if status and forwarded else status
+        return 128 + forwarded[0] if forwarded and status in (0, 1) else status
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -24,18 +24,22 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .config import Span, eval_span, first_set
+from .config import Span, TransformerXLConfig, eval_span, first_set
 from .data import SegmentStream, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
+from .limits import available_bytes
 from .model import KVCache, Memory, TransformerXL
 from .runs import load_run
 
 __all__ = [
     "EvalResult",
     "SegmentLosses",
+    "bits_name",
+    "check_eval_fits",
     "eval_mode",
+    "eval_rows",
     "evaluate",
     "evaluate_run",
     "metrics_from_loss",
@@ -45,21 +49,73 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Mean loss over ``tokens`` predicted targets, with perplexity and bits per token (bpc for
-    character- and byte-level vocabularies)."""
+    """Mean loss over ``tokens`` predicted targets, with perplexity and bits per token."""
 
     loss: float
     ppl: float
-    bpc: float
+    bits_per_token: float
     tokens: int
 
-    def as_dict(self, prefix: str = "") -> dict[str, float | int]:
-        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+    def as_dict(self, prefix: str = "", *, kind: str | None = None) -> dict[str, float | int]:
+        """The fields as ``{prefix}name``; with the vocabulary's ``kind`` also the bits under
+        :func:`bits_name` (``bpc`` for a char vocabulary, ``bpb`` for a byte one)."""
+        out = {f"{prefix}{k}": v for k, v in asdict(self).items()}
+        if bits_name(kind):
+            out[f"{prefix}{bits_name(kind)}"] = self.bits_per_token
+        return out
 
 
-def metrics_from_loss(loss: float) -> dict[str, float]:
-    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2."""
-    return {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bpc": loss / math.log(2)}
+def bits_name(kind: str | None) -> str | None:
+    """What bits per token are also called for a vocabulary of ``kind``: ``bpc`` (bits per character) for a
+    char vocabulary, ``bpb`` (per byte) for a byte one, None for word and BPE ones (a token is neither)."""
+    return {"char": "bpc", "byte": "bpb"}.get(kind or "")
+
+
+def metrics_from_loss(loss: float, *, kind: str | None = None) -> dict[str, float]:
+    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2 (also under
+    :func:`bits_name` of the vocabulary's ``kind``)."""
+    bits = loss / math.log(2)
+    out = {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bits_per_token": bits}
+    if bits_name(kind):
+        out[bits_name(kind)] = bits
+    return out
+
+
+def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
+    """The batch rows an evaluation of ``n_tokens`` tokens in ``batch_size`` streams actually fills: rows of
+    L = ceil((n - 1) / B) targets hold ceil((n - 1) / L) of them, the rest would be all padding. Evaluating
+    with that many rows (rounded up to a multiple of ``world_size``, at most B) gives the same streams, the
+    same L, hence the same figures."""
+    if batch_size < 1 or n_tokens < 2:
+        return batch_size  # refused by the stream, with its message
+    length = -(-(n_tokens - 1) // batch_size)
+    used = -(-(n_tokens - 1) // length)
+    return min(batch_size, -(-used // world_size) * world_size)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_eval_fits(
+    config: TransformerXLConfig, *, rows: int, steps: int, keys: int, available: int | None
+) -> None:
+    """Refuse (TxlError, one line) an evaluation whose largest buffers cannot fit in ``available`` bytes:
+    with B ``rows``, segments of T ``steps`` and K ``keys`` (memory and segment), the hidden states and the
+    keys and values of every layer, N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities,
+    2 x (B, H, T, K), and the logits (B, T, V), all in float32. About a lower bound: what it refuses would
+    fail."""
+    if available is None:
+        return
+    width = config.d_model + 2 * config.n_head * config.d_head
+    floats = config.n_layer * rows * keys * width + 2 * rows * config.n_head * steps * keys
+    need = 4 * (floats + rows * steps * config.vocab_size)
+    if need > available:
+        raise TxlError(
+            f"--batch-size / eval.batch_size: {rows} rows of segments of {steps} attending to {keys} positions "
+            f"need at least {_size(need)}, more than the {_size(available)} available; "
+            "lower the batch size (or the memory or segment length)"
+        )
 
 
 @contextmanager
@@ -210,11 +266,26 @@ def evaluate(
     on). ``span`` sets the memory length, clamp and same-length attention (default: the model's).
     ``max_tokens`` limits evaluation to a prefix. Under data parallelism (``group``) every process reads its
     rows (streams) of each batch, with their memory, and the loss sums and token counts are added up over the
-    processes: the figure is the one process's."""
-    rows = group.rows(batch_size, field="eval.batch_size")
+    processes: the figure is the one process's. Only the rows the data fills are made (:func:`eval_rows`),
+    and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`)."""
+    group.rows(batch_size, field="eval.batch_size")  # the setting as given must split over the processes
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
+    span = model.config.span if span is None else span
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    batch_size = eval_rows(len(tokens), batch_size, world_size=group.world_size)
+    cached = reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32"
+    if batch_size >= 1 and tgt_len >= 1 and len(tokens) >= 2:
+        row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
+        check_eval_fits(
+            model.config,
+            rows=batch_size,
+            steps=min(tgt_len, row_len),
+            # a cache holds the whole memory from the start; a memory grows with the stream
+            keys=span.mem_len + tgt_len if cached else min(span.mem_len + tgt_len, row_len),
+            available=available_bytes(device),
+        )
+    rows = group.rows(batch_size, field="eval.batch_size")
     segments = segment_losses(
         model,
         tokens,
@@ -281,7 +352,7 @@ def evaluate_run(
         "split": split,
         "checkpoint": run.checkpoint.name,
         "step": run.step,
-        **result.as_dict(),
+        **result.as_dict(kind=run.vocab.kind),
         "tgt_len": tgt_len,
         "batch_size": batch_size,
         "mem_len": span.mem_len,

@@ -41,6 +41,7 @@ _IN_TEXT = (  # names that lived here, now in txl.text (which imports this modul
     "TextSamples",
     "UnknownTokensWarning",
     "encode_prompt",
+    "MAX_NEW_TOKENS",
 )
 
 __all__ = [

@@ -65,7 +65,7 @@ __all__ = [
     "LoadedRun",
 ]
 
-LOCK_YOUNG_S = 10.0  # an unreadable lock file younger than this is being written by its owner
+LOCK_YOUNG_S = 10.0  # an unreadable lock file younger than this may be being written by its owner
 STEP_NAME = re.compile(r"step-\d{8}")
 BEST_NAME = "best"
 
@@ -202,16 +202,43 @@ def _holder(record: dict[str, Any]) -> str:
     return "a process that is taking it now"
 
 
+def _sweep_lock_drafts(path: Path) -> None:
+    """Remove the drafts of locks (``.lock.HOST.PID.tmp``) left by processes of this host that are gone: a
+    process killed after writing its draft and before linking it as the lock."""
+    host = socket.gethostname()
+    for draft in path.parent.glob(f"{path.name}.*.tmp"):
+        owner, _, pid = draft.name[len(path.name) + 1 : -len(".tmp")].rpartition(".")
+        if owner == host and pid.isdigit() and not _pid_alive(int(pid)):
+            draft.unlink(missing_ok=True)
+
+
+def _create_lock(path: Path, record: dict[str, Any]) -> None:
+    """Create the lock ``path`` holding ``record``, whole or not at all: the record is written and fsynced
+    into a draft next to it, then hard-linked as ``path`` (which, like O_CREAT|O_EXCL, fails with
+    FileExistsError when ``path`` exists), so a process killed at any moment never leaves an empty lock."""
+    draft = path.with_name(f"{path.name}.{record['host']}.{record['pid']}.tmp")
+    try:
+        fd = os.open(draft, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o666)  # less the umask
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(draft, path)
+    finally:
+        draft.unlink(missing_ok=True)
+
+
 @contextmanager
 def lock_run(root: Path) -> Iterator[Path]:
-    """Hold ``root/.lock`` (created with O_CREAT|O_EXCL, holding pid and host as JSON) for the duration of
-    the block; a lock whose process is gone from this host is replaced. Refuses (RunError) while another
-    live process holds it. Released on exit, including on exceptions."""
+    """Hold ``root/.lock`` (holding pid and host as JSON, created whole by :func:`_create_lock`) for the
+    duration of the block; a lock whose process is gone from this host is replaced. Refuses (RunError) while
+    another live process holds it. Released on exit, including on exceptions."""
     path = RunPaths(Path(root)).lock
+    _sweep_lock_drafts(path)
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
     for _ in range(5):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            _create_lock(path, mine)
         except FileExistsError:
             record = _read_lock(path)
             if record is None:  # released meanwhile
@@ -225,10 +252,6 @@ def lock_run(root: Path) -> Iterator[Path]:
             continue
         except FileNotFoundError:
             raise RunError(f"run folder not found: {path.parent}") from None
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(mine))
-            fh.flush()
-            os.fsync(fh.fileno())
         break
     else:
         raise RunError(f"{path}: cannot take the run's lock (it keeps changing hands); try again")

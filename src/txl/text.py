@@ -33,7 +33,12 @@ __all__ = [
     "generate_text",
     "TextSamples",
     "generate_from_run",
+    "MAX_NEW_TOKENS",
 ]
+
+MAX_NEW_TOKENS = 100_000
+"""The most tokens :func:`generate_from_run` samples per sample (``txl generate --max-new-tokens``), as txl
+serve bounds a request's ``max_tokens``: a larger number is more likely a typo than a wish."""
 
 
 class UnknownTokensWarning(TxlWarning):
@@ -325,6 +330,11 @@ def generate_from_run(
         raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per sample "
+            "(as txl serve bounds max_tokens); generate in several runs"
+        )
     span = None
     if mem_len is not None:
         if run.config.model.attention != "relative":

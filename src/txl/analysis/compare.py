@@ -29,7 +29,7 @@ import torch
 
 from ..config import ConfigError, RunConfig, eval_span
 from ..data import CorpusError, Vocab
-from ..evaluate import metrics_from_loss
+from ..evaluate import bits_name, metrics_from_loss
 from ..files import atomic_write_text
 from ..generate import generate
 from ..runs import LoadedRun, load_run, read_metrics
@@ -89,7 +89,7 @@ class CompareResult:
         }
 
     def _metrics(self) -> list[str]:
-        units = ("loss", "ppl", "bpc") if self.level in ("char", "byte") else ("loss", "ppl")
+        units = ("loss", "ppl", bits_name(self.level)) if bits_name(self.level) else ("loss", "ppl")
         return [f"{split}_{unit}" for split in ("val", "test") for unit in units]
 
     def table(self) -> str:
@@ -193,11 +193,9 @@ def _sliding_row(
             desc=f"vanilla sliding {split}",
         )
         loss = float(losses.mean())
-        metrics = metrics_from_loss(loss)
         prefix = "val" if split == "valid" else split
-        row.update({f"{prefix}_loss": loss, f"{prefix}_ppl": metrics["ppl"], f"{prefix}_tokens": len(losses)})
-        if level in ("char", "byte"):
-            row[f"{prefix}_bpc"] = metrics["bpc"]
+        row.update({f"{prefix}_loss": loss, f"{prefix}_tokens": len(losses)})
+        row.update({f"{prefix}_{k}": v for k, v in metrics_from_loss(loss, kind=level).items()})
     return row
 
 
@@ -324,7 +322,7 @@ def compare(
         for s in ("valid", "test")
         if f"{'val' if s == 'valid' else s}_loss" in summaries["vanilla"]
     }
-    units = ("loss", "ppl", "tokens", "bpc") if level in ("char", "byte") else ("loss", "ppl", "tokens")
+    units = ("loss", "ppl", "tokens", "bits_per_token", *filter(None, [bits_name(level)]))
     keys = [f"{p}_{u}" for p in ("val", "test") for u in units]
     extra = ("steps", "params", "train_tokens_per_s", "elapsed_s")
     models = {

@@ -42,7 +42,7 @@ class MemoryRow:
     mem_len: int
     loss: float
     ppl: float
-    bpc: float
+    bits_per_token: float
     tokens: int
     same_length: bool
     clamped_loss: float
@@ -78,7 +78,7 @@ class MemoryResult:
                 f"{r.mem_len / self.train_mem_len:g}x" if self.train_mem_len else "-",
                 r.loss,
                 r.ppl,
-                r.bpc,
+                r.bits_per_token,
                 r.clamped_loss,
                 r.clamped_ppl,
                 "best" if r is best else "",
@@ -172,7 +172,7 @@ def memory_sweep(
                 mem_len=mem_len,
                 loss=result.loss,
                 ppl=result.ppl,
-                bpc=result.bpc,
+                bits_per_token=result.bits_per_token,
                 tokens=result.tokens,
                 same_length=span.same_length,
                 clamped_loss=clamped.loss,

@@ -24,6 +24,7 @@ __all__ = [
     "new_figure",
     "format_table",
     "plain",
+    "plain_ticks",
     "run_label",
     "write_report",
 ]
@@ -55,6 +56,20 @@ def new_figure(*, width: float = 6.4, height: float = 4.0) -> Figure:
             "(results.json was written; --no-plots skips the figures)"
         ) from None
     return Figure(figsize=(width, height), layout="constrained")
+
+
+def plain_ticks(figure: Figure) -> Figure:
+    """Tick labels as plain values on every linear axis of ``figure``: no offset (``+6.373`` in a corner,
+    the ticks counted from it) and no scientific notation, which matplotlib picks for narrow ranges."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for ax in figure.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatter = axis.get_major_formatter()
+            if isinstance(formatter, ScalarFormatter):
+                formatter.set_useOffset(False)
+                formatter.set_scientific(False)
+    return figure
 
 
 def run_label(run_dir: str | Path) -> str:
@@ -115,7 +130,7 @@ def write_report(out: Path, result: Reportable, *, plots: bool = True, dpi: int 
     written = [path]
     if plots:
         for name, build in result.figures().items():
-            figure = build()
+            figure = plain_ticks(build())
             with atomic_open(out / f"{name}.png", "wb") as fh:
                 figure.savefig(fh, dpi=dpi, format="png")
             written.append(out / f"{name}.png")

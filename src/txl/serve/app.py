@@ -362,7 +362,7 @@ def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool, job: _Job) -> dic
         "scored_tokens": len(losses),
         "mean_loss": mean,
         "ppl": math.exp(mean) if mean < 700 else float("inf"),
-        "bpc": mean / math.log(2),
+        "bits_per_token": mean / math.log(2),
         "tokens": tokens,
     }
 
@@ -398,6 +398,31 @@ class _EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+def default_prompt(run: LoadedRun) -> str:
+    """The page's default prompt: the run's ``generate.prompt``, else the first non-blank line of its corpus's
+    training text (at most 60 characters, cut at a space), else a newline: text the model has seen."""
+    if run.config.generate.prompt is not None:
+        return run.config.generate.prompt
+    from ..data import load_corpus
+
+    data = run.config.data
+    try:
+        corpus = (
+            None if data.corpus.startswith("hf:") else load_corpus(data.corpus, text_field=data.text_field)
+        )
+        lines = corpus.text("train").splitlines() if corpus is not None and corpus.has("train") else []
+    except Exception:  # the corpus is not here (a converted run, another machine): no default from it
+        lines = []
+    line = next((line.strip() for line in lines if line.strip()), "")
+    if len(line) > 60:
+        line = line[: line.rfind(" ", 0, 60) + 1 or 60]
+    try:
+        _encode(run, line, field_name="prompt")
+    except RequestError:
+        line = ""
+    return line or "\n"
+
+
 def _model_card(run: LoadedRun, *, name: str, run_dir: Path, settings: ServeSettings) -> dict[str, Any]:
     summary_path = RunPaths(run_dir).summary
     try:
@@ -418,6 +443,7 @@ def _model_card(run: LoadedRun, *, name: str, run_dir: Path, settings: ServeSett
         "vocab": {"kind": run.vocab.kind, "size": len(run.vocab)},
         "attention": run.config.model.attention,
         "defaults": {
+            "prompt": default_prompt(run),
             "max_tokens": min(generate.max_new_tokens, settings.max_tokens) or 1,
             "temperature": generate.temperature,
             "top_k": generate.top_k,

@@ -213,7 +213,9 @@ class Trainer:
         progress: bool = True,
         callbacks: tuple[Callback, ...] = (),
         group: Distributed = SINGLE,
+        vocab_kind: str | None = None,
     ) -> None:
+        self.vocab_kind = vocab_kind  # names the bits figure of the records (bpc: char, bpb: byte)
         self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
         self.eval_splits = dict(eval_splits or {})
         self.facts = dict(facts or {})
@@ -507,7 +509,7 @@ class Trainer:
                 "step": step,
                 "split": "train",
                 "loss": loss,
-                **metrics_from_loss(loss),
+                **metrics_from_loss(loss, kind=self.vocab_kind),
                 "lr": lr,
                 "tokens": self.state.tokens,
                 "tokens_per_s": tokens_per_s,
@@ -516,7 +518,7 @@ class Trainer:
             self._log(record)
             self._bar.set_postfix(
                 loss=f"{loss:.3f}",
-                bpc=f"{record['bpc']:.3f}",
+                bits=f"{record['bits_per_token']:.3f}",
                 ppl=f"{record['ppl']:.1f}",
                 tok_s=f"{tokens_per_s:.0f}",
                 lr=f"{lr:.2e}",
@@ -560,7 +562,7 @@ class Trainer:
         self.model.train()
         if result is None:
             return False
-        self._log({"step": self.state.step, "split": "valid", **result.as_dict()})
+        self._log({"step": self.state.step, "split": "valid", **result.as_dict(kind=self.vocab_kind)})
         self.state.bad_evals = 0 if self._keep_if_best(result.loss) else self.state.bad_evals + 1
         return tc.patience is not None and self.state.bad_evals >= tc.patience
 
@@ -581,7 +583,14 @@ class Trainer:
         """The final evaluations over the whole splits, summary.json, and the summary."""
         valid = self.evaluate("valid")
         if valid is not None:
-            self._log({"step": self.state.step, "split": "valid", **valid.as_dict(), "final": True})
+            self._log(
+                {
+                    "step": self.state.step,
+                    "split": "valid",
+                    **valid.as_dict(kind=self.vocab_kind),
+                    "final": True,
+                }
+            )
             self._keep_if_best(valid.loss)
         test = self.evaluate("test")  # reported in summary.json; metrics.jsonl holds train and valid only
         summary: dict[str, Any] = {
@@ -595,9 +604,9 @@ class Trainer:
             "best_val_loss": self.state.best_val_loss,
         }
         if valid is not None:
-            summary.update(valid.as_dict("val_"))
+            summary.update(valid.as_dict("val_", kind=self.vocab_kind))
         if test is not None:
-            summary.update(test.as_dict("test_"))
+            summary.update(test.as_dict("test_", kind=self.vocab_kind))
         if self.group.is_main:
             atomic_write_text(self.run.summary, json.dumps(summary, indent=1) + "\n")
         if self.tb is not None:
@@ -661,6 +670,7 @@ def build_trainer(
         progress=progress,
         callbacks=callbacks,
         group=group,
+        vocab_kind=data.vocab.kind,
     )
 
 
