@@ -566,11 +566,19 @@ def test_the_speed_figure_gives_the_transformer_xl_its_own_axis():
     from txl.analysis.speed import SpeedResult, SpeedRow
 
     rows = tuple(
-        SpeedRow(length=n, xl_ms_per_token=xl, vanilla_ms_per_token=v, ratio=v / xl)
+        SpeedRow(
+            length=n,
+            xl_ms_per_token=xl,
+            vanilla_ms_per_token=v,
+            vanilla_batched_ms_per_token=v / 2,
+            windows_per_batch=8,
+            ratio=v / xl,
+            batched_ratio=v / 2 / xl,
+        )
         for n, xl, v in [(128, 0.5, 20.0), (256, 0.6, 45.0), (512, 0.7, 95.0), (800, 0.8, 150.0)]
     )
     result = SpeedResult(
-        model={}, segment=64, tokens=8, xl_tokens=64, repeats=1, threads=1, device="cpu", rows=rows
+        model={}, params=0, segment=64, tokens=8, xl_tokens=64, repeats=1, threads=1, device="cpu", rows=rows
     )
     figure = _drawn(result.figures()["speed"]())
     xl_axes = [ax for ax in figure.axes for line in ax.get_lines() if "Transformer-XL" in line.get_label()]

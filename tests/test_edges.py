@@ -237,9 +237,11 @@ def test_available_bytes_reads_meminfo():
     ("argv", "fragments"),
     [
         (
-            # the cache: 2 layers x 32 rows x 125,000,000 slots x (32 + 2 x 2 x 16) x 4 bytes = 2.79 TiB
+            # txl.evaluate.check_eval_fits, K = 10^8 + 64 keys, float32: the states, keys and values of 2 layers,
+            # 2 x 32 rows x K x (32 + 2 x 2 x 16), and one layer's scores and probabilities, 2 x 32 x 2 heads x
+            # 64 x K, + the log-probabilities 32 x 64 x V: 5.22 TiB (more than the cache's 2.79 TiB)
             ["eval", "RUN", "--mem-len", "100000000"],
-            ["--batch-size 32 --tgt-len 64 --mem-len 100000000", "2.79 TiB", "lower --batch-size"],
+            ["--batch-size 32 --tgt-len 64 --mem-len 100000000", "5.22 TiB", "lower --batch-size"],
         ),
         (  # 10^9 tokens x 8 bytes
             ["generate", "RUN", "--max-new-tokens", "1000000000"],

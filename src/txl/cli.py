@@ -238,33 +238,6 @@ def _check_training_fits(config: Any, *, group: Any) -> None:
     )
 
 
-def _check_eval_fits(args: argparse.Namespace) -> None:
-    """Refuse an evaluation memory, segment or batch whose buffers cannot fit, before loading the weights
-    (the lengths resolved as :func:`~txl.evaluate.evaluate_run` resolves them)."""
-    from .config import eval_span, first_set
-    from .device import resolve_device
-    from .limits import cache_bytes, check_fits, segment_bytes
-    from .runs import load_run_config
-
-    config = load_run_config(Path(args.run_dir))
-    lengths = _given(args, "mem_len", "clamp_len", "same_length")
-    mem_len = eval_span(config, **lengths).mem_len
-    tgt_len = first_set(args.tgt_len, config.eval.tgt_len, config.train.tgt_len)
-    batch = first_set(args.batch_size, config.eval.batch_size)
-    if not all(isinstance(v, int) for v in (mem_len, tgt_len, batch)):
-        return
-    need = segment_bytes(config.model, batch=batch, tgt_len=tgt_len, mem_len=mem_len)
-    if mem_len > 0:
-        need = max(need, cache_bytes(config.model, batch=batch, mem_len=mem_len))
-    check_fits(
-        need,
-        setting=f"--batch-size {batch} --tgt-len {tgt_len} --mem-len {mem_len}",
-        what=f"the memory and attention of {config.model.n_layer} layers, d_model {config.model.d_model}",
-        lower="--batch-size, --tgt-len or --mem-len",
-        device=resolve_device(args.device),
-    )
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_run
 
@@ -272,7 +245,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.mem_len == 0 and args.same_length:
         raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     with _library_warnings(args):
-        _check_eval_fits(args)
         record = evaluate_run(
             args.run_dir,
             split=args.split,

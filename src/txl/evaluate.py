@@ -29,7 +29,7 @@ from .data import SegmentStream, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
-from .limits import available_bytes
+from .limits import cache_bytes, check_fits
 from .model import KVCache, Memory, TransformerXL
 from .runs import load_run
 
@@ -93,29 +93,38 @@ def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
     return min(batch_size, -(-used // world_size) * world_size)
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def check_eval_fits(
-    config: TransformerXLConfig, *, rows: int, steps: int, keys: int, available: int | None
+    config: TransformerXLConfig,
+    *,
+    batch_size: int,
+    rows: int,
+    tgt_len: int,
+    steps: int,
+    mem_len: int,
+    cached: bool,
+    device: torch.device | str = "cpu",
 ) -> None:
-    """Refuse (TxlError, one line) an evaluation whose largest buffers cannot fit in ``available`` bytes:
-    with B ``rows``, segments of T ``steps`` and K ``keys`` (memory and segment), the hidden states and the
-    keys and values of every layer, N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities,
-    2 x (B, H, T, K), and the logits (B, T, V), all in float32. About a lower bound: what it refuses would
-    fail."""
-    if available is None:
-        return
+    """Refuse (:class:`~txl.errors.SizeError`, one line) an evaluation whose largest buffers cannot fit on
+    ``device``, before any is allocated: B ``rows`` (of the ``batch_size`` asked for, those the data fills),
+    segments of T ``steps`` attending to K keys (the whole memory from the start when ``cached``, a memory that
+    grows with the stream otherwise), the hidden states and keys and values of every layer,
+    N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities, 2 x (B, H, T, K), and the
+    log-probabilities (B, T, V), in float32; with a cache at least what the cache allocates
+    (:func:`txl.limits.cache_bytes`). A lower bound: what it refuses would fail."""
+    keys = mem_len + steps
     width = config.d_model + 2 * config.n_head * config.d_head
     floats = config.n_layer * rows * keys * width + 2 * rows * config.n_head * steps * keys
     need = 4 * (floats + rows * steps * config.vocab_size)
-    if need > available:
-        raise TxlError(
-            f"--batch-size / eval.batch_size: {rows} rows of segments of {steps} attending to {keys} positions "
-            f"need at least {_size(need)}, more than the {_size(available)} available; "
-            "lower the batch size (or the memory or segment length)"
-        )
+    if cached:
+        need = max(need, cache_bytes(config, batch=rows, mem_len=mem_len))
+    filled = "" if rows == batch_size else f" ({rows} rows filled)"
+    check_fits(
+        need,
+        setting=f"--batch-size {batch_size}{filled} --tgt-len {tgt_len} --mem-len {mem_len}",
+        what=f"the memory and attention of {config.n_layer} layers, d_model {config.d_model}",
+        lower="--batch-size, --tgt-len or --mem-len",
+        device=device,
+    )
 
 
 @contextmanager
@@ -273,17 +282,21 @@ def evaluate(
         tokens = tokens[: max_tokens + 1]
     span = model.config.span if span is None else span
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    asked = batch_size
     batch_size = eval_rows(len(tokens), batch_size, world_size=group.world_size)
     cached = reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32"
     if batch_size >= 1 and tgt_len >= 1 and len(tokens) >= 2:
         row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
         check_eval_fits(
             model.config,
+            batch_size=asked,
             rows=batch_size,
+            tgt_len=tgt_len,
             steps=min(tgt_len, row_len),
             # a cache holds the whole memory from the start; a memory grows with the stream
-            keys=span.mem_len + tgt_len if cached else min(span.mem_len + tgt_len, row_len),
-            available=available_bytes(device),
+            mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
+            cached=cached,
+            device=device,
         )
     rows = group.rows(batch_size, field="eval.batch_size")
     segments = segment_losses(
