@@ -310,7 +310,7 @@ def test_convert_unreadable_sources_say_what_is_expected(tmp_path, trained_run, 
 
 
 def test_a_failed_export_leaves_no_file(tmp_path, trained_run, monkeypatch):
-    from txl.export import export_model
+    from txl.interop.onnx import export_model
     from txl.runs import load_run
 
     def half_written(module, args, path, **kwargs):

@@ -17,7 +17,7 @@ from txl.runs import load_run
 for module in ("onnx", "onnxscript", "onnxruntime"):
     pytest.importorskip(module, reason=f"the ONNX export check needs {module}: pip install 'txl[export]'")
 
-from txl.export import ExportError, check_onnx  # noqa: E402
+from txl.interop.onnx import ExportError, check_onnx  # noqa: E402
 
 WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(118)]
 

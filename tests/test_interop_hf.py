@@ -139,7 +139,7 @@ def test_greedy_generation_matches_transformers(tmp_path, variant):
 
 def test_a_broken_mapping_is_caught(tmp_path, monkeypatch):
     """The comparison can fail: swapping u and v (r_w_bias and r_r_bias) on import breaks the 1e-5 match."""
-    import txl.interop as interop
+    import txl.interop.checkpoints as interop
 
     hf = _hf_model("wt103-like")
     folder = _save(hf, tmp_path / "hf", "safetensors")

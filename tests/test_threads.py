@@ -147,6 +147,10 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
     )
     out = _python(code)
     assert out.stdout.split() == ["False", "True"], out.stderr
+    code = "import sys, txl; print([m for m in sys.modules if m.startswith('txl.interop')])"
+    assert _python(code).stdout.split() == ["[]"]  # the importers are imported when first used
+    code = "import sys, txl.safe_pickle, txl.interop.safe_pickle; print('torch' in sys.modules)"
+    assert _python(code).stdout.split() == ["False"]  # reading a pickled vocabulary needs no torch
     code = (
         "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluate.evaluate))"  # as the README does
     )
@@ -154,7 +158,7 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
 
 
 def test_every_public_name_resolves_to_its_module():
-    from txl import config, interop, model, threads
+    from txl import config, evaluate, generate, interop, model, threads
 
     names = {
         config: (
@@ -168,14 +172,16 @@ def test_every_public_name_resolves_to_its_module():
             "ConfigError",
             "load_config",
         ),
-        model: ("TransformerXL", "ModelOutput", "Memory", "update_memory"),
+        model: ("TransformerXL", "ModelOutput", "Memory", "update_memory", "KVCache"),
+        evaluate: ("segment_losses",),
         threads: ("configure_threads",),
     }
     for module, exported in names.items():
         for name in exported:
             assert getattr(txl, name) is getattr(module, name), name
-    assert txl.interop is interop
-    assert {n for exported in names.values() for n in exported} | {"interop"} == set(txl.__all__)
+    assert txl.interop is interop and txl.evaluate is evaluate and txl.generate is generate
+    modules = {"interop", "evaluate", "generate"}
+    assert {n for exported in names.values() for n in exported} | modules == set(txl.__all__)
     assert set(txl.__all__) == set(txl._EXPORTS) and set(txl.__all__) <= set(dir(txl))
     namespace: dict = {}
     exec("from txl import *", namespace)

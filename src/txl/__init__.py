@@ -6,7 +6,10 @@ out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
 out = model(next_tokens, memory=out.memory, targets=next_targets)
 
 The names below are imported when first used (PEP 562), so ``import txl`` does not import torch: txl's entry
-points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool.
+points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool. ``txl.evaluate``,
+``txl.generate`` and ``txl.interop`` are the modules (``txl.evaluate.evaluate(...)``,
+``txl.generate.generate(...)``, ``txl.interop.load_hf(folder)``): a function could not keep a module's name, as
+importing ``txl.generate`` anywhere binds the module to it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import interop
+    from . import evaluate, generate, interop
     from .config import (
         ConfigError,
         DataConfig,
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
         TransformerXLConfig,
         load_config,
     )
-    from .model import Memory, ModelOutput, TransformerXL, update_memory
+    from .evaluate import segment_losses
+    from .model import KVCache, Memory, ModelOutput, TransformerXL, update_memory
     from .threads import configure_threads
 
 __version__ = "0.1.0"
@@ -47,6 +51,10 @@ _EXPORTS = {  # public name -> the module that defines it (a module's own name: 
     "ModelOutput": ".model",
     "Memory": ".model",
     "update_memory": ".model",
+    "KVCache": ".model",
+    "evaluate": ".evaluate",
+    "segment_losses": ".evaluate",
+    "generate": ".generate",
     "interop": ".interop",
     "configure_threads": ".threads",
 }
@@ -65,6 +73,10 @@ __all__ = [  # the names of _EXPORTS (a literal list, for linters and type check
     "ModelOutput",
     "Memory",
     "update_memory",
+    "KVCache",
+    "evaluate",
+    "segment_losses",
+    "generate",
     "interop",
     "configure_threads",
 ]

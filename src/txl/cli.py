@@ -321,8 +321,8 @@ def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import generate_from_run
     from .runs import load_run
+    from .text import generate_from_run
 
     prompt = _generate_prompt(args)
     _device(args.device)
@@ -469,7 +469,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .analysis.common import parse_ints
-    from .convert import convert
+    from .interop.convert import convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
     folder = convert(
@@ -492,7 +492,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _check_export_fits(args: argparse.Namespace) -> None:
     """Refuse an exported segment or memory whose example buffers cannot fit, before loading the model."""
-    from .export import EXAMPLE_BATCH
+    from .interop.onnx import EXAMPLE_BATCH
     from .limits import check_fits, segment_bytes
     from .runs import load_run_config
 
@@ -508,7 +508,7 @@ def _check_export_fits(args: argparse.Namespace) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_onnx
+    from .interop.onnx import export_onnx
 
     _device(args.device)
     _check_export_fits(args)

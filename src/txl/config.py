@@ -485,7 +485,7 @@ class GenerateConfig:
 
 
 def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None) -> None:
-    """Validate sampling settings (the one place: :class:`GenerateConfig` and :mod:`txl.generate` use it).
+    """Validate sampling settings (the one place: :class:`GenerateConfig` and :class:`txl.sampling.SamplingSettings` use it).
     Raises ConfigError (a ValueError) naming the setting."""
     if (
         isinstance(temperature, bool)

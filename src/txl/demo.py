@@ -20,8 +20,8 @@ import torch
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig, vanilla_baseline
 from .data import prepare_data
 from .files import atomic_write_text
-from .generate import generate_text
 from .runs import load_run
+from .text import generate_text
 from .train.trainer import train
 
 __all__ = ["DEFAULT_STEPS", "demo_config", "choose_steps", "run_demo"]

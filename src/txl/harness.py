@@ -25,9 +25,10 @@ from torch import nn
 
 from .config import ConfigError, Span, eval_span, first_set
 from .errors import TxlError
-from .generate import PAD_ID, TextStream, stream
+from .generate import PAD_ID, stream
 from .model import KVCache
 from .runs import load_run
+from .text import TextStream
 
 
 class HarnessMissing(TxlError, ImportError):

@@ -1,7 +1,8 @@
 """The HTTP application of ``txl serve`` (FastAPI): OpenAI-shaped completions, streamed as Server-Sent Events;
 per-token surprisal of a text with and without memory; the model card; the static page. Requests are checked
 here (a 4xx JSON error names the field) and run one at a time on the model, on one worker thread, behind a
-bounded queue. Sampling is :mod:`txl.generate`'s, scoring :mod:`txl.serve.score`'s.
+bounded queue. Decoding is :mod:`txl.generate`'s, prompts and streamed text :mod:`txl.text`'s (prompts are
+read as ``txl generate`` reads them), scoring :mod:`txl.serve.score`'s.
 
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(queue_size=4))
     # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true}
@@ -34,8 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..config import config_to_dict
-from ..generate import TextStream, UnknownTokensWarning, stream
+from ..generate import stream
 from ..runs import LoadedRun, RunPaths
+from ..text import TextStream, UnknownTokensWarning, describe_unknown, read_prompt
 from .score import score_tokens, scoring_lengths, token_pieces
 
 __all__ = ["ServeSettings", "create_app", "CompletionRequest", "ScoreRequest"]
@@ -172,26 +174,18 @@ def _check_text(text: str, *, field_name: str, limit: int) -> None:
 def _encode(run: LoadedRun, text: str, *, field_name: str) -> tuple[torch.Tensor, list[str]]:
     """(P,) ids of ``text``, and warnings: a word vocabulary reads unknown words as <unk> (as ``txl
     generate``), other vocabularies refuse characters they have never seen (400 naming the field)."""
-    vocab = run.vocab
-    notes = []
     try:
-        if getattr(vocab, "unknown_as_unk", False):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UnknownTokensWarning)
-                missing = vocab.unknown_tokens(text)
-            if missing:
-                shown = ", ".join(repr(t) for t in missing[:5]) + (
-                    f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-                )
-                notes.append(
-                    f"{len(missing)} word(s) of {field_name} not in the vocabulary, read as <unk>: {shown}"
-                )
-            ids = vocab.encode(text)
-        else:
-            ids = vocab.encode(text, strict=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnknownTokensWarning)
+            ids, missing = read_prompt(run.vocab, text)  # (P,), as txl generate reads its prompt
     except ValueError as exc:
         raise RequestError(400, f"{field_name}: {exc}", param=field_name) from None
-    return torch.as_tensor(ids, dtype=torch.long).reshape(-1), notes
+    notes = []
+    if missing:
+        notes.append(
+            f"{len(missing)} word(s) of {field_name} not in the vocabulary, read as <unk>: {describe_unknown(missing)}"
+        )
+    return ids, notes
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``txl convert``: a pretrained checkpoint (the authors' PyTorch state_dict, or a Hugging Face TransfoXL
 folder) written as a txl run folder (config.json, vocab.json, checkpoints/best/ in safetensors) that
-``txl eval`` and ``txl generate`` accept. Reading the checkpoints is :mod:`txl.interop`'s job, the run
+``txl eval`` and ``txl generate`` accept. Reading the checkpoints is :mod:`txl.interop.checkpoints`' job, the run
 folder's layout :mod:`txl.runs`' and :mod:`txl.checkpoint`'s.
 """
 
@@ -10,8 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from .checkpoint import TrainingState, save_checkpoint
-from .config import (
+from ..checkpoint import TrainingState, save_checkpoint
+from ..config import (
     ConfigError,
     DataConfig,
     EvalConfig,
@@ -20,10 +20,10 @@ from .config import (
     TransformerXLConfig,
     config_to_dict,
 )
-from .data.vocab import Vocab
-from .errors import CheckpointError, TxlError
-from .interop import load_hf, load_hf_vocab, load_original, read_hf_config
-from .runs import check_new_run_dir, clear_run, save_run_config
+from ..data.vocab import Vocab
+from ..errors import CheckpointError, TxlError
+from ..runs import check_new_run_dir, clear_run, save_run_config
+from .checkpoints import load_hf, load_hf_vocab, load_original, read_hf_config
 
 __all__ = ["Source", "convert", "detect_source"]
 

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .config import Span, eval_span, first_set
-from .errors import TxlError
-from .evaluate import eval_mode, segment_losses
-from .model import Memory, TransformerXL
+from ..config import Span, eval_span, first_set
+from ..errors import TxlError
+from ..evaluate import eval_mode, segment_losses
+from ..model import Memory, TransformerXL
 
 __all__ = [
     "ExportError",
@@ -206,7 +206,7 @@ def export_onnx(
     3 segments against txl. The settings left as None start from the same place as ``txl eval``'s: the run's
     ``[eval]`` section, else its training segment length and its model's lengths (:func:`~txl.config.eval_span`).
     Returns what was written (a JSON-able record)."""
-    from .runs import load_run
+    from ..runs import load_run
 
     run = load_run(Path(run_dir), checkpoint=checkpoint)
     config = run.config

@@ -1,4 +1,4 @@
-"""Import weights from other Transformer-XL implementations.
+"""Import weights from other Transformer-XL implementations: the authors' checkpoints and Hugging Face's.
 
 ``load_original`` reads a ``state_dict`` saved with ``torch.save(model.state_dict())`` from the authors'
 PyTorch ``MemTransformerLM`` (attention type 0, the relative attention of the paper), safely
@@ -7,8 +7,8 @@ PyTorch ``MemTransformerLM`` (attention type 0, the relative attention of the pa
 
 ``load_hf`` reads a Hugging Face ``TransfoXLLMHeadModel`` folder (``config.json`` and ``model.safetensors``
 or ``pytorch_model.bin``, the latter with ``weights_only=True``) and ``load_hf_vocab`` its word vocabulary
-(``vocab.pkl`` through :mod:`txl.safe_pickle`, never running pickle code; or ``vocab.txt`` / ``vocab.json``).
-Writing a txl run folder from either is :mod:`txl.convert`'s job.
+(``vocab.pkl`` through :mod:`txl.interop.safe_pickle`, never running pickle code; or ``vocab.txt`` / ``vocab.json``).
+Writing a txl run folder from either is :mod:`txl.interop.convert`'s job.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .config import ConfigError, TransformerXLConfig
-from .data.vocab import WordVocab
-from .errors import CheckpointError
-from .model import TransformerXL
-from .model.positional import inverse_frequencies
+from ..config import ConfigError, TransformerXLConfig
+from ..data.vocab import WordVocab
+from ..errors import CheckpointError
+from ..model import TransformerXL
+from ..model.positional import inverse_frequencies
 from .safe_pickle import UnsafePickleError, safe_load_file
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "config_from_hf",
     "hf_to_txl",
     "read_hf_state",
+    "read_hf_config",
     "vocab_from_symbols",
 ]
 
@@ -509,7 +510,7 @@ def _symbols_from_pickled(data: object, path: Path) -> list[str]:
 
 def load_hf_vocab(path_or_dir: str | Path) -> WordVocab:
     """The word vocabulary of a Hugging Face TransfoXL folder (or the vocabulary file itself): ``vocab.pkl``
-    (read by :func:`txl.safe_pickle.safe_load_file`: plain containers only, no pickle code runs), else
+    (read by :func:`txl.interop.safe_pickle.safe_load_file`: plain containers only, no pickle code runs), else
     ``vocab.txt`` (one symbol per line, the first field as TransfoXLTokenizer reads it) or ``vocab.json``
     (a list of symbols, ``{"idx2sym": [...]}`` or ``{symbol: id}``). Ids are kept as they are."""
     path = Path(path_or_dir).expanduser()
