@@ -207,6 +207,58 @@ def test_a_process_killed_while_it_takes_the_lock_leaves_no_lock(tmp_path, text_
     assert _leftovers(run) == [] and not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
 
 
+# `txl train` stopped by itself (SIGSTOP) when it is about to write config.json: it has made the run folder,
+# taken its lock and written vocab.json. The parent tries the run while it is stopped there, then SIGKILLs it.
+STOPPED_BEFORE_CONFIG = textwrap.dedent("""
+    import os, signal, sys
+    import txl.train.trainer as trainer
+    from txl.cli import main
+
+    save = trainer.save_run_config
+
+    def stop_then_save(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return save(*args, **kwargs)
+
+    trainer.save_run_config = stop_then_save
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+def test_a_start_killed_before_its_config_leaves_no_lock_and_resume_says_why(tmp_path, text_corpus, capsys):
+    """Between taking the lock and writing config.json, a starting run is alive and its folder holds no
+    run yet: a resume is refused as in use (it was told the folder holds no run). Killed there, it leaves a
+    lock that `txl train --resume` clears (it left it behind) while it says, in one line, that the folder
+    holds no run; the same start then runs again without --overwrite."""
+    run = tmp_path / "run"
+    argv = ["train", "--config", "tiny", "--out", str(run), "--quiet"]
+    argv += _sets(text_corpus, "train.steps=2", "train.eval_every=0", "train.log_every=1")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_BEFORE_CONFIG, *argv], env=env)
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), status
+        assert (run / ".lock").is_file() and (run / "vocab.json").is_file()
+        assert not (run / "config.json").exists()
+        capsys.readouterr()
+        assert main(["train", "--resume", str(run), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"another process (pid {proc.pid} on " in err[0], err
+        assert "holds the run" in err[0], err
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (run / ".lock").is_file()  # the killed start's
+    assert main(["train", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"txl: error: {run} holds no run (no config.json)"]
+    assert not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
+    assert main(argv) == 0
+    assert sorted(train_losses(run)) == [1, 2] and not list(run.glob(".lock*"))
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_corpus):
     """20 SIGKILLs drawn with a seeded random.Random over the duration of an uninterrupted run (checkpoint

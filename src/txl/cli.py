@@ -178,7 +178,7 @@ def _without_nproc(argv: Sequence[str]) -> list[str]:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .distributed import Distributed, from_environment, launch, under_torchrun
-    from .runs import load_run_config
+    from .runs import load_config_to_resume, load_run_config
     from .train.trainer import resume, train
 
     if args.resume and (args.config or args.out):
@@ -186,7 +186,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if not args.resume and (not args.config or not args.out):
         raise ConfigError("txl train needs --config NAME|PATH and --out DIR (or --resume DIR)")
     if args.resume:
-        config = apply_overrides(load_run_config(Path(args.resume)), args.set)
+        # under the run's lock, so that a start killed before its config.json leaves no lock behind (under
+        # torchrun the launching process has read it so, and the ranks must not contend for the lock)
+        read = load_run_config if under_torchrun() else load_config_to_resume
+        config = apply_overrides(read(Path(args.resume)), args.set)
     else:
         config = apply_overrides(load_config(args.config), args.set)
     if args.nproc is not None and args.nproc > 1 and not under_torchrun():

@@ -51,6 +51,7 @@ __all__ = [
     "lock_run",
     "new_run_folder",
     "load_run_config",
+    "load_config_to_resume",
     "save_run_config",
     "read_metrics",
     "truncate_metrics",
@@ -309,6 +310,18 @@ def load_run_config(run_dir: Path) -> RunConfig:
         raise RunError(f"{paths.config}: corrupt ({exc})") from None
     except ConfigError as exc:
         raise RunError(f"{paths.config}: {exc}") from None
+
+
+def load_config_to_resume(run_dir: Path) -> RunConfig:
+    """The saved config of a run about to be resumed, read while holding the run's lock (:func:`lock_run`).
+    A start writes config.json under that lock, so only there can a missing config.json be told apart: a
+    start still writing its files is refused as in use (RunError naming its pid), and the lock of one killed
+    before it wrote config.json is cleared, not left behind, before RunError says the folder holds no run."""
+    paths = RunPaths(Path(run_dir))
+    if not paths.root.is_dir():
+        raise RunError(f"run folder not found: {paths.root}")
+    with lock_run(paths.root):
+        return load_run_config(paths.root)
 
 
 @dataclass
