@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from txl.checkpoint import (
     save_checkpoint,
 )
 from txl.cli import main
-from txl.errors import CheckpointError
+from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
-from txl.runs import load_run
+from txl.runs import load_run, lock_run
 from txl.train.trainer import resume, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,6 +206,59 @@ def test_a_process_killed_while_it_takes_the_lock_leaves_no_lock(tmp_path, text_
     assert not (run / ".lock").exists()
     assert resume(run, overrides=("train.steps=3",), progress=False)["steps"] == 3
     assert _leftovers(run) == [] and not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
+
+
+# A process that says when it started (seconds since boot), takes a run's lock, says so, and holds it until
+# it is killed.
+HOLDS_THE_LOCK = textwrap.dedent("""
+    import sys, time
+    print(time.clock_gettime(time.CLOCK_BOOTTIME), flush=True)
+    from pathlib import Path
+    from txl.runs import lock_run
+
+    with lock_run(Path(sys.argv[1])):
+        print("locked", flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux's /proc")
+def test_a_lock_is_live_only_while_the_very_process_that_took_it_runs(tmp_path):
+    """A lock's pid alone does not say that its process runs: a lock whose pid the kernel has since given to
+    another process (pids wrap around) and the lock of a process killed but not yet waited for by its
+    parent (a zombie) hold nothing, and are replaced; the lock of the live holder is refused. The lock
+    records when its holder started as this boot's id and the clock tick of the start."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOCK, str(run)], env=env, stdout=subprocess.PIPE)
+    try:
+        running = float(proc.stdout.readline())
+        assert proc.stdout.readline() == b"locked\n"
+        record = json.loads((run / ".lock").read_text())
+        assert record["pid"] == proc.pid
+        boot, _, ticks = record["started"].rpartition(":")
+        assert boot == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        assert before - 0.02 <= int(ticks) / os.sysconf("SC_CLK_TCK") <= running  # ticks are whole 1/100 s
+        with pytest.raises(RunError, match=rf"another process \(pid {proc.pid} on .*\) holds the run"):
+            with lock_run(run):
+                pass
+        # as left by an earlier process that had the same pid: the live process is not its owner
+        (run / ".lock").write_text(json.dumps({**record, "started": "when an earlier process started"}))
+        with lock_run(run) as lock:
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
+        # the holder's own lock again, then the holder killed and left unreaped (a zombie)
+        (run / ".lock").write_text(json.dumps(record))
+        os.kill(proc.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # it has died; it is not waited for
+        with lock_run(run) as lock:
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # `txl train` stopped by itself (SIGSTOP) when it is about to write config.json: it has made the run folder,

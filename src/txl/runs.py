@@ -10,7 +10,8 @@ one checkpoint folder is :mod:`txl.checkpoint`'s.
     RUN_DIR/checkpoints/step-XXXXXXXX/     a checkpoint per saved step (the last train.keep_last kept)
     RUN_DIR/checkpoints/best/              the checkpoint with the best validation loss
     RUN_DIR/tensorboard/                   TensorBoard logs, when TensorBoard is installed
-    RUN_DIR/.lock                          {"pid", "host", "since"} of the process training in it, while it does
+    RUN_DIR/.lock                          {"pid", "host", "since", "started"} of the process training in it,
+                                           while it does
 """
 
 from __future__ import annotations
@@ -156,19 +157,49 @@ def _read_lock(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else {}
 
 
-def _pid_alive(pid: int) -> bool:
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` that follow the command name (the state first: field 3 of proc(5)),
+    or None where there is no such file (no /proc, or no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()  # the name, in parentheses, may hold spaces and parentheses
+
+
+def _process_started(stat: list[str] | None) -> str | None:
+    """When a process started, from its ``/proc/PID/stat`` fields: this boot's id and the clock tick of the
+    start (field 22), which tell it from an earlier process that had the same pid; None where unknown."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        return f"{boot}:{stat[19]}" if stat is not None else None
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, *, started: Any = None) -> bool:
+    """Whether the process ``pid`` of this host may still hold what it took: it exists and is not a zombie
+    (killed, not yet waited for by its parent), and when ``started`` (:func:`_process_started` of it, as
+    recorded then) is known, it is that process and not a later one given the same pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:  # no /proc here (or the process has just gone): the pid is all there is to go by
         return True
-    return True
+    if stat[:1] in (["Z"], ["X"]):
+        return False
+    now = _process_started(stat)
+    return not isinstance(started, str) or now is None or now == started
 
 
 def _lock_is_live(path: Path, record: dict[str, Any]) -> bool:
-    """Whether a lock's owner may still run: its pid is alive on this host, or it is on another host (which
-    cannot be checked from here), or the file is too young to have been written out."""
+    """Whether a lock's owner may still run: its process is alive on this host (the same process, not a
+    zombie nor a later one with its pid), or it is on another host (which cannot be checked from here), or
+    the file is too young to have been written out."""
     if not isinstance(record.get("pid"), int) or not isinstance(record.get("host"), str):
         try:
             return time.time() - path.stat().st_mtime < LOCK_YOUNG_S
@@ -176,7 +207,7 @@ def _lock_is_live(path: Path, record: dict[str, Any]) -> bool:
             return False
     if record["host"] != socket.gethostname():
         return True
-    return _pid_alive(record["pid"])
+    return _pid_alive(record["pid"], started=record.get("started"))
 
 
 def _break_stale(path: Path, record: dict[str, Any]) -> None:
@@ -231,12 +262,15 @@ def _create_lock(path: Path, record: dict[str, Any]) -> None:
 
 @contextmanager
 def lock_run(root: Path) -> Iterator[Path]:
-    """Hold ``root/.lock`` (holding pid and host as JSON, created whole by :func:`_create_lock`) for the
-    duration of the block; a lock whose process is gone from this host is replaced. Refuses (RunError) while
-    another live process holds it. Released on exit, including on exceptions."""
+    """Hold ``root/.lock`` (holding pid, host and when the process started as JSON, created whole by
+    :func:`_create_lock`) for the duration of the block; a lock whose process is gone from this host (a
+    zombie, or its pid now another process's) is replaced. Refuses (RunError) while another live process
+    holds it. Released on exit, including on exceptions."""
     path = RunPaths(Path(root)).lock
     _sweep_lock_drafts(path)
-    mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    pid = os.getpid()
+    mine = {"pid": pid, "host": socket.gethostname(), "since": time.time()}
+    mine["started"] = _process_started(_proc_stat(pid))
     for _ in range(5):
         try:
             _create_lock(path, mine)
