@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from txl.checkpoint import (
 from txl.cli import main
 from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
-from txl.runs import load_run, lock_run
+from txl.runs import list_checkpoints, load_run, lock_run
 from txl.train.trainer import resume, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -381,6 +382,40 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
             assert "no checkpoint" in err[0] or "holds no run" in err[0] or "not found" in err[0], err
         assert _leftovers(run) == [], trial
     assert resumed_from_checkpoint >= 5 and saw_half_written >= 1, result["trials"]
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL in the middle of a deletion (nothing catches it, as nothing catches a kill)."""
+
+
+def test_a_prune_killed_while_it_deletes_a_checkpoint_leaves_nothing_of_it(
+    tmp_path, text_corpus, monkeypatch
+):
+    """Keeping the last ``train.keep_last`` checkpoints deletes the older ones file by file: killed after
+    state.json of step 1 is gone and before its tensor files are, the process left a ``step-00000001``
+    folder that no longer counted as a checkpoint and so was never pruned again. Nothing of it may stay
+    once the run is resumed."""
+    common = ("train.checkpoint_every=1", "train.eval_every=0", "train.keep_last=2")
+    rmtree = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        if "step-00000001" in Path(path).name:  # by name, whatever the name it is deleted under
+            (Path(path) / "state.json").unlink()
+            raise _Killed
+        return rmtree(path, *args, **kwargs)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(_Killed):  # pruning step 1 once step 3 is saved
+        train(run_config(text_corpus, "train.steps=4", *common), run, progress=False)
+    assert [p.name for p in list_checkpoints(run)] == ["step-00000002", "step-00000003"]
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert resume(run, overrides=("train.steps=4",), progress=False)["steps"] == 4
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "best",
+        "step-00000003",
+        "step-00000004",
+    ]
 
 
 def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(

@@ -4,7 +4,9 @@ safetensors file. Where a run keeps its checkpoints, their names and which one t
 :mod:`txl.runs`.
 
 A checkpoint folder is written under a temporary sibling name (``.tmp-NAME-PID``) and renamed into place, so
-a killed writer never leaves a half-written checkpoint (:func:`tidy_interrupted_saves` cleans up after one);
+a killed writer never leaves a half-written checkpoint, and deleted by renaming it out of the way
+(``.del-NAME-PID``) first, so a killed deleter never leaves part of one under its name
+(:func:`tidy_interrupted_saves` cleans up after either);
 ``state.json`` records the SHA-256 of each tensor file, so a damaged one is detected before it is used.
 Nothing here unpickles anything.
 """
@@ -36,6 +38,7 @@ __all__ = [
     "ResumeWarning",
     "TrainingState",
     "save_checkpoint",
+    "delete_checkpoint",
     "load_checkpoint",
     "load_weights",
     "load_rank_rng",
@@ -219,16 +222,31 @@ def save_checkpoint(
     return folder
 
 
+def delete_checkpoint(folder: Path) -> None:
+    """Delete a checkpoint folder, whole or not at all under its name: it is renamed to ``.del-NAME-PID``
+    (one step: it stops being a checkpoint at once), then deleted file by file. A process killed during the
+    deletion leaves only that hidden folder, which :func:`tidy_interrupted_saves` removes; deleted in place,
+    a folder whose state.json went first was no longer a checkpoint, and was never deleted again."""
+    folder = Path(folder)
+    gone = folder.with_name(f".del-{folder.name}-{os.getpid()}")
+    try:
+        os.rename(folder, gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
 def is_checkpoint(folder: Path) -> bool:
     """Whether ``folder`` holds a complete checkpoint's JSON document (its files are checked on load)."""
     return (Path(folder) / META_FILE).is_file()
 
 
 def tidy_interrupted_saves(parent: Path) -> None:
-    """Clean up after :func:`save_checkpoint` calls killed in the folder ``parent`` (call it while no other
-    process writes there): put back a checkpoint whose replacement was interrupted between its two renames
-    (``.old-NAME-PID`` without ``NAME``), and delete the ``.tmp-*`` folders of interrupted writes and the
-    ``.old-*`` ones already replaced."""
+    """Clean up after :func:`save_checkpoint` and :func:`delete_checkpoint` calls killed in the folder
+    ``parent`` (call it while no other process writes there): put back a checkpoint whose replacement was
+    interrupted between its two renames (``.old-NAME-PID`` without ``NAME``), and delete the ``.tmp-*``
+    folders of interrupted writes, the ``.old-*`` ones already replaced and the ``.del-*`` ones of
+    interrupted deletions."""
     parent = Path(parent)
     if not parent.is_dir():
         return
@@ -238,7 +256,7 @@ def tidy_interrupted_saves(parent: Path) -> None:
             os.rename(old, parent / name)
         else:
             shutil.rmtree(old, ignore_errors=True)
-    for stale in parent.glob(".tmp-*"):
+    for stale in (*parent.glob(".tmp-*"), *parent.glob(".del-*")):
         shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -33,6 +33,7 @@ from .checkpoint import (
     DamagedCheckpoint,
     ResumeWarning,
     checkpoint_step,
+    delete_checkpoint,
     is_checkpoint,
     load_weights,
     tidy_interrupted_saves,
@@ -440,7 +441,7 @@ def prune_checkpoints(run_dir: Path, *, keep_last: int) -> None:
     """Delete all but the ``keep_last`` newest step checkpoints and leftovers of interrupted writes."""
     recover_checkpoints(run_dir)
     for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        delete_checkpoint(old)
 
 
 def newest_intact_checkpoint(run_dir: Path) -> Path:
