@@ -48,10 +48,12 @@ def _sets(corpus: Path, *extra: str) -> list[str]:
 
 
 def _leftovers(run_dir: Path) -> list[str]:
-    """Temporary folders of checkpoint writes, and the lock, left in a run folder."""
+    """Temporary folders of checkpoint writes, temporary files of the run's files, and the lock, left in a
+    run folder."""
     found = (
         [p.name for p in (run_dir / "checkpoints").glob(".*")] if (run_dir / "checkpoints").is_dir() else []
     )
+    found += sorted(p.name for p in run_dir.glob(".*.tmp"))
     return found + ([".lock"] if (run_dir / ".lock").exists() else [])
 
 
@@ -262,20 +264,23 @@ def test_a_lock_is_live_only_while_the_very_process_that_took_it_runs(tmp_path):
         proc.wait()
 
 
-# `txl train` stopped by itself (SIGSTOP) when it is about to write config.json: it has made the run folder,
-# taken its lock and written vocab.json. The parent tries the run while it is stopped there, then SIGKILLs it.
-STOPPED_BEFORE_CONFIG = textwrap.dedent("""
+# `txl train` stopped by itself (SIGSTOP) while it writes config.json, its temporary file just created: it has
+# made the run folder, taken its lock and written vocab.json. The parent tries the run while it is stopped
+# there, then SIGKILLs it.
+STOPPED_WRITING_CONFIG = textwrap.dedent("""
     import os, signal, sys
-    import txl.train.trainer as trainer
+    import txl.files as files
     from txl.cli import main
 
-    save = trainer.save_run_config
+    create = files._create_temporary
 
-    def stop_then_save(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGSTOP)
-        return save(*args, **kwargs)
+    def create_then_stop(path):
+        created = create(path)
+        if path.name == "config.json":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return created
 
-    trainer.save_run_config = stop_then_save
+    files._create_temporary = create_then_stop
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -284,18 +289,19 @@ STOPPED_BEFORE_CONFIG = textwrap.dedent("""
 def test_a_start_killed_before_its_config_leaves_no_lock_and_resume_says_why(tmp_path, text_corpus, capsys):
     """Between taking the lock and writing config.json, a starting run is alive and its folder holds no
     run yet: a resume is refused as in use (it was told the folder holds no run). Killed there, it leaves a
-    lock that `txl train --resume` clears (it left it behind) while it says, in one line, that the folder
-    holds no run; the same start then runs again without --overwrite."""
+    lock and a half-written config.json's temporary file, which `txl train --resume` clears (it left them
+    behind) while it says, in one line, that the folder holds no run; the same start then runs again
+    without --overwrite and leaves no temporary file."""
     run = tmp_path / "run"
     argv = ["train", "--config", "tiny", "--out", str(run), "--quiet"]
     argv += _sets(text_corpus, "train.steps=2", "train.eval_every=0", "train.log_every=1")
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", STOPPED_BEFORE_CONFIG, *argv], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_WRITING_CONFIG, *argv], env=env)
     try:
         _, status = os.waitpid(proc.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status), status
         assert (run / ".lock").is_file() and (run / "vocab.json").is_file()
-        assert not (run / "config.json").exists()
+        assert not (run / "config.json").exists() and len(list(run.glob(".config.json.*.tmp"))) == 1
         capsys.readouterr()
         assert main(["train", "--resume", str(run), "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -309,9 +315,9 @@ def test_a_start_killed_before_its_config_leaves_no_lock_and_resume_says_why(tmp
     assert main(["train", "--resume", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"txl: error: {run} holds no run (no config.json)"]
-    assert not list(run.glob(".lock*")), sorted(p.name for p in run.iterdir())
+    assert sorted(p.name for p in run.iterdir()) == ["vocab.json"]
     assert main(argv) == 0
-    assert sorted(train_losses(run)) == [1, 2] and not list(run.glob(".lock*"))
+    assert sorted(train_losses(run)) == [1, 2] and not list(run.glob(".*")), sorted(run.glob(".*"))
 
 
 @pytest.mark.slow
@@ -382,6 +388,25 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
             assert "no checkpoint" in err[0] or "holds no run" in err[0] or "not found" in err[0], err
         assert _leftovers(run) == [], trial
     assert resumed_from_checkpoint >= 5 and saw_half_written >= 1, result["trials"]
+
+
+def test_the_temporaries_of_killed_writes_go_with_the_next_process_that_holds_the_run(tmp_path, text_corpus):
+    """A process killed while it wrote summary.json, metrics.jsonl (a resume truncating it) or config.json
+    leaves that write's temporary file (``.NAME.RANDOM.tmp``, see the test above); the next resume or start
+    in the folder deletes them, and nothing else of the folder's (a user's own hidden file stays)."""
+    run = tmp_path / "run"
+    common = ("train.checkpoint_every=1", "train.eval_every=0")
+    train(run_config(text_corpus, "train.steps=2", *common), run, progress=False)
+    left = [".config.json.00ff00ff.tmp", ".metrics.jsonl.89abcdef.tmp", ".summary.json.0123abcd.tmp"]
+    users = [".notes.0123abcd.tmp", ".summary.json.notes.tmp"]
+    for name in (*left, *users):
+        (run / name).write_text('{"step"')
+    assert resume(run, overrides=("train.steps=3",), progress=False)["steps"] == 3
+    assert sorted(p.name for p in run.glob(".*")) == users
+    for name in left:
+        (run / name).write_text('{"step"')
+    train(run_config(text_corpus, "train.steps=1", *common), run, overwrite=True, progress=False)
+    assert sorted(p.name for p in run.glob(".*")) == users
 
 
 class _Killed(BaseException):

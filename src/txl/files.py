@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -19,7 +20,14 @@ from typing import IO, Any, Literal
 
 from .errors import OutputPathError
 
-__all__ = ["atomic_open", "atomic_write_text", "new_file_mode", "check_output", "OutputKind"]
+__all__ = [
+    "atomic_open",
+    "atomic_write_text",
+    "temporaries_of",
+    "new_file_mode",
+    "check_output",
+    "OutputKind",
+]
 
 OutputKind = Literal["folder", "file"]
 """What an output path names: a folder txl fills (a run, a report) or one file it writes (an ONNX model)."""
@@ -48,12 +56,25 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
+def _temporary_name(path: Path, tag: str) -> Path:
+    return path.with_name(f".{path.name}.{tag}.tmp")
+
+
+def temporaries_of(path: str | os.PathLike[str]) -> list[Path]:
+    """The temporary files of writes of ``path`` by :func:`atomic_open` that are still on disk: a write in
+    progress, or one whose process was killed before it renamed its file into place (nothing else removes
+    those; delete them only where no other process can be writing ``path``)."""
+    path = Path(path)
+    name = re.compile(re.escape(f".{path.name}.") + r"[0-9a-f]{8}\.tmp")
+    return sorted(p for p in path.parent.glob(_temporary_name(path, "*").name) if name.fullmatch(p.name))
+
+
 def _create_temporary(path: Path) -> tuple[int, Path]:
     """Create ``.NAME.RANDOM.tmp`` next to ``path`` for writing, with the permissions of any new file (0666
     less the umask, as ``open`` gives): not ``tempfile.mkstemp``'s 0600, which the rename would carry over,
     so that some run files were private and others not."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = _temporary_name(path, secrets.token_hex(4))
         try:
             return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), tmp
         except FileExistsError:

@@ -43,7 +43,7 @@ from .config import ConfigError, RunConfig, config_from_dict, config_to_dict
 from .data import Vocab, load_vocab
 from .device import resolve_device
 from .errors import CheckpointError, RunError
-from .files import atomic_write_text
+from .files import atomic_write_text, temporaries_of
 from .model import TransformerXL
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "find_checkpoint",
     "newest_intact_checkpoint",
     "recover_checkpoints",
+    "recover_run",
     "prune_checkpoints",
     "load_run",
     "LoadedRun",
@@ -116,6 +117,10 @@ class RunPaths:
     def lock(self) -> Path:
         return self.root / ".lock"
 
+    def files(self) -> tuple[Path, ...]:
+        """The run's own files (each written whole, by :func:`txl.files.atomic_open`)."""
+        return (self.config, self.vocab, self.metrics, self.summary)
+
     def holds_run(self) -> bool:
         return self.config.exists() or self.checkpoints.exists() or self.metrics.exists()
 
@@ -135,8 +140,11 @@ def check_new_run_dir(out: Path, *, overwrite: bool) -> RunPaths:
 
 
 def clear_run(paths: RunPaths) -> None:
-    """Remove txl's own files from a run folder (and nothing else in it)."""
-    for f in (paths.config, paths.vocab, paths.metrics, paths.summary):
+    """Remove txl's own files from a run folder (and nothing else in it), with the temporaries of writes of
+    them that a killed process left (call it holding the run's lock)."""
+    for f in paths.files():
+        for tmp in temporaries_of(f):
+            tmp.unlink(missing_ok=True)
         f.unlink(missing_ok=True)
     for d in (paths.checkpoints, paths.tensorboard):
         shutil.rmtree(d, ignore_errors=True)
@@ -350,12 +358,14 @@ def load_run_config(run_dir: Path) -> RunConfig:
 def load_config_to_resume(run_dir: Path) -> RunConfig:
     """The saved config of a run about to be resumed, read while holding the run's lock (:func:`lock_run`).
     A start writes config.json under that lock, so only there can a missing config.json be told apart: a
-    start still writing its files is refused as in use (RunError naming its pid), and the lock of one killed
-    before it wrote config.json is cleared, not left behind, before RunError says the folder holds no run."""
+    start still writing its files is refused as in use (RunError naming its pid), and what one killed before
+    it wrote config.json left (its lock, a half-written file: :func:`recover_run`) is cleared, not left
+    behind, before RunError says the folder holds no run."""
     paths = RunPaths(Path(run_dir))
     if not paths.root.is_dir():
         raise RunError(f"run folder not found: {paths.root}")
     with lock_run(paths.root):
+        recover_run(paths.root)
         return load_run_config(paths.root)
 
 
@@ -430,6 +440,17 @@ def best_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint with the best validation loss, if one was kept."""
     best = RunPaths(Path(run_dir)).best
     return best if is_checkpoint(best) else None
+
+
+def recover_run(run_dir: Path) -> None:
+    """Tidy a run folder after a process killed while it wrote there (call it holding the run's lock, so that
+    no write is in progress): delete the temporaries of its files (a config.json, a metrics.jsonl or a
+    summary.json that was being written) and tidy the checkpoints folder (:func:`recover_checkpoints`)."""
+    paths = RunPaths(Path(run_dir))
+    for f in paths.files():
+        for tmp in temporaries_of(f):
+            tmp.unlink(missing_ok=True)
+    recover_checkpoints(paths.root)
 
 
 def recover_checkpoints(run_dir: Path) -> None:

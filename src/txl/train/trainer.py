@@ -55,7 +55,7 @@ from ..runs import (
     new_run_folder,
     newest_intact_checkpoint,
     prune_checkpoints,
-    recover_checkpoints,
+    recover_run,
     save_run_config,
     truncate_metrics,
 )
@@ -738,7 +738,7 @@ def resume(
     with lock_run(paths.root) if group.is_main else nullcontext(), _sigterm_raises(paths):
         config = _resume_config(load_run_config(paths.root), tuple(overrides))
         if group.is_main:
-            recover_checkpoints(paths.root)
+            recover_run(paths.root)
         group.barrier()  # the checkpoints folder is tidy before every process looks in it
         folder = newest_intact_checkpoint(paths.root)
         done = checkpoint_step(folder)
