@@ -127,6 +127,9 @@ FORK_SERVER = textwrap.dedent("""
             return []
         return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and (p / "state.json").is_file())
 
+    def running_out(pid):  # whether the process has ended (without reaping it)
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
     def hidden(name):
         folder = runs / name / "checkpoints"
         return sorted(p.name for p in folder.glob(".*")) if folder.is_dir() else []
@@ -153,9 +156,15 @@ FORK_SERVER = textwrap.dedent("""
     for i in range(plan["kills"]):
         name = f"kill-{i:02d}"
         at = rng.uniform(0.0, duration)
+        after = rng.randint(1, 6)  # odd trials: killed once this many checkpoints are complete
         begin = time.monotonic()
         pid = spawn(train_argv(name), name)
-        time.sleep(max(0.0, begin + at - time.monotonic()))
+        if i % 2:  # by the run's own progress, so that a slow machine still kills after checkpoints
+            while len(complete(name)) < after and not running_out(pid):
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0.0, 0.05))
+        else:  # at a moment of the reference run's duration
+            time.sleep(max(0.0, begin + at - time.monotonic()))
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             killed = os.waitstatus_to_exitcode(status)
@@ -322,10 +331,11 @@ def test_a_start_killed_before_its_config_leaves_no_lock_and_resume_says_why(tmp
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_corpus):
-    """20 SIGKILLs drawn with a seeded random.Random over the duration of an uninterrupted run (checkpoint
-    every step, checkpoint writes slowed: see FORK_SERVER), plus one kill just before the first checkpoint
-    while a second process tries the run. After each, `txl train --resume` reproduces the uninterrupted run's losses
-    float for float, or, when no checkpoint was complete, fails with one line that says so. No `.tmp-*`
+    """20 SIGKILLs drawn with a seeded random.Random (checkpoint every step, checkpoint writes slowed: see
+    FORK_SERVER): half at a moment of an uninterrupted run's duration, half a moment after a drawn number of
+    checkpoints are complete (so that a slow or loaded machine still kills after checkpoints), plus one kill
+    just before the first checkpoint while a second process tries the run. After each, `txl train --resume`
+    reproduces the uninterrupted run's losses float for float, or, when no checkpoint was complete, fails with one line that says so. No `.tmp-*`
     folder is ever taken as a checkpoint (the losses would differ) and none is left behind."""
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -354,7 +364,7 @@ def test_sigkill_at_random_moments_resumes_exactly_or_says_why(tmp_path, text_co
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,  # about 20 s on a quiet machine; minutes on a loaded one
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
