@@ -1,13 +1,18 @@
 """Thread policies side by side, with and without competing processes (issue 23); prints one JSON line per mode
-and load, then a summary line.
+and load, then a summary line (and a progress line per worker on stderr).
 
-    PYTHONPATH=src python3 benchmarks/threads.py                                  # what docs/benchmarks.md shows
+    PYTHONPATH=src python3 benchmarks/threads.py --policies txl torch one passive spin10k \\
+        --repeats 3 --steps 6 --max-seconds 6 --gen-tokens 20      # docs/benchmarks.md: ~5 min on a quiet machine
     PYTHONPATH=src python3 benchmarks/threads.py --loads 0 --repeats 5            # a quiet machine only
 
-Policies (``--policies``), each in a fresh process started with no ``OMP_*`` variables of this shell:
-- ``txl``: txl's choice (``txl.configure_threads()`` before torch is imported, as ``txl ...`` does);
-- ``torch``: PyTorch's default (its own thread count, OpenMP's default wait policy);
-- ``one``: ``OMP_NUM_THREADS=1``.
+Policies (``--policies``; default ``txl torch one``), each in a fresh process started with no ``OMP_*``
+variables of this shell:
+- ``txl``: txl's choice for the mode's command (``txl.configure_threads(command=...)`` before torch is
+  imported, as ``txl train`` and ``txl generate`` do);
+- ``torch``: PyTorch's default (its own thread count, OpenMP's default wait: libgomp spins 300,000 times);
+- ``one``: ``OMP_NUM_THREADS=1``;
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once; txl's default before the bounded spin);
+- ``spin1k`` ... ``spin100k``: ``GOMP_SPINCOUNT=1000`` ... ``100000`` (libgomp's bounded spin, then sleep).
 
 Modes: ``train``, the small config of ``benchmarks/train_eval.py`` (vocab 10k full softmax, 4 layers, d_model 128,
 4 heads x 32, d_inner 512, segment 64, memory 64, batch 16; forward, backward, txl's AdamW step), tokens/s = B*T
