@@ -12,8 +12,8 @@ running); no spin at all costs on a quiet machine (each parallel region pays for
 - for training, evaluation and every command but two (:data:`Workload` ``batches``): ``OMP_NUM_THREADS``, the
   cores this process may use (the physical cores of its CPU affinity, capped by a cgroup v2 ``cpu.max`` or v1
   CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``);
-  ``GOMP_SPINCOUNT=1000``, a spin of about 10 microseconds (libgomp's estimate) before sleeping; and ``OMP_WAIT_POLICY=PASSIVE``
-  for the runtimes that do not read ``GOMP_SPINCOUNT`` (LLVM's libomp);
+  ``GOMP_SPINCOUNT=1000``, a spin of about 10 microseconds (libgomp's estimate) before sleeping; and
+  ``OMP_WAIT_POLICY=PASSIVE`` for the runtimes that do not read ``GOMP_SPINCOUNT`` (LLVM's libomp);
 - for ``generate`` and ``serve`` (``tokens``: one position at a time, many tiny parallel regions):
   ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's).
 
@@ -89,8 +89,8 @@ POLICIES: dict[Workload, WorkloadPolicy] = {
     "tokens": WorkloadPolicy(threads=1, wait_policy="PASSIVE", spin_count=None),
 }
 """txl's policy per workload, chosen on the figures of ``benchmarks/threads.py`` (``docs/benchmarks.md``): for
-batches, every core and a spin of 1,000 (about 10 microseconds by libgomp's own estimate of 100,000 a millisecond) before sleeping; for tokens, one thread (and,
-where the user asks for more, a passive wait)."""
+batches, every core and a spin of 1,000 (about 10 microseconds by libgomp's own estimate of 100,000 spins a
+millisecond) before sleeping; for tokens, one thread (and, where the user asks for more, a passive wait)."""
 
 
 def workload(command: str | None) -> Workload:
