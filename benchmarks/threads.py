@@ -1,13 +1,18 @@
 """Thread policies side by side, with and without competing processes (issue 23); prints one JSON line per mode
-and load, then a summary line.
+and load, then a summary line (and a progress line per worker on stderr).
 
-    PYTHONPATH=src python3 benchmarks/threads.py                                  # what docs/benchmarks.md shows
+    PYTHONPATH=src python3 benchmarks/threads.py --policies txl torch one passive spin10k \\
+        --repeats 3 --steps 6 --max-seconds 6 --gen-tokens 20      # docs/benchmarks.md: ~5 min on a quiet machine
     PYTHONPATH=src python3 benchmarks/threads.py --loads 0 --repeats 5            # a quiet machine only
 
-Policies, each in a fresh process started with no ``OMP_*`` variables of this shell:
-- ``txl``: txl's choice (``txl.configure_threads()`` before torch is imported, as ``txl ...`` does);
-- ``torch``: PyTorch's default (its own thread count, OpenMP's default wait policy);
-- ``one``: ``OMP_NUM_THREADS=1``.
+Policies (``--policies``; default ``txl torch one``), each in a fresh process started with no ``OMP_*``
+variables of this shell:
+- ``txl``: txl's choice for the mode's command (``txl.configure_threads(command=...)`` before torch is
+  imported, as ``txl train`` and ``txl generate`` do);
+- ``torch``: PyTorch's default (its own thread count, OpenMP's default wait: libgomp spins 300,000 times);
+- ``one``: ``OMP_NUM_THREADS=1``;
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once; txl's default before the bounded spin);
+- ``spin1k`` ... ``spin100k``: ``GOMP_SPINCOUNT=1000`` ... ``100000`` (libgomp's bounded spin, then sleep).
 
 Modes: ``train``, the small config of ``benchmarks/train_eval.py`` (vocab 10k full softmax, 4 layers, d_model 128,
 4 heads x 32, d_inner 512, segment 64, memory 64, batch 16; forward, backward, txl's AdamW step), tokens/s = B*T
@@ -33,16 +38,28 @@ import subprocess
 import sys
 import time
 
-POLICIES = ("txl", "torch", "one")
+POLICIES: dict[str, dict[str, str]] = {
+    "txl": {},  # txl.configure_threads(command=...) in the worker
+    "torch": {},
+    "one": {"OMP_NUM_THREADS": "1"},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "spin1k": {"GOMP_SPINCOUNT": "1000"},
+    "spin3k": {"GOMP_SPINCOUNT": "3000"},
+    "spin10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin30k": {"GOMP_SPINCOUNT": "30000"},
+    "spin100k": {"GOMP_SPINCOUNT": "100000"},
+}
+"""Each policy's environment on top of this shell's, less its ``OMP_*`` variables; ``txl`` sets its own."""
+DEFAULT_POLICIES = ("txl", "torch", "one")
 MODES = ("train", "generate")
+COMMANDS = {"train": "train", "generate": "generate"}
+"""The ``txl`` command whose thread policy each mode runs under (``txl train``, ``txl generate``)."""
 _CLEARED = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GOMP_SPINCOUNT", "TXL_THREADS_CHOSEN")
 
 
 def _policy_env(policy: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-    if policy == "one":
-        env["OMP_NUM_THREADS"] = "1"
-    return env
+    return {**env, **POLICIES[policy]}
 
 
 def _median_rate(step, *, count: int, steps: int, max_seconds: float) -> tuple[float, int]:
@@ -61,7 +78,7 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     if policy == "txl":
         from txl.threads import configure_threads
 
-        configure_threads()
+        configure_threads(command=COMMANDS[mode])
     import torch
 
     from txl import Span
@@ -100,7 +117,10 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
         rate, timed = _median_rate(
             chunk, count=args.gen_tokens, steps=args.steps, max_seconds=args.max_seconds
         )
-    return {"tokens_per_s": rate, "timed": timed, "threads": torch.get_num_threads()}
+    policy_env = {
+        k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ
+    }
+    return {"tokens_per_s": rate, "timed": timed, "threads": torch.get_num_threads(), "env": policy_env}
 
 
 def _run_worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
@@ -124,6 +144,18 @@ def _stop_load(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
+def _ratios(medians: dict[str, float]) -> dict[str, float]:
+    """txl's median over one thread's, PyTorch's default's and the fastest policy's; the fastest's name."""
+    out: dict = {}
+    if "txl" in medians:
+        for other in ("one", "torch"):
+            if other in medians:
+                out[f"txl_vs_{other}"] = round(medians["txl"] / medians[other], 3)
+        out["txl_vs_fastest"] = round(medians["txl"] / max(medians.values()), 3)
+    out["fastest"] = max(medians, key=medians.get)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -140,25 +172,36 @@ def main() -> None:
     parser.add_argument(
         "--gen-tokens", type=int, default=50, help="new tokens per generation chunk (default: 50)"
     )
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        choices=list(POLICIES),
+        default=list(DEFAULT_POLICIES),
+        help=f"policies to compare (default: {' '.join(DEFAULT_POLICIES)})",
+    )
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--policy", choices=POLICIES, help=argparse.SUPPRESS)
+    parser.add_argument("--policy", choices=list(POLICIES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.policy, args)))
         return
 
+    policies = list(dict.fromkeys(args.policies))
     runs: dict[tuple[str, int], dict[str, list[dict]]] = {}
     loadavg: dict[tuple[str, int], list[list[float]]] = {}
     for round_ in range(args.repeats):
         for mode in args.modes:
             for load in args.loads if round_ % 2 == 0 else reversed(args.loads):
-                order = POLICIES[round_ % 3 :] + POLICIES[: round_ % 3]
+                shift = round_ % len(policies)
+                order = policies[shift:] + policies[:shift]
                 procs = _start_load(load)
                 try:
                     time.sleep(0.5 if load else 0)  # let the competing processes get going
                     before = os.getloadavg()[0]
                     for policy in order:
                         result = _run_worker(mode, policy, args)
+                        progress = {"round": round_, "mode": mode, "load": load, "policy": policy}
+                        print(json.dumps({**progress, **result}), file=sys.stderr, flush=True)
                         runs.setdefault((mode, load), {}).setdefault(policy, []).append(result)
                     loadavg.setdefault((mode, load), []).append(
                         [round(before, 2), round(os.getloadavg()[0], 2)]
@@ -167,16 +210,15 @@ def main() -> None:
                     _stop_load(procs)
     summary = []
     for (mode, load), by_policy in runs.items():
-        medians = {p: statistics.median(r["tokens_per_s"] for r in by_policy[p]) for p in POLICIES}
+        medians = {p: statistics.median(r["tokens_per_s"] for r in by_policy[p]) for p in policies}
         line = {
             "mode": mode,
             "competing_processes": load,
             "tokens_per_s": {p: round(v, 1) for p, v in medians.items()},
-            "runs": {p: [round(r["tokens_per_s"], 1) for r in by_policy[p]] for p in POLICIES},
-            "threads": {p: by_policy[p][0]["threads"] for p in POLICIES},
-            "txl_vs_one": round(medians["txl"] / medians["one"], 3),
-            "txl_vs_torch": round(medians["txl"] / medians["torch"], 3),
-            "txl_vs_fastest": round(medians["txl"] / max(medians.values()), 3),
+            "runs": {p: [round(r["tokens_per_s"], 1) for r in by_policy[p]] for p in policies},
+            "threads": {p: by_policy[p][0]["threads"] for p in policies},
+            "env": {p: by_policy[p][0]["env"] for p in policies},
+            **_ratios(medians),
             "loadavg_1min_before_after": loadavg[(mode, load)],
         }
         summary.append(line)

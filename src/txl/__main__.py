@@ -6,7 +6,7 @@ import sys
 
 from .threads import at_launch
 
-at_launch()
+at_launch(sys.argv[1:])
 
 from .cli import main  # noqa: E402  (after the thread policy: the CLI's commands import torch)
 from .distributed import under_torchrun  # noqa: E402

@@ -1334,9 +1334,9 @@ def _os_error_line(exc: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    at_launch()  # the thread policy, while torch is not imported yet (this module must not import it)
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    at_launch(argv)  # the command's thread policy, before torch is imported (this module must not import it)
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except _UsageError as exc:

@@ -1,22 +1,35 @@
-"""The CPU thread policy of txl's entry points: how many OpenMP threads, and whether an idle one sleeps or spins,
-chosen before torch starts its thread pool. It imports no torch; library use changes nothing unless asked.
+"""The CPU thread policy of txl's entry points: how many OpenMP threads, and how long an idle one spins before
+it sleeps, chosen per command before torch starts its thread pool. It imports no torch; library use changes
+nothing unless asked.
 
-OpenMP (libgomp, which PyTorch's CPU builds use) reads ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` once, when
-torch is imported. With its default wait policy an idle worker thread spins for a while before it sleeps; when
-another process holds a core, every parallel region then waits for a thread that is not running: on a 2-core
-machine with two competing processes, training was measured 10 times slower than with
-``OMP_WAIT_POLICY=PASSIVE``, and generation at batch 1 84 times (``benchmarks/threads.py``). So ``txl ...``, ``python -m txl`` and the torchrun workers set, unless the user did:
+OpenMP (libgomp, which PyTorch's Linux CPU wheels ship and use) reads ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``
+and ``GOMP_SPINCOUNT`` once, when torch is imported. An idle worker thread spins ``GOMP_SPINCOUNT`` times
+before it sleeps: 300,000 spins (a few milliseconds) by default, none with ``OMP_WAIT_POLICY=PASSIVE``. Long
+spins are ruinous when another process holds a core (every parallel region waits for a thread that is not
+running); no spin at all costs on a quiet machine (each parallel region pays for waking its threads). So
+``txl ...``, ``python -m txl`` and the torchrun workers set, per :data:`POLICIES` and unless the user did:
 
-- ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once;
-- ``OMP_NUM_THREADS``: the cores this process may use (the physical cores of its CPU affinity, capped by a
-  cgroup v2 ``cpu.max`` or v1 CFS quota, rounded up), divided among the local processes under torchrun
-  (``LOCAL_WORLD_SIZE``).
+- for training, evaluation and every command but two (:data:`Workload` ``batches``): ``OMP_NUM_THREADS``, the
+  cores this process may use (the physical cores of its CPU affinity, capped by a cgroup v2 ``cpu.max`` or v1
+  CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``);
+  ``GOMP_SPINCOUNT=1000``, a spin of about 10 microseconds (libgomp's estimate) before sleeping; and
+  ``OMP_WAIT_POLICY=PASSIVE`` for the runtimes that do not read ``GOMP_SPINCOUNT`` (LLVM's libomp);
+- for ``generate`` and ``serve`` (``tokens``: one position at a time, many tiny parallel regions):
+  ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's).
 
-What the user set always wins: an ``OMP_NUM_THREADS`` or ``OMP_WAIT_POLICY`` of their own is left as it is
-(torchrun's own ``OMP_NUM_THREADS=1`` for its workers, set when there is none, counts as the user's: give one,
-or use ``txl train --nproc N``, whose workers divide the cores), and ``torch.set_num_threads`` later on sets
-the count. The values txl wrote are recorded in ``TXL_THREADS_CHOSEN``, so that a txl process started by one
-(torchrun's workers) chooses again for itself instead of taking its parent's choice for the user's.
+Nothing is measured at launch (the machine's load): a command's results never depend on it. On 2 cores,
+with 2 competing processes, PyTorch's default trained 2.3 times and generated 110 times slower than these
+choices; they cost 20% of the fastest policy's training speed on a quieter machine, and lose to a passive
+wait under load by 10% (``benchmarks/threads.py``; ``docs/benchmarks.md`` has the figures and the goals left
+unmet).
+
+What the user set always wins: an ``OMP_NUM_THREADS`` of their own is left as it is, and so are both wait
+variables when they set either ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (a spin count of txl's would
+override their wait policy); torchrun's own ``OMP_NUM_THREADS=1`` for its workers, set when there is none,
+counts as the user's: give one, or use ``txl train --nproc N``, whose workers divide the cores; and
+``torch.set_num_threads`` later on sets the count. The values txl wrote are recorded in
+``TXL_THREADS_CHOSEN``, so that a txl process started by one (torchrun's workers) chooses again for itself
+instead of taking its parent's choice for the user's.
 """
 
 from __future__ import annotations
@@ -24,12 +37,19 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 __all__ = [
     "ThreadSettings",
+    "Workload",
+    "WorkloadPolicy",
+    "POLICIES",
+    "DECODING_COMMANDS",
+    "workload",
+    "command_of",
     "choose_threads",
     "usable_cores",
     "physical_cores",
@@ -42,24 +62,62 @@ __all__ = [
 CHOSEN_VAR = "TXL_THREADS_CHOSEN"
 """The environment variable where txl records the values it wrote, as ``NAME=VALUE`` pairs joined by ``,``."""
 
-_NUM, _WAIT = "OMP_NUM_THREADS", "OMP_WAIT_POLICY"
+_NUM, _WAIT, _SPIN = "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"
+
+Workload = Literal["batches", "tokens"]
+"""What a command's parallel regions look like: ``batches`` (training, evaluation: large matrix products over a
+batch of segments) or ``tokens`` (decoding one position at a time at a small batch: many tiny regions)."""
+
+DECODING_COMMANDS = frozenset({"generate", "serve"})
+"""The ``txl`` commands whose work is :data:`Workload` ``tokens``; every other command's is ``batches``."""
+
+
+@dataclass(frozen=True)
+class WorkloadPolicy:
+    """txl's choice for one :data:`Workload`: ``threads`` (``"cores"``: the cores this process may use; or a
+    fixed count), ``wait_policy`` (``OMP_WAIT_POLICY``, which every OpenMP runtime reads) and ``spin_count``
+    (libgomp's ``GOMP_SPINCOUNT``, which bounds the spin where the wait policy alone would not; None: the wait
+    policy's own)."""
+
+    threads: int | Literal["cores"]
+    wait_policy: str
+    spin_count: int | None
+
+
+POLICIES: dict[Workload, WorkloadPolicy] = {
+    "batches": WorkloadPolicy(threads="cores", wait_policy="PASSIVE", spin_count=1000),
+    "tokens": WorkloadPolicy(threads=1, wait_policy="PASSIVE", spin_count=None),
+}
+"""txl's policy per workload, chosen on the figures of ``benchmarks/threads.py`` (``docs/benchmarks.md``): for
+batches, every core and a spin of 1,000 (about 10 microseconds by libgomp's own estimate of 100,000 spins a
+millisecond) before sleeping; for tokens, one thread (and, where the user asks for more, a passive wait)."""
+
+
+def workload(command: str | None) -> Workload:
+    """The workload of the ``txl`` subcommand ``command`` (None: library use, ``batches``)."""
+    return "tokens" if command in DECODING_COMMANDS else "batches"
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in a ``txl`` command line without the program name: its first word that is not an option
+    (txl's top-level options take no values), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 @dataclass(frozen=True)
 class ThreadSettings:
-    """What txl sets before torch starts: ``num_threads`` (``OMP_NUM_THREADS``) and ``wait_policy``
-    (``OMP_WAIT_POLICY``), each ``None`` where the user's own setting stands."""
+    """What txl sets before torch starts: ``num_threads`` (``OMP_NUM_THREADS``), ``wait_policy``
+    (``OMP_WAIT_POLICY``) and ``spin_count`` (``GOMP_SPINCOUNT``), each ``None`` where txl leaves it (the
+    user's own setting, or OpenMP's default)."""
 
     num_threads: int | None
-    wait_policy: str | None
+    wait_policy: str | None = None
+    spin_count: int | None = None
 
     def environ(self) -> dict[str, str]:
         """The environment variables to write: txl's choices and their record in :data:`CHOSEN_VAR`."""
-        chosen = {}
-        if self.num_threads is not None:
-            chosen[_NUM] = str(self.num_threads)
-        if self.wait_policy is not None:
-            chosen[_WAIT] = self.wait_policy
+        values = {_NUM: self.num_threads, _WAIT: self.wait_policy, _SPIN: self.spin_count}
+        chosen = {name: str(value) for name, value in values.items() if value is not None}
         return {**chosen, CHOSEN_VAR: ",".join(f"{name}={value}" for name, value in chosen.items())}
 
 
@@ -73,20 +131,25 @@ def _users(env: Mapping[str, str], name: str) -> bool:
     return ours.get(name) != value
 
 
-def choose_threads(env: Mapping[str, str], *, cores: int) -> ThreadSettings:
-    """txl's thread policy for a process with environment ``env`` that may use ``cores`` cores: a passive wait
-    policy and ``cores`` threads, divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this machine; at
-    least one thread each), except where ``env`` holds the user's own ``OMP_WAIT_POLICY`` or
-    ``OMP_NUM_THREADS``. Pure: it reads only its arguments."""
+def choose_threads(env: Mapping[str, str], *, cores: int, command: str | None = None) -> ThreadSettings:
+    """txl's thread policy for the ``txl`` subcommand ``command`` (None: library use) in a process with
+    environment ``env`` that may use ``cores`` cores: the :data:`POLICIES` entry of its :func:`workload`, its
+    ``"cores"`` divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this machine; at least one thread
+    each), except where ``env`` holds the user's own ``OMP_NUM_THREADS`` (the count stands) or
+    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (both wait settings stand). Pure: it reads only its arguments."""
     if cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
     try:
         local = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         local = 1
+    policy = POLICIES[workload(command)]
+    threads = max(1, cores // local) if policy.threads == "cores" else policy.threads
+    users_wait = _users(env, _WAIT) or _users(env, _SPIN)
     return ThreadSettings(
-        num_threads=None if _users(env, _NUM) else max(1, cores // local),
-        wait_policy=None if _users(env, _WAIT) else "PASSIVE",
+        num_threads=None if _users(env, _NUM) else threads,
+        wait_policy=None if users_wait else policy.wait_policy,
+        spin_count=None if users_wait else policy.spin_count,
     )
 
 
@@ -181,34 +244,35 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
-def configure_threads(num_threads: int | None = None) -> ThreadSettings:
+def configure_threads(num_threads: int | None = None, *, command: str | None = None) -> ThreadSettings:
     """Apply txl's thread policy to this process, for library use (txl's entry points do it by themselves):
-    ``num_threads`` threads if given, else :func:`choose_threads`'s count, and a passive wait policy unless
-    ``OMP_WAIT_POLICY`` is set. Returns what it set.
+    ``num_threads`` threads if given, else :func:`choose_threads`'s count, and the wait settings of
+    ``command``'s workload (None: ``batches``; ``"generate"`` for decoding) unless ``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT`` is set. Returns what it set.
 
     Called before torch is imported, it writes the environment variables, which OpenMP reads when torch loads
-    (subprocesses inherit them). Once torch is imported, OpenMP has read its wait policy and only the count
+    (subprocesses inherit them). Once torch is imported, OpenMP has read its wait settings and only the count
     can change: it calls ``torch.set_num_threads``."""
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)):
         raise TypeError(f"num_threads must be an int, got {num_threads!r}")
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-    settings = choose_threads(os.environ, cores=usable_cores())
+    settings = choose_threads(os.environ, cores=usable_cores(), command=command)
     if num_threads is not None:
         settings = replace(settings, num_threads=num_threads)
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
-        return ThreadSettings(num_threads=torch.get_num_threads(), wait_policy=None)
+        return ThreadSettings(num_threads=torch.get_num_threads())
     os.environ.update(settings.environ())
     return settings
 
 
-def at_launch() -> ThreadSettings | None:
-    """What an entry point calls first: :func:`configure_threads` when torch is not imported yet; when it is
-    (``txl.cli.main`` called from a program that uses torch), the host owns its threads and nothing changes
-    (None)."""
+def at_launch(argv: Sequence[str] = ()) -> ThreadSettings | None:
+    """What an entry point calls first, with its command line ``argv`` (without the program name):
+    :func:`configure_threads` for its subcommand when torch is not imported yet; when it is (``txl.cli.main``
+    called from a program that uses torch), the host owns its threads and nothing changes (None)."""
     if "torch" in sys.modules:
         return None
-    return configure_threads()
+    return configure_threads(command=command_of(argv))
