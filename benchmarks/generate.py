@@ -254,12 +254,13 @@ def main() -> None:
     parser.add_argument(
         "--ragged", action="store_true", help="8 prompts of 8 lengths: one batch vs one by one"
     )
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak_child:
         peak_child(args.peak_child, args.memory[0])
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.ragged:
         for mem_len in args.memory or [64]:
             print(json.dumps(bench_ragged(mem_len, repeats=args.repeats)), flush=True)
