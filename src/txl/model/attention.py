@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "rel_shift",
     "RelativeContext",
+    "AbsoluteContext",
     "MultiHeadAttention",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
@@ -103,13 +104,23 @@ class _RelShift(torch.autograd.Function):
 class RelativeContext:
     """What relative attention needs besides the hidden states, built once per forward by the model.
 
-    pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: (T, K) True where attention is blocked;
-    u, v: (H, Dh) the global content and position biases of this layer."""
+    pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: True where attention is blocked, (T, K)
+    for every row alike, or (B, 1, T, K) one per row (documents, see ``document_mask``); u, v: (H, Dh) the
+    global content and position biases of this layer."""
 
     pos: Tensor
     mask: Tensor
     u: Tensor
     v: Tensor
+
+
+@dataclass(frozen=True)
+class AbsoluteContext:
+    """What absolute attention (the vanilla baseline) needs besides the hidden states when documents begin
+    inside the segment: mask (B, 1, T, T), True where attention is blocked (the future, and keys before the
+    query's document). Without starts the baseline gets no context and attends causally."""
+
+    mask: Tensor
 
 
 class MultiHeadAttention(nn.Module):
@@ -141,7 +152,9 @@ class MultiHeadAttention(nn.Module):
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
         """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
         raise NotImplementedError
 
@@ -150,7 +163,7 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         *,
         memory: Tensor | None = None,
-        context: RelativeContext | None = None,
+        context: RelativeContext | AbsoluteContext | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
         """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
@@ -191,8 +204,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = (content + self.position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
-        if context is None:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
+        if not isinstance(context, RelativeContext):
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
         if q.device.type != "cpu":
             return self.attend_fused(q, k, v, context)
@@ -210,7 +225,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
             position.reshape(b * h, t, kk), content_q, k.reshape(b * h, kk, dh).transpose(1, 2)
         )
         with torch.no_grad():  # masked entries get probability 0, so their gradient is 0 without autograd's
-            score.masked_fill_(context.mask, float("-inf"))  # masked_fill backward (a copy of the scores)
+            if context.mask.dim() == 2:  # masked_fill backward (a copy of the scores)
+                score.masked_fill_(context.mask, float("-inf"))
+            else:  # one mask per row (documents), (B, 1, T, K) over (B, H, T, K)
+                score.view(b, h, t, kk).masked_fill_(context.mask, float("-inf"))
         attn = F.dropout(torch.softmax(score.view(b, h, t, kk), dim=-1), self.dropatt, self.training)
         return attn @ v  # (B, H, T, Dh)
 
@@ -238,18 +256,26 @@ class AbsoluteMultiHeadAttention(MultiHeadAttention):
         x: Tensor,
         *,
         memory: Tensor | None = None,
-        context: RelativeContext | None = None,
+        context: RelativeContext | AbsoluteContext | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
-        if memory is not None or context is not None or cache is not None:
+        if memory is not None or isinstance(context, RelativeContext) or cache is not None:
             raise ValueError(
                 "absolute attention (the vanilla baseline) takes no memory, cache or relative positions"
             )
-        return super().forward(x)
+        return super().forward(x, context=context)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
+        dropout = self.dropatt if self.training else 0.0
+        if context is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale
+            )  # (B, H, T, Dh)
+        # documents: block-diagonal per row (the kernel's boolean mask is True where attention is allowed)
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropatt if self.training else 0.0, scale=self.scale
+            q, k, v, attn_mask=~context.mask, dropout_p=dropout, scale=self.scale
         )  # (B, H, T, Dh)
 
 
