@@ -252,7 +252,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             device=args.device,
             max_tokens=args.max_tokens,
             progress=not args.quiet,
-            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"),
+            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
         )
     print(json.dumps(record))
     return 0
@@ -1147,6 +1147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=_positive_int, help="parallel streams (default: the run's eval.batch_size)"
     )
     p.add_argument("--max-tokens", type=_positive_int, help="evaluate only the first N tokens")
+    p.add_argument(
+        "--documents",
+        choices=["continue", "reset"],
+        help="at a document boundary read on (continue) or start anew (reset; needs a corpus of documents); "
+        "default: the run's data.documents",
+    )
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")
