@@ -222,7 +222,7 @@ def test_large_vocabulary_decodes_with_the_output_in_blocks():
         prompt = torch.randint(0, 4099, (2, 6), generator=torch.Generator().manual_seed(4))
         ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 30)
         gen = generate(model, prompt, max_new_tokens=30, temperature=0, return_scores=True)
-        tables = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)  # the memo generate made
+        tables = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)  # the memo generate made
         assert tables.output is not None and tables.output.weight.shape == (2, 16, 2050)
     finally:
         torch.set_num_threads(threads)
@@ -236,20 +236,20 @@ def test_decoding_tables_are_remembered_until_a_weight_changes():
     model."""
     model = _model()
     prompt = _prompt()
-    first = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)
-    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is first
+    first = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)
+    assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is first
     generate(model, prompt, max_new_tokens=3, temperature=0)
-    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is first
+    assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is first
     with torch.no_grad():
         model.layers[1].ff.net[3].weight.mul_(-1.5)  # in place: same storage, new version
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 20)
     gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
-    second = decoding_tables(model, reach=12, clamp_len=None, batch_size=2)
-    assert second is not first and decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is second
+    second = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)
+    assert second is not first and decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is second
     model.load_state_dict(model.state_dict())
-    assert decoding_tables(model, reach=12, clamp_len=None, batch_size=2) is not second
+    assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is not second
     assert not any(isinstance(value, DecodingTables) for value in vars(model).values())
     model.double()
     gen = generate(model, prompt, max_new_tokens=20, temperature=0, return_scores=True)

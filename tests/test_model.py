@@ -638,6 +638,7 @@ def test_forward_takes_exactly_the_documented_arguments():
         "span",
         "cache",
         "last_only",
+        "starts",
     ]
     assert TransformerXL.train is torch.nn.Module.train
 

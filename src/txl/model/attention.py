@@ -103,8 +103,9 @@ class _RelShift(torch.autograd.Function):
 class RelativeContext:
     """What relative attention needs besides the hidden states, built once per forward by the model.
 
-    pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: (T, K) True where attention is blocked;
-    u, v: (H, Dh) the global content and position biases of this layer."""
+    pos: (K, D) sinusoids of the distances K-1..0 (clamped); mask: True where attention is blocked, (T, K)
+    for every row alike, or (B, 1, T, K) one per row (documents, see ``document_mask``); u, v: (H, Dh) the
+    global content and position biases of this layer."""
 
     pos: Tensor
     mask: Tensor
@@ -209,9 +210,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = torch.baddbmm(
             position.reshape(b * h, t, kk), content_q, k.reshape(b * h, kk, dh).transpose(1, 2)
         )
+        score = score.view(b, h, t, kk)  # (B, H, T, K)
         with torch.no_grad():  # masked entries get probability 0, so their gradient is 0 without autograd's
             score.masked_fill_(context.mask, float("-inf"))  # masked_fill backward (a copy of the scores)
-        attn = F.dropout(torch.softmax(score.view(b, h, t, kk), dim=-1), self.dropatt, self.training)
+        attn = F.dropout(torch.softmax(score, dim=-1), self.dropatt, self.training)
         return attn @ v  # (B, H, T, Dh)
 
     def attend_fused(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext) -> Tensor:

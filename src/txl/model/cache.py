@@ -20,15 +20,22 @@ positions (:meth:`LayerCache.unprojected`, then :meth:`LayerCache.append` of bot
     cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
     out = model(prompt, cache=cache, last_only=True)     # out.log_probs (B, 1, V); keys/values appended
     cache.memory()                                       # == the memory the segment-wise model would carry
+
+Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
+belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
+starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
+into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ..config import Span, TransformerXLConfig
-from .memory import Memory
+from .memory import Memory, next_reach
 
 __all__ = ["KVCache", "LayerCache"]
 
@@ -118,11 +125,11 @@ class KVCache:
         self.config = config
         self.span = span
         self.batch_size = batch_size
-        self.reach = max(span.mem_len, m0)
+        self.longest = max(span.mem_len, m0)
         """The most positions ever remembered at once (``mem_len``, or a longer memory given at the start)."""
         self._slack = max(span.mem_len // 4, 16)  # room to slide before moving back
         n, b, h, dh, d = config.n_layer, batch_size, config.n_head, config.d_head, config.d_model
-        slots = self.reach + self._slack
+        slots = self.longest + self._slack
         self.hidden = torch.zeros(n, b, slots, d, dtype=dtype, device=device)  # (L, B, S, D)
         self.kv = torch.zeros(n, 2, b, h, slots, dh, dtype=dtype, device=device)  # (L, 2, B, H, S, Dh)
         if memory is not None:
@@ -134,6 +141,11 @@ class KVCache:
         """One past the last remembered slot (where the next positions are written)."""
         self.projected = 0
         """One past the last slot whose keys and values are stored (``end`` once a segment went through)."""
+        self.reach: Tensor | None = None
+        """(B,) int64 or None: how many of the last remembered positions belong to each row's current document
+        (as :attr:`Memory.reach`; None: all of them)."""
+        if memory is not None and memory.reach is not None:
+            self.reach = memory.reach.to(device=self.hidden.device, copy=True)
         self.layers = tuple(LayerCache(self, i) for i in range(n))
 
     @property
@@ -155,12 +167,60 @@ class KVCache:
         return self.hidden.shape[2]
 
     def memory(self) -> Memory | None:
-        """The remembered hidden states as a :class:`Memory` (copies; None when nothing is remembered yet)."""
+        """The remembered hidden states as a :class:`Memory`, with the reach (copies; None when nothing is
+        remembered yet)."""
         if self.end == self.start:
             return None
         return Memory(
-            tuple(self.hidden[i, :, self.start : self.end].clone() for i in range(len(self.layers)))
+            tuple(self.hidden[i, :, self.start : self.end].clone() for i in range(len(self.layers))),
+            reach=None if self.reach is None else self.reach.clone(),
         )
+
+    def full_reach(self) -> Tensor:
+        """The reach, with None spelled out: (B,) int64, the window's length for every row without one."""
+        if self.reach is not None:
+            return self.reach
+        return torch.full((self.batch_size,), self.length, dtype=torch.int64, device=self.device)
+
+    def reset_rows(self, rows: Tensor | Sequence[int] | slice) -> None:
+        """Those rows start anew: their reach becomes 0, so nothing they remember is attended (nothing else
+        changes; no other row is touched)."""
+        reach = self.full_reach().clone()
+        reach[_rows(rows, self.device)] = 0
+        self.reach = reach
+
+    def put_rows(self, rows: Tensor | Sequence[int] | slice, source: KVCache) -> None:
+        """Copy ``source``'s remembered window (hidden states, keys and values; all projected) into ``rows`` of
+        this cache, aligned at the end of this cache's window, and give those rows the source's reach (its
+        length when it has none). The rows then continue exactly as the source would: their older slots are
+        out of reach. Needs ``self.length >= source.length`` (a server keeps its shared cache full by building
+        it from ``Memory.zeros(config, B, mem_len)``)."""
+        index = _rows(rows, self.device)
+        n = torch.arange(self.batch_size, device=self.device)[index].numel()
+        sizes = ("n_layer", "n_head", "d_head", "d_model")
+        if any(getattr(self.config, f) != getattr(source.config, f) for f in sizes):
+            raise ValueError(f"put_rows: the source cache was built for other sizes ({', '.join(sizes)})")
+        if source.dtype != self.dtype or source.device != self.device:
+            raise ValueError(
+                f"put_rows: the source holds {source.dtype} on {source.device}, this cache {self.dtype} on "
+                f"{self.device}"
+            )
+        if n != source.batch_size:
+            raise ValueError(f"put_rows: {n} rows given, the source cache has {source.batch_size}")
+        if source.projected != source.end:
+            raise ValueError("put_rows: the source has unprojected memory (feed it a segment first)")
+        if source.length > self.length:
+            raise ValueError(
+                f"put_rows: the source remembers {source.length} positions, this cache's window only "
+                f"{self.length} (build it from Memory.zeros(config, B, mem_len))"
+            )
+        m = source.length
+        first = self.end - m
+        self.hidden[:, index, first : self.end] = source.hidden[:, :, source.start : source.end]
+        self.kv[:, :, index, :, first : self.end] = source.kv[:, :, :, :, source.start : source.end]
+        reach = self.full_reach().clone()
+        reach[index] = source.full_reach()
+        self.reach = reach
 
     def make_room(self, t: int) -> None:
         """Ensure T more positions fit after the memory: move the remembered slots to the front when the
@@ -194,9 +254,21 @@ class KVCache:
         """The keys and values of every remembered position are stored now (a memory was bound)."""
         self.projected = self.end
 
-    def advance(self, t: int) -> None:
+    def advance(self, t: int, *, starts: Tensor | None = None) -> None:
         """After a step of T positions, whose keys and values are stored (with those of any unprojected
-        memory): they join the memory, and the oldest beyond ``mem_len`` leave it."""
+        memory): they join the memory, and the oldest beyond ``mem_len`` leave it. ``starts`` (B, T) bool:
+        where documents began in the step (the reach moves as :func:`~txl.model.memory.next_reach`)."""
+        if starts is not None or self.reach is not None:
+            before = self.full_reach()
         self.end += t
         self.projected = self.end
         self.start = max(self.start, self.end - self.span.mem_len)
+        if starts is not None or self.reach is not None:
+            self.reach = next_reach(before, starts, t=t, length=self.length)
+
+
+def _rows(rows: Tensor | Sequence[int] | slice, device: torch.device) -> Tensor | slice:
+    """Batch rows as an index: a slice or tensor as given, a sequence of ints as an int64 tensor."""
+    if isinstance(rows, (slice, Tensor)):
+        return rows
+    return torch.as_tensor(list(rows), dtype=torch.long, device=device)

@@ -40,6 +40,7 @@ __all__ = [
     "attention_step",
     "bind_memory",
     "decoding_tables",
+    "document_bias",
     "feed_forward_step",
     "weights_key",
 ]
@@ -133,12 +134,12 @@ def _output_blocks(model: TransformerXL) -> int:
     return min(torch.get_num_threads(), 4) if model.config.vocab_size >= 4096 else 1
 
 
-def weights_key(model: TransformerXL, *, reach: int, clamp_len: int | None, batch_size: int) -> tuple:
+def weights_key(model: TransformerXL, *, longest: int, clamp_len: int | None, batch_size: int) -> tuple:
     """What decoding tables depend on: the settings, the output's column blocks (from the thread count), and
     every parameter's storage and version counter (an in-place change, as an optimizer step, bumps it)."""
     params = list(model.parameters())
     return (
-        reach,
+        longest,
         clamp_len,
         batch_size,
         _output_blocks(model),
@@ -172,17 +173,17 @@ _MEMO: weakref.WeakKeyDictionary[TransformerXL, DecodingTables] = weakref.WeakKe
 
 
 def decoding_tables(
-    model: TransformerXL, *, reach: int, clamp_len: int | None, batch_size: int
+    model: TransformerXL, *, longest: int, clamp_len: int | None, batch_size: int
 ) -> DecodingTables:
-    """The :class:`DecodingTables` of ``model`` for key windows of up to ``reach`` + 1 positions and
+    """The :class:`DecodingTables` of ``model`` for key windows of up to ``longest`` + 1 positions and
     ``batch_size`` rows: the remembered ones while :func:`weights_key` is unchanged, else made anew."""
-    key = weights_key(model, reach=reach, clamp_len=clamp_len, batch_size=batch_size)
+    key = weights_key(model, longest=longest, clamp_len=clamp_len, batch_size=batch_size)
     memo = _MEMO.get(model)
     if memo is not None and memo.key == key:
         return memo
     with torch.no_grad():
         param = model.u
-        distances = relative_distances(reach + 1, clamp_len=clamp_len, device=param.device)  # (R,)
+        distances = relative_distances(longest + 1, clamp_len=clamp_len, device=param.device)  # (R,)
         pos = sinusoid(distances, model.config.d_model, dtype=param.dtype)  # (R, D)
         layers = tuple(
             _layer_tables(layer, pos, u=u, v=v, batch_size=batch_size)
@@ -197,7 +198,14 @@ def decoding_tables(
 
 
 def attention_step(
-    x: Tensor, tables: AttentionTables, rel: Tensor, cache: LayerCache, *, first: int, residual: Tensor
+    x: Tensor,
+    tables: AttentionTables,
+    rel: Tensor,
+    cache: LayerCache,
+    *,
+    first: int,
+    residual: Tensor,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """One new position per row against the cache, no dropout: x (B, D) -> residual + attention (B, D).
 
@@ -206,7 +214,10 @@ def attention_step(
     the oldest keys out under ``same_length``), and batched matmuls with a plain softmax, which for one query
     cost less than the fused kernel's set-up. Every tensor op costs microseconds of dispatch whatever its
     size, so this path issues few: u rides in the projection as a bias, the scale and the position term enter
-    through one ``baddbmm``, the residual through the output projection's ``addmm``."""
+    through one ``baddbmm``, the residual through the output projection's ``addmm``.
+
+    ``bias``: (B*H, 1, K), 0 where a key may be attended and -inf where it lies before the row's document
+    (:func:`document_bias`); it rides in the position term's matmul (None: every key in view, no extra op)."""
     b = x.shape[0]
     h, dh = tables.v_minus_u.shape
     qkv = torch.addmm(tables.q_bias, x, tables.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
@@ -214,7 +225,10 @@ def attention_step(
     q_u = qkv[:, 0]  # (B, H, Dh)
     q_v = (q_u + tables.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
     scale = tables.scale
-    position = torch.bmm(q_v, rel)  # (B*H, 1, K): terms (b) + (d)
+    if bias is None:
+        position = torch.bmm(q_v, rel)  # (B*H, 1, K): terms (b) + (d)
+    else:
+        position = torch.baddbmm(bias, q_v, rel)  # (B*H, 1, K): terms (b) + (d), -inf before the document
     score = torch.baddbmm(position, q_u.reshape(b * h, 1, dh), k_t, beta=scale, alpha=scale)  # (B*H, 1, K)
     attn = torch.bmm(torch.softmax(score, dim=-1), v)  # (B*H, 1, Dh)
     return torch.addmm(residual, attn.view(b, h * dh), tables.out_t)  # (B, D)
@@ -226,15 +240,36 @@ def feed_forward_step(x: Tensor, weights: tuple[Tensor, Tensor, Tensor, Tensor])
     return torch.addmm(b2, torch.addmm(b1, x, w1_t).relu_(), w2_t)
 
 
-def layer_step(x: Tensor, tables: LayerTables, rel: Tensor, cache: LayerCache, *, first: int) -> Tensor:
+def layer_step(
+    x: Tensor,
+    tables: LayerTables,
+    rel: Tensor,
+    cache: LayerCache,
+    *,
+    first: int,
+    bias: Tensor | None = None,
+) -> Tensor:
     """One decoder layer (``DecoderLayer.forward``'s maths) on one new position per row: x (B, D) -> (B, D),
-    with functions instead of module calls (the per-call overhead is a visible share of a token's time)."""
+    with functions instead of module calls (the per-call overhead is a visible share of a token's time).
+    ``bias``: the document bias of :func:`attention_step`, or None."""
     norm = torch.layer_norm
+    attn = tables.attention
     if tables.pre_norm:
-        x = attention_step(norm(x, *tables.attn_norm), tables.attention, rel, cache, first=first, residual=x)
+        x = attention_step(norm(x, *tables.attn_norm), attn, rel, cache, first=first, residual=x, bias=bias)
         return x + feed_forward_step(norm(x, *tables.ff_norm), tables.ff)
-    x = norm(attention_step(x, tables.attention, rel, cache, first=first, residual=x), *tables.attn_norm)
+    x = norm(attention_step(x, attn, rel, cache, first=first, residual=x, bias=bias), *tables.attn_norm)
     return norm(x + feed_forward_step(x, tables.ff), *tables.ff_norm)
+
+
+def document_bias(reach: Tensor, starts: Tensor | None, *, k: int, heads: int, dtype: torch.dtype) -> Tensor:
+    """The additive bias (B*H, 1, K) of one new position per row that keeps its keys within its document:
+    of the K keys in view (the last is the new position itself), row b sees the last ``reach[b]`` remembered
+    ones, none where ``starts[b]`` (a new document begins at this position); -inf before them, 0 from them on."""
+    seen = reach if starts is None else torch.where(starts, 0, reach)  # (B,)
+    keys = torch.arange(k, device=reach.device)  # (K,)
+    blocked = keys < (k - 1 - seen)[:, None]  # (B, K)
+    bias = torch.zeros(blocked.shape, dtype=dtype, device=reach.device).masked_fill_(blocked, float("-inf"))
+    return bias[:, None, None, :].expand(-1, heads, 1, k).reshape(-1, 1, k)  # (B*H, 1, K)
 
 
 @torch.no_grad()
@@ -271,7 +306,7 @@ class Decoder:
     def _tables(self) -> DecodingTables:
         cache = self.cache
         return decoding_tables(
-            self.model, reach=cache.reach, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
+            self.model, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
         )
 
     @property
@@ -281,18 +316,20 @@ class Decoder:
         if self.tables is None:
             return False
         key = weights_key(
-            self.model, reach=cache.reach, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
+            self.model, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
         )
         return key != self.tables.key
 
-    def prefill(self, tokens: Tensor, *, chunk: int | None = None) -> Tensor:
+    def prefill(self, tokens: Tensor, *, starts: Tensor | None = None, chunk: int | None = None) -> Tensor:
         """Feed tokens (B, T) through the model with the cache, ``chunk`` positions at a time (default: all),
-        and return the log-probabilities (B, V) of the next token."""
+        and return the log-probabilities (B, V) of the next token. ``starts`` (B, T) bool: where documents
+        begin (as ``TransformerXL.forward``; e.g. at each row's first token of a left-padded batch)."""
         if self.stale:
             self.tables, self._rel = self._tables(), (-1, [])
         step = tokens.shape[1] if chunk is None else chunk
         for start in range(0, tokens.shape[1], step):
-            out = self.model(tokens[:, start : start + step], cache=self.cache, last_only=True)
+            part = None if starts is None else starts[:, start : start + step]
+            out = self.model(tokens[:, start : start + step], cache=self.cache, last_only=True, starts=part)
         return out.log_probs[:, -1]
 
     def _distances(self, k: int) -> list[Tensor]:
@@ -302,11 +339,24 @@ class Decoder:
         return self._rel[1]
 
     @torch.no_grad()
-    def step(self, token: Tensor) -> Tensor:
-        """One token per row, (B,) int64 -> log-probabilities (B, V) of the next one; the cache slides."""
+    def step(self, token: Tensor, *, starts: Tensor | None = None) -> Tensor:
+        """One token per row, (B,) int64 -> log-probabilities (B, V) of the next one; the cache slides.
+        ``starts`` (B,) bool: rows whose token begins a new document (it attends to nothing remembered)."""
         model, cache = self.model, self.cache
+        if starts is not None and (
+            not isinstance(starts, Tensor) or starts.dtype != torch.bool or starts.shape != token.shape
+        ):
+            got = (
+                f"{starts.dtype} {tuple(starts.shape)}"
+                if isinstance(starts, Tensor)
+                else type(starts).__name__
+            )
+            raise ValueError(
+                f"starts must be a bool tensor of the token's shape {tuple(token.shape)}, got {got}"
+            )
         if model.training or self.tables is None:
-            return model(token[:, None], cache=cache, last_only=True).log_probs[:, -1]
+            column = None if starts is None else starts[:, None]
+            return model(token[:, None], cache=cache, last_only=True, starts=column).log_probs[:, -1]
         if cache.projected != cache.end:
             bind_memory(model, cache)
         span = cache.span
@@ -315,15 +365,21 @@ class Decoder:
         if span.same_length:  # with a full memory the oldest key is out of view (attention_mask's rule)
             k = min(k, span.mem_len)
         first = cache.end + 1 - k
+        bias = None  # documents: the keys before each row's own are out of view
+        if starts is not None or cache.reach is not None:
+            heads = model.config.n_head
+            bias = document_bias(
+                cache.full_reach(), starts, k=k, heads=heads, dtype=cache.dtype
+            )  # (B*H, 1, K)
         h = model.embedding(token[:, None])[:, 0]  # (B, D)
         inputs = []
         for tables, rel, layer_cache in zip(
             self.tables.layers, self._distances(k), cache.layers, strict=True
         ):
             inputs.append(h)
-            h = layer_step(h, tables, rel, layer_cache, first=first)
+            h = layer_step(h, tables, rel, layer_cache, first=first, bias=bias)
         cache.store_inputs(inputs)
-        cache.advance(1)
+        cache.advance(1, starts=None if starts is None else starts[:, None])
         if model.norm is not None:
             h = model.norm(h)
         return self.log_probs(h)

@@ -12,6 +12,13 @@ size, V vocabulary, L layers.
     out.log_probs # (B, T, V) log-probabilities of the next token (no targets given)
     cache = KVCache(model.config, batch_size=B)            # keys and values of the memory projected once
     out = model(tokens, cache=cache, last_only=True)       # out.log_probs (B, 1, V); the cache slides
+    out = model(tokens, memory=memory, starts=starts)      # starts (B, T) bool: documents begin there
+
+Documents: with ``starts``, a token that begins a document, and every later token of its row, attends to
+nothing before it (neither earlier positions of the segment nor the memory); the memory carries each row's
+reach (:class:`Memory`), so that the boundary holds in the next segments too. The model computes everything
+as without starts and only masks more keys (:func:`document_mask`), so a document read after others gets
+exactly the losses it has read alone (to rounding) as long as the memory holds the whole document.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
-__all__ = ["TransformerXL", "ModelOutput", "attention_mask"]
+__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask"]
 
 
 @dataclass
@@ -73,6 +80,22 @@ def attention_mask(
         shift = t - excess if excess > 0 else t
         mask = mask | torch.tril(ones, diagonal=-shift)  # too far in the past
     return mask
+
+
+def document_mask(starts: Tensor | None, reach: Tensor, *, t: int, m: int) -> Tensor:
+    """(B, T, K) bool, True where query i of row b may NOT attend key j because j lies before the start of
+    i's document: the last start at or before i in the segment (``starts`` (B, T) bool, or None for none), or
+    for a query after no start, the first of the ``reach[b]`` last remembered positions (``reach`` (B,)
+    int64, at most M). Combine it with :func:`attention_mask` (the future, same_length)."""
+    positions = torch.arange(t, device=reach.device)  # (T,)
+    before = (m - reach)[:, None]  # (B, 1): the first key of the memory's own document
+    if starts is None:
+        first = before.expand(-1, t)  # (B, T)
+    else:
+        begun = torch.where(starts, positions, -1).cummax(dim=1).values  # (B, T): last start <= i, or -1
+        first = torch.where(begun >= 0, m + begun, before)  # (B, T): the first key query i may see
+    keys = torch.arange(m + t, device=reach.device)  # (K,)
+    return keys < first[:, :, None]  # (B, T, K)
 
 
 class TransformerXL(nn.Module):
@@ -151,13 +174,23 @@ class TransformerXL(nn.Module):
             )
 
     def _relative_contexts(
-        self, t: int, m: int, *, span: Span, device: torch.device, dtype: torch.dtype
+        self,
+        t: int,
+        m: int,
+        *,
+        span: Span,
+        device: torch.device,
+        dtype: torch.dtype,
+        documents: Tensor | None = None,
     ) -> list[RelativeContext]:
-        """Per-layer positions, mask and biases for T queries after M remembered positions."""
+        """Per-layer positions, mask and biases for T queries after M remembered positions; ``documents``
+        (B, T, K) the keys each row's queries may not see for document boundaries (:func:`document_mask`)."""
         cfg = self.config
         distances = relative_distances(m + t, clamp_len=span.clamp_len, device=device)  # (K,)
         pos = self.drop(sinusoid(distances, cfg.d_model, dtype=dtype))  # (K, D)
         mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=device)
+        if documents is not None:
+            mask = (mask | documents)[:, None]  # (B, 1, T, K): one mask per row, shared by the heads
         return [RelativeContext(pos=pos, mask=mask, u=u, v=v) for u, v in self._biases()]
 
     def _biases(self) -> list[tuple[Tensor, Tensor]]:
@@ -175,6 +208,7 @@ class TransformerXL(nn.Module):
         span: Span | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        starts: Tensor | None = None,
     ) -> ModelOutput:
         """tokens (B, T) int64; memory from the previous segment or None (empty); targets (B, T) int64 token ids
         in [0, V) (any other value is an error); ``span``: the memory length, clamp and same-length setting to
@@ -187,19 +221,29 @@ class TransformerXL(nn.Module):
         ``cache``: a :class:`KVCache` holding the memory (pass no ``memory``; ``span`` is the cache's). The
         keys and values of remembered positions come from it, this segment's are appended and the window
         slides; ``out.memory`` is then None (``cache.memory()`` has it). Equal to the call without a cache, but
-        computes no gradients."""
+        computes no gradients.
+
+        ``starts``: (B, T) bool, True where a token begins a new document: it and every later token of its
+        row attend to nothing before it (neither earlier positions nor the memory). ``out.memory.reach`` (or
+        the cache's) then carries the boundary into the next segments. None: one stream per row, as before."""
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         if cache is not None and torch.is_grad_enabled():
             with torch.no_grad():  # the cache keeps values, not a graph
                 return self.forward(
-                    tokens, memory=memory, targets=targets, span=span, cache=cache, last_only=last_only
+                    tokens,
+                    memory=memory,
+                    targets=targets,
+                    span=span,
+                    cache=cache,
+                    last_only=last_only,
+                    starts=starts,
                 )
         if cache is None:
             self._check_inputs(tokens, memory, targets)
         else:
             self._check_cache(tokens, cache, memory=memory, span=span, targets=targets)
-        h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache)
+        h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache, starts=starts)
         b, t = tokens.shape
         if targets is not None:
             flat = h.reshape(b * t, -1)  # (B*T, D)
@@ -252,6 +296,7 @@ class TransformerXL(nn.Module):
         memory: Memory | None = None,
         span: Span | None = None,
         cache: KVCache | None = None,
+        starts: Tensor | None = None,
     ) -> tuple[Tensor, Memory | None]:
         """The model before its softmax: final hidden states (B, T, D) of tokens (B, T) after ``memory``
         (after the final norm and dropout, what :meth:`forward` sends to the softmax), and the memory for the
@@ -259,8 +304,11 @@ class TransformerXL(nn.Module):
         to the softmax.
 
         The one layer loop: with a memory, every layer projects the keys and values of [memory ; current];
-        with a cache, it projects the current positions' only and reads the memory's from the cache."""
+        with a cache, it projects the current positions' only and reads the memory's from the cache.
+        ``starts``: document starts, as :meth:`forward`."""
         cfg = self.config
+        if starts is not None:
+            _check_starts(tokens, starts)
         span = (cfg.span if span is None else span) if cache is None else cache.span
         if cfg.attention != "relative" and span.mem_len > 0:
             raise ValueError(
@@ -271,10 +319,17 @@ class TransformerXL(nn.Module):
         contexts: list[RelativeContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
             if cache is not None:
-                m = cache.length
+                m, reach = cache.length, cache.reach
             else:
-                m = 0 if memory is None else memory.length
-            contexts = self._relative_contexts(t, m, span=span, device=tokens.device, dtype=h.dtype)
+                m, reach = (0, None) if memory is None else (memory.length, memory.reach)
+            documents = None
+            if starts is not None or reach is not None:  # else no mask per row: the plain path, as before
+                if reach is None:
+                    reach = torch.full((tokens.shape[0],), m, dtype=torch.int64, device=tokens.device)
+                documents = document_mask(starts, reach, t=t, m=m)  # (B, T, K)
+            contexts = self._relative_contexts(
+                t, m, span=span, device=tokens.device, dtype=h.dtype, documents=documents
+            )
         else:
             positions = torch.arange(t, device=tokens.device)
             h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only
@@ -293,11 +348,24 @@ class TransformerXL(nn.Module):
             h = layer(h, memory=layer_memory, context=contexts[index], cache=layer_cache)
         if cache is not None:
             cache.store_inputs(inputs)
-            cache.advance(t)
+            cache.advance(t, starts=starts)
             new_memory = None
+        elif span.mem_len > 0:
+            new_memory = update_memory(memory, inputs, mem_len=span.mem_len, starts=starts)
         else:
-            new_memory = update_memory(memory, inputs, mem_len=span.mem_len) if span.mem_len > 0 else None
+            new_memory = None
 
         if self.norm is not None:
             h = self.norm(h)
         return self.drop(h), new_memory
+
+
+def _check_starts(tokens: Tensor, starts: Tensor) -> None:
+    """``starts`` must be a bool tensor of the tokens' (B, T) shape, on their device."""
+    if not isinstance(starts, Tensor) or starts.dtype != torch.bool or starts.shape != tokens.shape:
+        got = f"{starts.dtype} {tuple(starts.shape)}" if isinstance(starts, Tensor) else type(starts).__name__
+        raise ValueError(
+            f"starts must be a bool tensor of the tokens' shape {tuple(tokens.shape)}, got {got}"
+        )
+    if starts.device != tokens.device:
+        raise ValueError(f"starts is on {starts.device}, the tokens on {tokens.device}")
