@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import STDLIB, run_config, snapshot, train_losses, write_documents_corpus
 from txl import checkpoint as ckpt
@@ -102,7 +103,7 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus, d
     ]
     if documents == "reset":  # a corpus of documents, the memory checkpointed with each row's reach
         text_corpus = write_documents_corpus(tmp_path / "docs")
-        common += ["data.documents=reset", "model.mem_len=48"]
+        common += ["data.documents=reset", "model.mem_len=96"]
     reference = train(
         run_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False
     )
@@ -142,6 +143,9 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus, d
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert train_losses(killed)  # it had logged steps (maybe beyond the checkpoint) before dying
+    if documents == "reset":  # some row resumes inside a document that began within its memory
+        reach = load_file(str(latest_checkpoint(killed) / "state.safetensors"))
+        assert min(reach["memory.reach"].tolist()) < 96
     summary = resume(killed, overrides=("train.steps=50",), progress=False)
     assert summary["steps"] == 50
     assert train_losses(killed) == train_losses(tmp_path / "reference")  # identical floats, every step
