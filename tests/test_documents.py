@@ -299,3 +299,93 @@ def test_bad_starts_are_an_error_naming_them():
     decoder = Decoder(model, KVCache(model.config, batch_size=2, dtype=torch.float64))
     with pytest.raises(ValueError, match="starts"):
         decoder.step(tokens[:, 0], starts=torch.zeros(2, 1, dtype=torch.bool))
+
+
+# -- the other paths: SDPA, the vanilla baseline, memories longer than mem_len, starts at every segment -------
+
+
+def test_the_fused_path_gives_the_same_documents(monkeypatch):
+    """attend_fused (scaled_dot_product_attention with the mask in its bias, the path off the CPU), forced on
+    the CPU: each document as alone, and equal to the CPU path."""
+    from txl.model.attention import RelativeMultiHeadAttention
+
+    model = _model(same_length=True)
+    tokens, starts = _rows()
+    cpu, _ = _together(model, tokens, starts)
+    calls = []
+
+    def fused(self, q, k, v, context):
+        calls.append(context.mask.shape)
+        return RelativeMultiHeadAttention.attend_fused(self, q, k, v, context)
+
+    monkeypatch.setattr(RelativeMultiHeadAttention, "attend", fused)
+    log_probs, _ = _together(model, tokens, starts)
+    assert calls and all(shape[0] == 3 and shape[1] == 1 for shape in calls)  # (B, 1, T, K) per row
+    _assert_each_document_as_alone(model, tokens, log_probs)
+    torch.testing.assert_close(log_probs, cpu, atol=1e-12, rtol=0)
+
+
+def test_the_vanilla_baseline_reads_documents_alone_within_a_segment():
+    """attention="absolute" (no memory): positions count from each document's start and attention is
+    block-diagonal, so each document of a 36-token segment equals the document alone; a document cut by
+    the segment's start counts from the segment's first position, as without starts."""
+    model = _model(attention="absolute", mem_len=0)
+    tokens, starts = _rows()
+    with torch.no_grad():
+        whole = model(tokens, starts=starts)
+        assert whole.memory is None
+        _assert_each_document_as_alone(model, tokens, whole.log_probs)
+        plain = model(tokens[:, :9])
+        cut = model(tokens[:, :9], starts=torch.zeros(3, 9, dtype=torch.bool))
+    assert torch.equal(plain.log_probs, cut.log_probs)
+    assert (plain.log_probs[0, 5:9] - whole.log_probs[0, 5:9]).abs().max() > 1e-3  # not vacuous
+    model.train()  # and it trains: gradients through the mask
+    loss = model(tokens[:, :-1], targets=tokens[:, 1:], starts=starts[:, :-1]).loss.mean()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_a_memory_longer_than_mem_len_and_a_start_at_every_segment():
+    """A memory of 24 positions (from Span(mem_len=24)) continued with mem_len 16 keeps its reach and
+    truncates it; documents that each fill a segment (a start at t=0 of every segment) read as alone."""
+    model = _model()
+    tokens, starts = _rows()
+    with torch.no_grad():
+        long = model(tokens[:, :24], starts=starts[:, :24], span=Span(mem_len=24))
+        assert long.memory.length == 24 and long.memory.reach.tolist() == [5, 2, 11]
+        rest, memory = [], long.memory
+        for first in range(24, 36, T):
+            out = model(tokens[:, first : first + T], memory=memory, starts=starts[:, first : first + T])
+            rest.append(out.log_probs)
+            memory = out.memory
+        assert memory.length == 16 and memory.reach.tolist() == [3, 6, 5]
+        head = model(tokens[:, :24], starts=starts[:, :24]).log_probs
+    _assert_each_document_as_alone(model, tokens, torch.cat([head, *rest], dim=1))
+    every = torch.zeros(tokens.shape, dtype=torch.bool)
+    every[:, ::T] = True
+    log_probs, memory = _together(model, tokens, every)
+    assert memory.reach.tolist() == [6, 6, 6]
+    for first in range(0, 36, T):
+        with torch.no_grad():
+            alone = model(tokens[:, first : first + T]).log_probs
+        torch.testing.assert_close(log_probs[:, first : first + T], alone, atol=1e-12, rtol=0)
+
+
+def test_training_with_starts_gives_gradients_of_the_documents_alone():
+    """The gradient of a document's loss, read after another one with starts, equals that of the document
+    alone (the mask also stops the gradient)."""
+    model = _model()
+    model.train()
+    model.drop.p = 0.0
+    tokens, starts = _rows()
+    grads = []
+    for inputs, targets, mark in [
+        (tokens[:1, :13], tokens[:1, 1:14], starts[:1, :13]),  # documents 0 and 1 of row 0
+        (tokens[:1, 5:13], tokens[:1, 6:14], None),  # document 1 alone
+    ]:
+        model.zero_grad()
+        loss = model(inputs, targets=targets, starts=mark).loss
+        loss[:, -8:].sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

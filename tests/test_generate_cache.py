@@ -356,10 +356,14 @@ def test_prompts_of_different_lengths_equal_one_row_at_a_time():
     for r, row in enumerate(rows):
         alone = generate(model, row, max_new_tokens=30, temperature=0)
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 25:])
-    # short histories of different lengths have memories of different lengths: none is returned
+    # short histories of different lengths: one memory whose per-row reach keeps each row's own history
     short = generate(model, [rows[1], rows[3]], max_new_tokens=2, temperature=0)
-    assert short.memory is None
-    # sampling draws for all rows at once, in row order
+    assert short.memory.reach.tolist() == [4, 2]
+    more = generate(model, short.tokens[:, -1:], memory=short.memory, max_new_tokens=6, temperature=0)
+    for r, row in enumerate([rows[1], rows[3]]):
+        alone = generate(model, row, max_new_tokens=8, temperature=0)
+        assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 2:])
+    # one generator draws for all rows at once, in row order
     sampled = [
         generate(model, rows, max_new_tokens=10, generator=torch.Generator().manual_seed(8)).new_tokens
         for _ in range(2)

@@ -1,14 +1,21 @@
 """The decoding loop: new tokens one step at a time, with a key/value cache of the memory (Transformer-XL), or
-by recomputing a sliding window (the vanilla baseline), rows of mixed prompt lengths in lockstep.
+by recomputing a sliding window (the vanilla baseline), rows of mixed prompt lengths in one batch, in lockstep.
 
-Dimensions: B batch, G rows of one group (one prompt length), P prompt length, N new tokens, V vocabulary,
-M memory length, C context window.
+Dimensions: B batch, P prompt length (the longest), N new tokens, V vocabulary, M memory length, C context
+window.
+
+Prompts of different lengths: the rows are left-padded to the longest and each row's first prompt token is
+a document start (``TransformerXL.forward(..., starts=...)``), so that no row attends to its padding; the
+memory's per-row reach keeps it so while the batch decodes. A prompt longer than one prefill chunk, or one
+that continues a given memory, is prefilled alone and then joins its row of the batch's cache
+(``KVCache.put_rows``). Either way each row's tokens are those of its prompt generated alone.
 
 How one token is drawn is :mod:`txl.sampling`'s (pure filters and :class:`~txl.sampling.SamplingSettings`);
 text, prompts, stop strings and runs are :mod:`txl.text`'s; the model, its memory and the cache
 :mod:`txl.model`'s.
 
     gen = generate(model, prompt, max_new_tokens=50, top_p=0.9, generator=torch.Generator().manual_seed(0))
+    gen = generate(model, [p1, p2, p3], max_new_tokens=50, generator=[g1, g2, g3])  # one seed per row
     gen.new_tokens                                                   # (B, N)
     more = generate(model, gen.tokens[:, -1:], memory=gen.memory, max_new_tokens=50)   # continue
     for token in stream(model, prompt, max_new_tokens=50, temperature=0, stop_ids=[eos]):  # (B,) per step
@@ -157,8 +164,9 @@ class Generation:
     """Memory after the last token fed to the model, i.e. covering ``tokens[:, :-1]`` (the last sampled token
     has not been fed yet). Continue with ``generate(model, tokens[:, -1:], memory=memory, ...)``: the result
     equals one longer generation. Rows that stopped early were fed their own samples until the batch ended,
-    not the padding shown. None for models without memory (the vanilla baseline, mem_len = 0), and for
-    prompts of different lengths whose memories differ in length (continue those row by row)."""
+    not the padding shown. For prompts of different lengths it has a per-row reach (:attr:`Memory.reach`):
+    each row continues its own history only. None for models without memory (the vanilla baseline,
+    mem_len = 0)."""
     lengths: Tensor
     """(B,) int64, the number of new tokens of each row (N unless the row stopped)."""
     finished: Tensor
@@ -218,55 +226,101 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
+def _left_pad(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Rows of different lengths as one batch: (B, P) tokens left-padded with id 0 to the longest, and (B, P)
+    starts, True at each row's first token (so that no row attends to its padding)."""
+    width = max(len(row) for row in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+    starts = torch.zeros(len(rows), width, dtype=torch.bool, device=rows[0].device)
+    for r, row in enumerate(rows):
+        tokens[r, width - len(row) :] = row
+        starts[r, width - len(row)] = True
+    return tokens, starts
+
+
 class _CachedRows:
-    """Rows with prompts of one length decoded against one key/value cache (Transformer-XL with memory)."""
+    """Every row against one key/value cache (Transformer-XL with memory), decoded in lockstep.
+
+    One prompt length: one batch, as given. Several, all within one prefill chunk and no memory: left-padded
+    with a start at each row's first token (one prefill). Otherwise (a prompt longer than a chunk, whose
+    chunks would fall elsewhere than alone, or a memory to continue): each row is prefilled alone and moved
+    into its row of a cache as long as the longest (``KVCache.put_rows``)."""
 
     def __init__(
         self,
         model: nn.Module,
-        prompt: Tensor,
+        rows: list[Tensor],
         *,
         memory: Memory | None,
         span: Span,
         chunk: int,
         dtype: torch.dtype,
     ) -> None:
-        self.cache = KVCache(
-            model.config,
-            batch_size=prompt.shape[0],
-            span=span,
-            memory=memory,
-            dtype=dtype,
-            device=prompt.device,
-        )
-        self.decoder = Decoder(model, self.cache)
-        self.logprobs = self.decoder.prefill(prompt, chunk=chunk)  # (G, V): at most `chunk` attend at once
+        config, device, batch = model.config, rows[0].device, len(rows)
+        longest = max(len(row) for row in rows)
+        if all(len(row) == longest for row in rows):
+            self.cache = KVCache(
+                config, batch_size=batch, span=span, memory=memory, dtype=dtype, device=device
+            )
+            self.decoder = Decoder(model, self.cache)
+            self.logprobs = self.decoder.prefill(torch.stack(rows), chunk=chunk)  # (B, V)
+        elif memory is None and longest <= chunk:
+            tokens, starts = _left_pad(rows)  # (B, P) each
+            self.cache = KVCache(config, batch_size=batch, span=span, dtype=dtype, device=device)
+            self.decoder = Decoder(model, self.cache)
+            self.logprobs = self.decoder.prefill(tokens, starts=starts)  # (B, V)
+        else:
+            alone, logprobs = [], []
+            for r, row in enumerate(rows):
+                own = None if memory is None else memory.select([r])
+                cache = KVCache(config, batch_size=1, span=span, memory=own, dtype=dtype, device=device)
+                logprobs.append(Decoder(model, cache).prefill(row[None], chunk=chunk))  # (1, V)
+                alone.append(cache)
+            length = max(cache.length for cache in alone)
+            zeros = Memory.zeros(config, batch, length, dtype=dtype, device=device)
+            self.cache = KVCache(config, span=span, memory=zeros)
+            for r, cache in enumerate(alone):
+                self.cache.put_rows([r], cache)
+            self.cache.mark_projected()  # every row's window is projected; the slots before are out of reach
+            self.decoder = Decoder(model, self.cache)
+            self.logprobs = torch.cat(logprobs)  # (B, V)
 
     def feed(self, token: Tensor) -> None:
-        self.logprobs = self.decoder.step(token)  # (G, V)
+        self.logprobs = self.decoder.step(token)  # (B, V)
 
     def memory(self) -> Memory | None:
         return self.cache.memory()
 
 
 class _WindowRows:
-    """Rows of a model without memory: the last ``context`` tokens are recomputed at every step."""
+    """Rows of a model without memory: the last ``context`` tokens are recomputed at every step (left-padded,
+    with a start at each row's first token, for prompts of different lengths)."""
 
-    def __init__(self, model: nn.Module, prompt: Tensor, *, context: int, span: Span) -> None:
-        self.model, self.context, self.seq, self.span = model, context, prompt, span
-        self.logprobs = model(prompt[:, -context:], span=span, last_only=True).log_probs[:, -1]  # (G, V)
+    def __init__(self, model: nn.Module, rows: list[Tensor], *, context: int, span: Span) -> None:
+        self.model, self.context, self.span = model, context, span
+        if all(len(row) == len(rows[0]) for row in rows):
+            self.seq, self.starts = torch.stack(rows), None  # (B, P)
+        else:
+            self.seq, self.starts = _left_pad(rows)  # (B, P) each
+        self.logprobs = self._next()
+
+    def _next(self) -> Tensor:
+        window = self.seq[:, -self.context :]  # (B, min(C, P + i))
+        starts = None if self.starts is None else self.starts[:, -self.context :]
+        return self.model(window, span=self.span, last_only=True, starts=starts).log_probs[:, -1]  # (B, V)
 
     def feed(self, token: Tensor) -> None:
-        self.seq = torch.cat([self.seq, token[:, None]], dim=1)  # (G, P + i)
-        window = self.seq[:, -self.context :]  # (G, min(C, P + i))
-        self.logprobs = self.model(window, span=self.span, last_only=True).log_probs[:, -1]  # (G, V)
+        self.seq = torch.cat([self.seq, token[:, None]], dim=1)  # (B, P + i)
+        if self.starts is not None:
+            self.starts = torch.cat([self.starts, self.starts.new_zeros(self.starts.shape[0], 1)], dim=1)
+        self.logprobs = self._next()
 
     def memory(self) -> Memory | None:
         return None
 
 
 class _Decoding:
-    """One generation: validated settings, the rows grouped by prompt length, and the step loop shared by
+    """One generation: validated settings, the rows as one batch, and the step loop shared by
     :func:`generate` and :func:`stream`."""
 
     def __init__(
@@ -275,7 +329,7 @@ class _Decoding:
         prompt: Any,
         settings: GenerationSettings,
         *,
-        generator: torch.Generator | None,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
         memory: Memory | None,
     ) -> None:
         config = model.config
@@ -304,6 +358,14 @@ class _Decoding:
                     f"stop_ids must be token ids in [0, {config.vocab_size}), got {list(settings.stop_ids)}"
                 )
             self.stop_ids = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
+        if isinstance(generator, (list, tuple)):
+            if len(generator) != batch or not all(isinstance(g, torch.Generator) for g in generator):
+                raise ValueError(
+                    f"generator must be a torch.Generator or a list of one per row ({batch}), got {generator!r:.80}"
+                )
+            generator = tuple(generator)
+        elif generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.model, self.memory_in, self.span = model, memory, span
         self.max_new_tokens, self.sampling, self.generator = (
             settings.max_new_tokens,
@@ -313,45 +375,23 @@ class _Decoding:
         self.chunk = settings.prompt_chunk if settings.prompt_chunk is not None else span.mem_len
         self.context = DEFAULT_CONTEXT if settings.context is None else settings.context
         self.dtype = param.dtype if param is not None else torch.get_default_dtype()
-        # Rows with prompts of one length are decoded together; different lengths in lockstep, one group each.
-        lengths = [len(row) for row in self.rows]
-        self.groups_rows = [[r for r in range(batch) if lengths[r] == n] for n in sorted(set(lengths))]
-        order = [r for rows in self.groups_rows for r in rows]
-        self.order = None if order == list(range(batch)) else torch.tensor(order, device=device)
-        self.inverse = None if self.order is None else torch.argsort(self.order)
-        self.groups: list[_CachedRows | _WindowRows] = []
+        self.batch: _CachedRows | _WindowRows | None = None  # made when the first step runs
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
     def _start(self) -> None:
-        """Feed every group's prompt (after its part of the given memory)."""
-        for rows in self.groups_rows:
-            prompt = torch.stack([self.rows[r] for r in rows])  # (G, P)
-            if self.cached:
-                memory = None if self.memory_in is None else self.memory_in.select(rows)
-                self.groups.append(
-                    _CachedRows(
-                        self.model, prompt, memory=memory, span=self.span, chunk=self.chunk, dtype=self.dtype
-                    )
-                )
-            else:
-                self.groups.append(_WindowRows(self.model, prompt, context=self.context, span=self.span))
-
-    def _logprobs(self) -> Tensor:
-        """The next-token log-probabilities of all rows, (B, V) in the prompt's row order."""
-        if len(self.groups) == 1:
-            return self.groups[0].logprobs
-        return torch.cat([g.logprobs for g in self.groups])[self.inverse]  # (B, V)
-
-    def _feed(self, token: Tensor) -> None:
-        if len(self.groups) == 1:
-            self.groups[0].feed(token)
-            return
-        grouped = token[self.order]  # (B,) in group order
-        start = 0
-        for group, rows in zip(self.groups, self.groups_rows, strict=True):
-            group.feed(grouped[start : start + len(rows)])
-            start += len(rows)
+        """Feed the prompts (after the given memory) as one batch."""
+        if self.cached:
+            self.batch = _CachedRows(
+                self.model,
+                self.rows,
+                memory=self.memory_in,
+                span=self.span,
+                chunk=self.chunk,
+                dtype=self.dtype,
+            )
+        else:
+            self.batch = _WindowRows(self.model, self.rows, context=self.context, span=self.span)
 
     def steps(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield (token ids (B,), log-probabilities (B, V)) for each new token: PAD_ID for stopped rows.
@@ -364,8 +404,8 @@ class _Decoding:
                     if step == 0:
                         self._start()
                     else:
-                        self._feed(token)  # the token sampled last, stopped rows included
-                    logprobs = self._logprobs()
+                        self.batch.feed(token)  # the token sampled last, stopped rows included
+                    logprobs = self.batch.logprobs  # (B, V)
                     token = draw(logprobs, sampling, generator=generator)  # (B,)
                     shown = token
                     done = False
@@ -381,12 +421,7 @@ class _Decoding:
 
     def memory(self) -> Memory | None:
         """The memory after the last token fed (see :attr:`Generation.memory`)."""
-        parts = [group.memory() for group in self.groups]
-        if any(part is None for part in parts) or len({part.length for part in parts}) != 1:
-            return None
-        if len(parts) == 1:
-            return parts[0]
-        return Memory.cat_rows(parts).select(self.inverse)
+        return None if self.batch is None else self.batch.memory()
 
     def prompt_tokens(self) -> Tensor:
         """(B, P) the prompts, shorter ones left-padded with PAD_ID."""
@@ -405,7 +440,7 @@ def stream(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     memory: Memory | None = None,
     stop_ids: Sequence[int] | Tensor | None = None,
     prompt_chunk: int | None = None,
@@ -448,7 +483,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     memory: Memory | None = None,
     stop_ids: Sequence[int] | Tensor | None = None,
     prompt_chunk: int | None = None,
@@ -459,9 +494,14 @@ def generate(
 ) -> Generation:
     """Continue ``prompt`` by ``max_new_tokens`` tokens sampled by :func:`sample_next`.
 
-    ``prompt``: (B, P) or (P,) int64, or a list of 1-D rows of different lengths (each row is then generated
-    exactly as it would be alone; rows of one length share a batch, the groups step in lockstep, and the
-    sampler sees all rows at once in their order, so the random draws are those of one batch).
+    ``prompt``: (B, P) or (P,) int64, or a list of 1-D rows of different lengths: they run as one batch in
+    lockstep (left-padded, each row starting at its first prompt token, so that padding is never attended),
+    and each row's log-probabilities are those of its prompt generated alone.
+
+    ``generator``: one ``torch.Generator`` draws the tokens of all rows at once (the draws are those of one
+    batch: a row's samples depend on the other rows); a list of one generator per row draws each row's
+    token from its own, so that row r samples exactly what ``generate(model, [prompt[r]],
+    generator=[g])`` (or ``generator=g``) samples alone from a generator in the same state.
 
     Transformer-XL (relative attention, mem_len > 0): a key/value cache (``txl.model.KVCache``) holds, per
     layer, the keys and values of the remembered positions, projected once. The prompt is fed after

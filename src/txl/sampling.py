@@ -6,6 +6,7 @@ Dimensions: B batch, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,9 +75,15 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
     return out
 
 
-def draw(logprobs: Tensor, settings: SamplingSettings, *, generator: torch.Generator | None = None) -> Tensor:
+def draw(
+    logprobs: Tensor,
+    settings: SamplingSettings,
+    *,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> Tensor:
     """One token id per row (B,) int64 from ``logprobs`` (B, V) with ``settings`` (checked when they were
-    built, so nothing is checked here: this runs once per generated token)."""
+    built, so nothing is checked here: this runs once per generated token). ``generator``: one for all rows,
+    or a sequence of one per row (row r drawn from ``generator[r]`` alone, as a batch of one would be)."""
     if logprobs.dtype in (torch.float16, torch.bfloat16):
         logprobs = logprobs.float()
     if settings.temperature == 0:
@@ -85,6 +92,9 @@ def draw(logprobs: Tensor, settings: SamplingSettings, *, generator: torch.Gener
     if settings.filters:
         scores = filter_logits(scores, top_k=settings.top_k, top_p=settings.top_p)
     probs = torch.softmax(scores, dim=-1)  # (B, V)
+    if isinstance(generator, (list, tuple)):
+        rows = [torch.multinomial(p[None], 1, generator=g) for p, g in zip(probs, generator, strict=True)]
+        return torch.cat(rows).squeeze(-1)  # (B,)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "rel_shift",
     "RelativeContext",
+    "AbsoluteContext",
     "MultiHeadAttention",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
@@ -113,6 +114,15 @@ class RelativeContext:
     v: Tensor
 
 
+@dataclass(frozen=True)
+class AbsoluteContext:
+    """What absolute attention (the vanilla baseline) needs besides the hidden states when documents begin
+    inside the segment: mask (B, 1, T, T), True where attention is blocked (the future, and keys before the
+    query's document). Without starts the baseline gets no context and attends causally."""
+
+    mask: Tensor
+
+
 class MultiHeadAttention(nn.Module):
     """Causal multi-head attention over [memory ; current]: the projections shared by both variants.
     A variant overrides :meth:`attend`, which turns heads into the attention output."""
@@ -142,7 +152,9 @@ class MultiHeadAttention(nn.Module):
         v = v.reshape(b, -1, self.n_head, self.d_head).transpose(1, 2)  # (B, H, K, Dh)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
         """Heads q (B, H, T, Dh), k and v (B, H, K, Dh) -> attention output (B, H, T, Dh)."""
         raise NotImplementedError
 
@@ -151,7 +163,7 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         *,
         memory: Tensor | None = None,
-        context: RelativeContext | None = None,
+        context: RelativeContext | AbsoluteContext | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
         """x (B, T, D), memory (B, M, D) or None -> (B, T, D) (after output dropout).
@@ -192,8 +204,10 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = (content + self.position_term(q, context.pos, context.v)) * self.scale
         return score.masked_fill(context.mask, float("-inf"))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
-        if context is None:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
+        if not isinstance(context, RelativeContext):
             raise ValueError("relative attention needs a RelativeContext (positions, mask, u, v)")
         if q.device.type != "cpu":
             return self.attend_fused(q, k, v, context)
@@ -240,18 +254,26 @@ class AbsoluteMultiHeadAttention(MultiHeadAttention):
         x: Tensor,
         *,
         memory: Tensor | None = None,
-        context: RelativeContext | None = None,
+        context: RelativeContext | AbsoluteContext | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
-        if memory is not None or context is not None or cache is not None:
+        if memory is not None or isinstance(context, RelativeContext) or cache is not None:
             raise ValueError(
                 "absolute attention (the vanilla baseline) takes no memory, cache or relative positions"
             )
-        return super().forward(x)
+        return super().forward(x, context=context)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | None) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext | AbsoluteContext | None
+    ) -> Tensor:
+        dropout = self.dropatt if self.training else 0.0
+        if context is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale
+            )  # (B, H, T, Dh)
+        # documents: block-diagonal per row (the kernel's boolean mask is True where attention is allowed)
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropatt if self.training else 0.0, scale=self.scale
+            q, k, v, attn_mask=~context.mask, dropout_p=dropout, scale=self.scale
         )  # (B, H, T, Dh)
 
 

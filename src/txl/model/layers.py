@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 
 from ..config import TransformerXLConfig
-from .attention import RelativeContext, make_attention
+from .attention import AbsoluteContext, RelativeContext, make_attention
 
 if TYPE_CHECKING:
     from .cache import LayerCache
@@ -63,11 +63,11 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         *,
         memory: Tensor | None = None,
-        context: RelativeContext | None = None,
+        context: RelativeContext | AbsoluteContext | None = None,
         cache: LayerCache | None = None,
     ) -> Tensor:
-        """x (B, T, D), memory (B, M, D) or None -> (B, T, D). ``context``: relative positions (None for the
-        vanilla baseline). ``cache``: this layer's part of a key/value cache, where attention reads the
+        """x (B, T, D), memory (B, M, D) or None -> (B, T, D). ``context``: relative positions (for the vanilla
+        baseline, None or the documents' mask). ``cache``: this layer's part of a key/value cache, where attention reads the
         remembered keys and values (``memory`` is then only the part not yet projected, usually None)."""
         if self.pre_norm:
             normed_memory = None if memory is None else self.attn_norm(memory)

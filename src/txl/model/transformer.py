@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from .attention import RelativeContext
+from .attention import AbsoluteContext, RelativeContext
 from .cache import KVCache
 from .layers import DecoderLayer
 from .memory import Memory, update_memory
@@ -193,6 +193,20 @@ class TransformerXL(nn.Module):
             mask = (mask | documents)[:, None]  # (B, 1, T, K): one mask per row, shared by the heads
         return [RelativeContext(pos=pos, mask=mask, u=u, v=v) for u, v in self._biases()]
 
+    def _absolute_documents(self, h: Tensor, starts: Tensor) -> tuple[Tensor, AbsoluteContext]:
+        """The vanilla baseline with document starts: positions count from each document's start (from the
+        segment's for a document begun before it) and attention is block-diagonal per document, so that a
+        document reads as alone. h (B, T, D) embeddings -> with positions added, and the mask."""
+        b, t, d = h.shape
+        positions = torch.arange(t, device=h.device)  # (T,)
+        begun = torch.where(starts, positions, -1).cummax(dim=1).values  # (B, T): last start <= i, or -1
+        within = positions - begun.clamp(min=0)  # (B, T): position in the document
+        h = h + sinusoid(within.reshape(-1), self.config.d_model, dtype=h.dtype).view(b, t, d)
+        reach = torch.zeros(b, dtype=torch.int64, device=h.device)
+        causal = attention_mask(t, 0, same_length=False, mem_len=0, device=h.device)  # (T, T)
+        documents = document_mask(starts, reach, t=t, m=0)  # (B, T, T)
+        return h, AbsoluteContext(mask=(causal | documents)[:, None])  # mask (B, 1, T, T)
+
     def _biases(self) -> list[tuple[Tensor, Tensor]]:
         """(u, v) of every layer, (H, Dh) each."""
         if self.config.share_rel_bias:
@@ -316,7 +330,7 @@ class TransformerXL(nn.Module):
             )
         t = tokens.shape[1]
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
-        contexts: list[RelativeContext | None] = [None] * cfg.n_layer
+        contexts: list[RelativeContext | AbsoluteContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
             if cache is not None:
                 m, reach = cache.length, cache.reach
@@ -330,9 +344,12 @@ class TransformerXL(nn.Module):
             contexts = self._relative_contexts(
                 t, m, span=span, device=tokens.device, dtype=h.dtype, documents=documents
             )
-        else:
+        elif starts is None:
             positions = torch.arange(t, device=tokens.device)
             h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only
+        else:
+            h, context = self._absolute_documents(h, starts)
+            contexts = [context] * cfg.n_layer
         h = self.drop(h)
         if cache is not None:
             cache.make_room(t)
