@@ -5,6 +5,7 @@ line per memory length.
     python3 -m venv --system-site-packages /work/venv-hf && /work/venv-hf/bin/pip install transformers==4.35.2
     PYTHONPATH=src /work/venv-hf/bin/python benchmarks/generate.py                  # memory 64, 512, 1600
     PYTHONPATH=src python3 benchmarks/generate.py --no-hf --memory 64 --repeats 2    # txl only (no transformers)
+    PYTHONPATH=src python3 benchmarks/generate.py --ragged --memory 64 --repeats 3   # 8 prompts as one batch
 
 Sizes: vocab 10k (plain softmax), 4 layers, d_model 128, 4 heads x 32, d_inner 512, batch 1, a 64-token
 prompt, 200 new tokens, greedy, 2 threads. Random weights: greedy decoding of random weights is the same
@@ -27,6 +28,11 @@ softmax, output projection), the feed-forward blocks and the output layer with i
 txl_full decode (timers wrapped around those calls, the 64-token prompt included in the total), divided by
 the 200 new tokens; ``other_us`` is the rest (embedding, layer norms, residuals, cache bookkeeping, argmax,
 the generation loop in Python).
+
+``--ragged`` (issue 20): 8 prompts of 8 lengths (8, 16, ..., 64 tokens), 200 new tokens each, greedy, from
+an empty memory: ``generate`` on the list as one batch (left-padded rows that start at their first token, in
+lockstep) against the 8 prompts generated one after the other; alternated, the tokens checked equal.
+``ragged_solo_over_batch`` is the median of the per-repeat ratios (how many times faster the batch is).
 """
 
 from __future__ import annotations
@@ -203,6 +209,40 @@ def bench(mem_len: int, *, repeats: int, with_hf: bool, with_peak: bool) -> dict
     return record
 
 
+RAGGED = [8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def bench_ragged(mem_len: int, *, repeats: int) -> dict:
+    """8 prompts of 8 lengths as one batch against one at a time (see the header)."""
+    torch.manual_seed(0)
+    model = txl_model(mem_len)
+    rows = [torch.randint(0, SIZES["vocab"], (n,)) for n in RAGGED]
+    batch = lambda: run_txl(model, rows, mem_len)  # noqa: E731
+    solo = lambda: [run_txl(model, [row], mem_len) for row in rows]  # noqa: E731
+    together, alone = batch(), solo()  # warm up, and the same tokens
+    assert all(torch.equal(together[r], alone[r][0]) for r in range(len(rows)))
+    seconds: dict[str, list[float]] = {"batch": [], "solo": []}
+    for r in range(repeats):
+        for name in ("batch", "solo") if r % 2 == 0 else ("solo", "batch"):
+            seconds[name].append(timed(batch if name == "batch" else solo))
+    n = SIZES["new"] * len(rows)
+    ratios = [s / b for s, b in zip(seconds["solo"], seconds["batch"], strict=True)]
+    return {
+        "case": "ragged",
+        "memory": mem_len,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "prompt_lengths": RAGGED,
+        "new_tokens_per_row": SIZES["new"],
+        "batch_s": round(statistics.median(seconds["batch"]), 3),
+        "solo_s": round(statistics.median(seconds["solo"]), 3),
+        "batch_tokens_per_s": round(n / statistics.median(seconds["batch"]), 1),
+        "solo_tokens_per_s": round(n / statistics.median(seconds["solo"]), 1),
+        "ragged_solo_over_batch": round(statistics.median(ratios), 2),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -211,12 +251,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-hf", action="store_true", help="txl only (transformers not installed)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument(
+        "--ragged", action="store_true", help="8 prompts of 8 lengths: one batch vs one by one"
+    )
     parser.add_argument("--peak-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak_child:
         peak_child(args.peak_child, args.memory[0])
         return
     torch.set_num_threads(2)
+    if args.ragged:
+        for mem_len in args.memory or [64]:
+            print(json.dumps(bench_ragged(mem_len, repeats=args.repeats)), flush=True)
+        return
     for mem_len in args.memory or [64, 512, 1600]:
         print(
             json.dumps(

@@ -81,9 +81,16 @@ def test_export_cli_checks_against_onnxruntime(exported, capsys):
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == ["tokens", "memory_0", "memory_1", "memory_2"]
+    assert [i.name for i in session.get_inputs()] == [
+        "tokens",
+        "memory_reach",
+        "memory_0",
+        "memory_1",
+        "memory_2",
+    ]
     assert [o.name for o in session.get_outputs()] == [
         "log_probs",
+        "new_memory_reach",
         "new_memory_0",
         "new_memory_1",
         "new_memory_2",
@@ -91,6 +98,51 @@ def test_export_cli_checks_against_onnxruntime(exported, capsys):
     model = load_run(run_dir).model
     for batch in (1, 4):  # the batch is dynamic: exported with 2 rows
         assert check_onnx(model, out, tgt_len=5, mem_len=8, segments=3, batch_size=batch, seed=batch) <= 1e-4
+
+
+def test_the_graph_takes_the_reach_from_zeros_and_resets_a_row(exported):
+    """From zeros with reach 0 the first segment is txl's empty-memory start (it differed by up to 0.49 in
+    log-probability when the zeros were attended); reach 0 for one row later starts that row anew (as txl's
+    starts), reach M attends the whole memory (txl's Memory without reach); the new reach is txl's."""
+    import numpy as np
+    import onnxruntime
+
+    from txl import Memory
+
+    run_dir, out = exported
+    if not out.is_file():
+        pytest.skip("needs the export of the test above")
+    model = load_run(run_dir).model.eval()
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    tokens = torch.randint(0, len(WORDS), (3, 10), generator=torch.Generator().manual_seed(5))
+    zeros = Memory.zeros(model.config, 3, 8)
+
+    def run(segment, memory):
+        feeds = [segment.numpy(), memory.reach.numpy(), *(m.numpy() for m in memory.states)]
+        got = session.run(None, {i.name: f for i, f in zip(session.get_inputs(), feeds, strict=True)})
+        return torch.from_numpy(got[0]), Memory(
+            tuple(torch.from_numpy(m) for m in got[2:]), reach=torch.from_numpy(got[1])
+        )
+
+    with torch.no_grad():
+        first, memory = run(tokens[:, :5], zeros)
+        empty = model(tokens[:, :5])
+        assert (first - empty.log_probs).abs().max() <= 1e-4
+        attended = model(tokens[:, :5], memory=Memory(zeros.states)).log_probs  # the zeros attended
+        assert (attended - empty.log_probs).abs().max() > 1e-2
+        assert memory.reach.tolist() == [5, 5, 5]
+        reset = Memory(memory.states, reach=torch.tensor([5, 0, 5]))
+        second, after = run(tokens[:, 5:], reset)
+        assert (second[1] - model(tokens[1:2, 5:]).log_probs[0]).abs().max() <= 1e-4  # row 1 anew
+        carried = model(tokens[:, 5:], memory=empty.memory).log_probs
+        assert (second[[0, 2]] - carried[[0, 2]]).abs().max() <= 1e-4
+        assert after.reach.tolist() == [8, 5, 8]
+        starts = torch.zeros(3, 10, dtype=torch.bool)
+        starts[1, 5] = True
+        assert (second - model(tokens, starts=starts).log_probs[:, 5:]).abs().max() <= 1e-4
+        full, _ = run(tokens[:, :5], Memory(zeros.states, reach=torch.full((3,), 8)))
+        assert (full - attended).abs().max() <= 1e-4
+    assert np.isfinite(second.numpy()).all()
 
 
 def test_the_check_can_fail(exported):

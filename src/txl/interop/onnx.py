@@ -1,12 +1,16 @@
 """``txl export``: a run's model as an ONNX graph that runs one segment with its memory, so that any ONNX
 runtime can do segment-by-segment inference:
 
-    (tokens (B, T) int64, memory_0 .. memory_{N-1} (B, M, D)) -> (log_probs (B, T, V), new_memory_0 .. new_memory_{N-1})
+    (tokens (B, T) int64, memory_reach (B,) int64, memory_0 .. memory_{N-1} (B, M, D))
+        -> (log_probs (B, T, V), new_memory_reach (B,) int64, new_memory_0 .. new_memory_{N-1})
 
-N = n_layer, one memory per layer (the input of that layer on the last M positions, as txl's ``Memory``).
-The batch is dynamic; T and M are fixed when exporting. The graph always reads a memory of M positions: start
-from zeros (as Hugging Face's TransfoXL does), or from the memory of a txl run. Loading the run is
-:mod:`txl.runs`' job; the check against ``onnxruntime`` (the optional extra ``export``) is here.
+N = n_layer, one memory per layer (the input of that layer on the last M positions, as txl's ``Memory``), and
+the memory's per-row reach (:attr:`txl.model.Memory.reach`): how many of the last positions each row may
+attend. The batch is dynamic; T and M are fixed when exporting. The graph always reads a memory of M
+positions: start from zeros with reach 0 (``Memory.zeros``: exactly txl's start from an empty memory), or
+from the memory of a txl run (its reach, or M for all). Setting a row's reach to 0 starts that row anew (a
+document start). Loading the run is :mod:`txl.runs`' job; the check against ``onnxruntime`` (the optional
+extra ``export``) is here.
 """
 
 from __future__ import annotations
@@ -47,20 +51,21 @@ class ExportError(TxlError):
 
 class SegmentStep(nn.Module):
     """One segment with memory, as plain tensors in and out (the exported function): ``forward(tokens,
-    *memory) -> (log_probs, *new_memory)``, with the memory length ``span.mem_len`` kept constant."""
+    reach, *memory) -> (log_probs, new_reach, *new_memory)``, with the memory length ``span.mem_len`` kept
+    constant."""
 
     def __init__(self, model: TransformerXL, *, span: Span) -> None:
         super().__init__()
         self.model, self.span = model, span
 
-    def forward(self, tokens: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
-        out = self.model(tokens, memory=Memory(tuple(memory)), span=self.span)
-        return (out.log_probs, *out.memory.states)
+    def forward(self, tokens: Tensor, reach: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
+        out = self.model(tokens, memory=Memory(tuple(memory), reach=reach), span=self.span)
+        return (out.log_probs, out.memory.reach, *out.memory.states)
 
 
 def _names(n_layer: int) -> tuple[list[str], list[str]]:
-    inputs = ["tokens", *(f"memory_{i}" for i in range(n_layer))]
-    outputs = ["log_probs", *(f"new_memory_{i}" for i in range(n_layer))]
+    inputs = ["tokens", "memory_reach", *(f"memory_{i}" for i in range(n_layer))]
+    outputs = ["log_probs", "new_memory_reach", *(f"new_memory_{i}" for i in range(n_layer))]
     return inputs, outputs
 
 
@@ -91,10 +96,14 @@ def export_model(
         raise ExportError("export a float32 model (this one has other parameter types)")
     step = SegmentStep(model, span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
-    memory = tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer))
+    memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
     inputs, outputs = _names(cfg.n_layer)
     batch = torch.export.Dim("batch", min=1, max=4096)
-    dynamic = {"tokens": {0: batch}, "memory": tuple({0: batch} for _ in range(cfg.n_layer))}
+    dynamic = {
+        "tokens": {0: batch},
+        "reach": {0: batch},
+        "memory": tuple({0: batch} for _ in range(cfg.n_layer)),
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
@@ -103,7 +112,7 @@ def export_model(
         try:
             torch.onnx.export(
                 step,
-                (tokens, *memory),
+                (tokens, memory.reach, *memory.states),
                 str(partial),
                 input_names=inputs,
                 output_names=outputs,
@@ -146,30 +155,38 @@ def check_onnx(
     atol: float = 1e-4,
     seed: int = 0,
 ) -> float:
-    """Run ``segments`` segments with memory carried through the exported file (onnxruntime) and through
-    ``model``, from the same zero memory, on random tokens; returns the largest log-probability difference and
-    raises ExportError when it exceeds ``atol``."""
+    """Run ``segments`` segments with memory carried through the exported file (onnxruntime), from a zero
+    memory of reach 0, and through ``model`` as ``txl eval`` reads them, from an empty memory, on random
+    tokens; returns the largest difference (log-probabilities and the memory's positions in reach; the
+    reaches must be equal) and raises ExportError when it exceeds ``atol``."""
     cfg = model.config
     span = _span(model, mem_len=mem_len, span=span)
     mem_len = span.mem_len
     session = onnxruntime_session(path)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len + 1), generator=generator)
-    memory = Memory(tuple(torch.zeros(batch_size, mem_len, cfg.d_model) for _ in range(cfg.n_layer)))
-    feeds_memory = [m.numpy() for m in memory.states]  # float32, as exported
+    memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
+    feeds = [memory.reach.numpy(), *(m.numpy() for m in memory.states)]  # float32 states, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
-    # the segments as txl eval reads them (the same loop), from the zero memory the graph starts with
+    # the segments as txl eval reads them (the same loop), from the empty memory that reach 0 stands for
     expected = segment_losses(
-        model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, memory=memory, log_probs=True
+        model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, log_probs=True
     )
     for s, segment in enumerate(expected):
         seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
-        got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds_memory], strict=True)))
+        got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds], strict=True)))
         worst = max(worst, float(np.abs(got[0] - segment.log_probs.numpy()).max()))
-        for mine, theirs in zip(got[1:], segment.memory.states, strict=True):
-            worst = max(worst, float(np.abs(mine - theirs.numpy()).max()))
-        feeds_memory = got[1:]
+        length = (
+            segment.memory.length
+        )  # txl's memory grows to M; the graph's holds M, the last `length` reached
+        if not (got[1] == min(length, mem_len)).all():
+            raise ExportError(
+                f"{path}: the graph's memory reach {got[1].tolist()} differs from txl's {length}"
+            )
+        for mine, theirs in zip(got[2:], segment.memory.states, strict=True):
+            worst = max(worst, float(np.abs(mine[:, mem_len - length :] - theirs.numpy()).max()))
+        feeds = got[1:]
     if not worst <= atol:
         raise ExportError(
             f"{path}: onnxruntime differs from txl by {worst:.3g} (more than {atol:g}) over "

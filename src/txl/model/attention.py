@@ -224,10 +224,12 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         score = torch.baddbmm(
             position.reshape(b * h, t, kk), content_q, k.reshape(b * h, kk, dh).transpose(1, 2)
         )
-        score = score.view(b, h, t, kk)  # (B, H, T, K)
         with torch.no_grad():  # masked entries get probability 0, so their gradient is 0 without autograd's
-            score.masked_fill_(context.mask, float("-inf"))  # masked_fill backward (a copy of the scores)
-        attn = F.dropout(torch.softmax(score, dim=-1), self.dropatt, self.training)
+            if context.mask.dim() == 2:  # masked_fill backward (a copy of the scores)
+                score.masked_fill_(context.mask, float("-inf"))
+            else:  # one mask per row (documents), (B, 1, T, K) over (B, H, T, K)
+                score.view(b, h, t, kk).masked_fill_(context.mask, float("-inf"))
+        attn = F.dropout(torch.softmax(score.view(b, h, t, kk), dim=-1), self.dropatt, self.training)
         return attn @ v  # (B, H, T, Dh)
 
     def attend_fused(self, q: Tensor, k: Tensor, v: Tensor, context: RelativeContext) -> Tensor:
