@@ -44,6 +44,30 @@ def write_text_corpus(path: Path) -> Path:
     return path
 
 
+def write_documents_corpus(folder: Path) -> Path:
+    """A corpus of documents: ``train.jsonl``, ``valid.jsonl`` and ``test.jsonl`` in ``folder``, records of
+    Python source (argparse, textwrap, shlex) cut into pieces of 30 to about 700 characters, so that
+    documents begin inside segments and some span several (about 190 KB of training text)."""
+    text = "\n".join(
+        (STDLIB / name).read_text(encoding="utf-8") for name in ("argparse.py", "textwrap.py", "shlex.py")
+    )
+    pieces, start, k = [], 0, 0
+    while start < len(text):
+        size = 30 + (k * 197) % 680
+        pieces.append(text[start : start + size])
+        start, k = start + size, k + 1
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(pieces)
+    for split, part in (
+        ("train", pieces[: n * 8 // 10]),
+        ("valid", pieces[n * 8 // 10 : n * 9 // 10]),
+        ("test", pieces[n * 9 // 10 :]),
+    ):
+        lines = (json.dumps({"text": p, "id": i}) for i, p in enumerate(part))
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
 def run_config(corpus: Path, *overrides: str) -> RunConfig:
     """The ``tiny`` preset on the text file ``corpus``, with ``section.field=value`` overrides."""
     return apply_overrides(load_config("tiny"), [f"data.corpus={json.dumps(str(corpus))}", *overrides])

@@ -26,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_config, train_losses, write_text_corpus
+from conftest import run_config, train_losses, write_documents_corpus, write_text_corpus
 from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import SINGLE, Distributed, launch_command
@@ -382,3 +382,30 @@ def test_ctrl_c_under_nproc_saves_and_says_so_without_a_torchrun_traceback(runs,
     for alarming in ("Traceback", "SignalException", "ChildFailedError", "exitcode", "Root Cause"):
         assert alarming not in err, err[-3000:]
     assert latest_checkpoint(stopped) is not None and not (stopped / ".lock").exists()
+
+
+def test_a_reset_run_on_two_processes_follows_one_and_checkpoints_every_rows_reach(tmp_path):
+    """``data.documents = "reset"`` under 2 processes: each rank passes its rows' starts, the loss trajectory
+    is the one process's, and the checkpoint holds the reach of all B rows (gathered), equal to one process's;
+    resumed on one process from the 2-process checkpoint it continues the one-process trajectory."""
+    corpus = write_documents_corpus(tmp_path / "docs")
+    reset = ("data.documents=reset", "model.mem_len=48", 'train.schedule="constant"')
+    proc = subprocess.run(
+        _torchrun("-m", "txl", *_train_args(corpus, tmp_path / "two", "train.steps=20", *reset)),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch.manual_seed(0)
+    train(run_config(corpus, *COMMON, "train.steps=30", *reset), tmp_path / "one", progress=False)
+    two, one = train_losses(tmp_path / "two"), train_losses(tmp_path / "one")
+    assert _close(two, {k: one[k] for k in two}), max(abs(two[k] - one[k]) / one[k] for k in two)
+    reach_two = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000020" / "state.safetensors"))
+    reach_one = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000020" / "state.safetensors"))
+    assert reach_two["memory.reach"].tolist() == reach_one["memory.reach"].tolist()
+    assert reach_two["memory.reach"].shape == (4,) and min(reach_two["memory.reach"].tolist()) < 48
+    resume(tmp_path / "two", overrides=("train.steps=30",), progress=False)
+    resumed = train_losses(tmp_path / "two")
+    assert _close({k: resumed[k] for k in range(21, 31)}, {k: one[k] for k in range(21, 31)})

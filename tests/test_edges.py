@@ -344,6 +344,7 @@ COMMANDS = {
     "_cmd_analyze_recl": ["analyze", "recl", "RUN", "--out", "OUT"],
     "_cmd_analyze_recall": ["analyze", "recall", "--out", "OUT"],
     "_cmd_analyze_attention": ["analyze", "attention", "RUN", "--out", "OUT"],
+    "_cmd_analyze_documents": ["analyze", "documents", "RUN", "--out", "OUT"],
     "_cmd_harness": ["harness", "RUN", "--tasks", "txl_wikitext_local"],
 }
 FAILURES = {

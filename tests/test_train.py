@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from conftest import STDLIB, run_config, snapshot, train_losses
+from conftest import STDLIB, run_config, snapshot, train_losses, write_documents_corpus
 from txl import checkpoint as ckpt
 from txl.checkpoint import ResumeWarning, TrainingState
 from txl.cli import main
@@ -88,7 +89,8 @@ def test_checkpoint_round_trip_gives_identical_outputs(trained_run):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
+@pytest.mark.parametrize("documents", ["continue", "reset"])
+def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus, documents):
     common = [
         'train.schedule="constant"',
         "train.log_every=1",
@@ -99,6 +101,9 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
         "model.dropout=0.1",
         "train.varlen=true",
     ]
+    if documents == "reset":  # a corpus of documents, the memory checkpointed with each row's reach
+        text_corpus = write_documents_corpus(tmp_path / "docs")
+        common += ["data.documents=reset", "model.mem_len=96"]
     reference = train(
         run_config(text_corpus, "train.steps=50", *common), tmp_path / "reference", progress=False
     )
@@ -138,6 +143,9 @@ def test_killed_run_resumes_on_the_same_loss_trajectory(tmp_path, text_corpus):
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert train_losses(killed)  # it had logged steps (maybe beyond the checkpoint) before dying
+    if documents == "reset":  # some row resumes inside a document that began within its memory
+        reach = load_file(str(latest_checkpoint(killed) / "state.safetensors"))
+        assert min(reach["memory.reach"].tolist()) < 96
     summary = resume(killed, overrides=("train.steps=50",), progress=False)
     assert summary["steps"] == 50
     assert train_losses(killed) == train_losses(tmp_path / "reference")  # identical floats, every step

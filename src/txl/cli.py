@@ -255,7 +255,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             device=args.device,
             max_tokens=args.max_tokens,
             progress=not args.quiet,
-            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"),
+            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
         )
     print(json.dumps(record))
     return 0
@@ -784,6 +784,28 @@ def _cmd_analyze_memory(args: argparse.Namespace) -> int:
     return _report(args, result)
 
 
+def _cmd_analyze_documents(args: argparse.Namespace) -> int:
+    from .analysis.documents import analyze_documents
+
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if not splits or any(s not in ("train", "valid", "test") for s in splits):
+        raise ConfigError(
+            f"--splits: expected a comma-separated list of train, valid, test, got {args.splits!r}"
+        )
+    result = analyze_documents(
+        [Path(r) for r in args.run_dir],
+        splits=splits,
+        max_tokens=args.max_tokens,
+        tgt_len=args.tgt_len,
+        batch_size=args.batch_size,
+        mem_len=args.mem_len,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        progress=not args.quiet,
+    )
+    return _report(args, result)
+
+
 def _cmd_analyze_speed(args: argparse.Namespace) -> int:
     from .analysis.common import parse_ints
     from .analysis.speed import speed_benchmark
@@ -885,6 +907,14 @@ It starts from the settings of 'txl eval' on the run (its [eval] clamp_len and s
 model's). Each length is also evaluated with clamp_len at the training attention length (training memory
 + segment), beside the unclamped figure: a gain lost to distances never seen in training shows there.
 Writes OUT/results.json ({"rows": [{"mem_len", "loss", "ppl", "clamped_loss", ...}]}) and memory.png."""
+
+_DOCUMENTS_HELP = """\
+Evaluate each run over its validation and test splits twice: reading across document boundaries (continue,
+the authors' way) and starting each document anew (reset: it attends to nothing before it), overall and by
+position within a document (0-9, 10-99, 100-999, ...). Give one run trained with data.documents=continue
+and one with reset for the 2 x 2 of trained and evaluated each way. The corpus must have documents.
+Writes OUT/results.json ({"runs": [{"run", "trained", "splits": [{"split", "continue_loss", "reset_loss",
+"buckets": [...]}]}]}) and documents.png."""
 
 _SPEED_HELP = """\
 The paper's Table 9: evaluation time per token of the vanilla Transformer against the Transformer-XL at
@@ -990,7 +1020,9 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     _add_output_options(p, default_out=None)
     p.set_defaults(func=_cmd_compare)
 
-    p = sub.add_parser("analyze", help="check the paper's claims: memory, speed, recl, recall, attention")
+    p = sub.add_parser(
+        "analyze", help="check the paper's claims: memory, speed, recl, recall, attention, documents"
+    )
     analyses = p.add_subparsers(dest="analysis", required=True)
 
     a = analyses.add_parser(
@@ -1098,6 +1130,25 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     _add_output_options(a, default_out=None)
     a.set_defaults(func=_cmd_analyze_attention)
 
+    a = analyses.add_parser(
+        "documents",
+        help="loss reading across documents or starting each anew, and by position in a document",
+        description=_DOCUMENTS_HELP,
+        formatter_class=raw,
+    )
+    a.add_argument("run_dir", nargs="+", help="one run, or several (e.g. one trained each way: the 2 x 2)")
+    a.add_argument(
+        "--splits", default="valid,test", help="comma-separated splits to evaluate (default: valid,test)"
+    )
+    a.add_argument("--mem-len", type=int, help="memory length (default: the run's evaluation memory)")
+    a.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval/train tgt_len)")
+    a.add_argument("--batch-size", type=int, help="parallel streams (default: the run's eval.batch_size)")
+    a.add_argument("--max-tokens", type=int, help="use the first N targets of each split (default: all)")
+    a.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint folder")
+    a.add_argument("--device", default="cpu")
+    _add_output_options(a, default_out=None)
+    a.set_defaults(func=_cmd_analyze_documents)
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEFAULT_STEPS
@@ -1150,6 +1201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=_positive_int, help="parallel streams (default: the run's eval.batch_size)"
     )
     p.add_argument("--max-tokens", type=_positive_int, help="evaluate only the first N tokens")
+    p.add_argument(
+        "--documents",
+        choices=["continue", "reset"],
+        help="at a document boundary read on (continue) or start anew (reset; needs a corpus of documents); "
+        "default: the run's data.documents",
+    )
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")

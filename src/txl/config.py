@@ -92,6 +92,7 @@ VocabKind = Literal["word", "char", "byte", "bpe"]
 Tokenizer = Literal["whitespace", "regex"]
 Schedule = Literal["cosine", "linear", "inverse_sqrt", "constant"]
 Precision = Literal["fp32", "bf16"]
+Documents = Literal["continue", "reset"]
 
 _ARCHITECTURE = types.MappingProxyType({"architecture": True})
 """Field metadata of the model fields that define the weights' shapes and meaning (checked when loading)."""
@@ -314,6 +315,11 @@ class DataConfig:
     """Folder to look for corpora in before $TXL_DATA_DIR and ~/.cache/txl."""
     cache_dir: str | None = None
     """Folder for encoded .npy caches; None means ~/.cache/txl/encoded."""
+    documents: Documents = "continue"
+    """What the memory does at a document boundary (a book, a source file, a WikiText article, a record):
+    "continue" reads on across it, as the authors' code does (the paper's setting); "reset" passes the
+    boundaries to the model in training and evaluation, so that a document attends to nothing before it.
+    "reset" needs a corpus with document boundaries."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
@@ -332,6 +338,7 @@ class DataConfig:
         )
         if self.tokenizer is not None:
             _one_of(self, "tokenizer", typing.get_args(Tokenizer))
+        _one_of(self, "documents", typing.get_args(Documents))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ segments, carrying memory from segment to segment (in a key/value cache where it
 per-token losses of each segment; every target is predicted exactly once. :func:`evaluate` reduces them to
 perplexity and bits per token over a split, ``analysis.context``, ``serve``'s scoring and the ONNX check read
 the same segments. Evaluation may use other lengths than training (a longer memory, another segment length,
-a clamp, same-length attention), given as a :class:`~txl.config.Span`. :func:`evaluate_run` evaluates a
+a clamp, same-length attention), given as a :class:`~txl.config.Span`. Given the token indices where
+documents begin (``starts``), each document attends to nothing before it (``data.documents = "reset"``);
+without them the streams read on across documents. :func:`evaluate_run` evaluates a
 trained run folder (what ``txl eval`` does). :func:`eval_mode` is the one way to switch a model to evaluation
 for a while.
 
@@ -24,8 +26,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .config import Span, TransformerXLConfig, eval_span, first_set
-from .data import SegmentStream, prepare_data
+from .config import ConfigError, Span, TransformerXLConfig, eval_span, first_set
+from .data import SegmentStream, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
@@ -176,6 +178,7 @@ def segment_losses(
     reuse_keys: bool = True,
     log_probs: bool = False,
     name: str = "tokens",
+    starts: np.ndarray | None = None,
 ) -> Iterator[SegmentLosses]:
     """Per-token losses of ``tokens`` segment by segment: the array (N,) cut into ``batch_size`` contiguous
     streams (:class:`~txl.data.SegmentStream`, the last segment padded), or given as streams already, (B, L+1)
@@ -189,12 +192,17 @@ def segment_losses(
     float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
     projections. False recomputes them, as training does (where the weights change between segments).
     ``log_probs``: also the (B, T, V) log-probabilities (the losses are then read from them) and the memory.
+    ``starts``: the token indices of the (N,) array where documents begin (:attr:`PreparedData.starts`): each
+    segment's ``Batch.starts`` are passed to the model, so that a document attends to nothing before it (a
+    memory long enough, and each document's losses are those it has read alone). None: read across them.
 
     Runs in evaluation mode (restored after) without gradients; ``precision`` "bf16" runs under autocast.
     ``name`` names the array in errors (a split)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     span = model.config.span if span is None else span
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
+        if starts is not None:
+            raise ValueError("starts are token indices of a 1-D token array; streams (B, L+1) take none")
         if tokens.shape[0] != batch_size or tokens.shape[1] < 2:
             raise ValueError(
                 f"streams must be ({batch_size}, L+1) ids with L >= 1, got {tuple(tokens.shape)}"
@@ -208,7 +216,7 @@ def segment_losses(
     else:
         try:
             batches = SegmentStream(
-                tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=name
+                tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=name, starts=starts
             )
         except ValueError as exc:
             raise TxlError(str(exc)) from None
@@ -231,15 +239,17 @@ def segment_losses(
         for batch in batches:
             batch = batch.select(rows).to(device)  # (B', T): these streams
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                # starts only where there are some: a stream without documents calls the model as before
+                extra = {} if batch.starts is None else {"starts": batch.starts}
                 if log_probs:
-                    out = model(batch.inputs, memory=memory, span=span)
+                    out = model(batch.inputs, memory=memory, span=span, **extra)
                     probs = out.log_probs.float() if out.log_probs.dtype == torch.bfloat16 else out.log_probs
                     loss = -probs.gather(-1, batch.targets[..., None])[..., 0]  # (B', T)
                 elif cache is not None:
-                    out = model(batch.inputs, cache=cache, targets=batch.targets)
+                    out = model(batch.inputs, cache=cache, targets=batch.targets, **extra)
                     loss = out.loss
                 else:
-                    out = model(batch.inputs, memory=memory, targets=batch.targets, span=span)
+                    out = model(batch.inputs, memory=memory, targets=batch.targets, span=span, **extra)
                     loss = out.loss
             memory = out.memory
             loss = loss.double()  # (B', T)
@@ -269,6 +279,7 @@ def evaluate(
     desc: str = "eval",
     group: Distributed = SINGLE,
     reuse_keys: bool = True,
+    starts: np.ndarray | None = None,
 ) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
     its stream, carrying memory across segments (:func:`segment_losses`, whose ``reuse_keys`` this passes
@@ -276,10 +287,14 @@ def evaluate(
     ``max_tokens`` limits evaluation to a prefix. Under data parallelism (``group``) every process reads its
     rows (streams) of each batch, with their memory, and the loss sums and token counts are added up over the
     processes: the figure is the one process's. Only the rows the data fills are made (:func:`eval_rows`),
-    and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`)."""
+    and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`).
+    ``starts``: where documents begin (token indices of ``tokens``): each then attends to nothing before it
+    (see :func:`segment_losses`)."""
     group.rows(batch_size, field="eval.batch_size")  # the setting as given must split over the processes
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
+        if starts is not None:
+            starts = starts[starts < len(tokens)]
     span = model.config.span if span is None else span
     device = torch.device(device) if device is not None else next(model.parameters()).device
     asked = batch_size
@@ -310,6 +325,7 @@ def evaluate(
         precision=precision,
         reuse_keys=reuse_keys,
         name=desc,
+        starts=starts,
     )
     n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -338,18 +354,25 @@ def evaluate_run(
     same_length: bool | None = None,
     max_tokens: int | None = None,
     progress: bool = False,
+    documents: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a trained run over a whole split (its first ``max_tokens``) and return one record: the run,
     split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint`` is
     named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
     ``[eval]`` section, else its training segment (``tgt_len``) or its model's lengths (see
-    :func:`~txl.config.eval_span`, which also says what a memory of 0 does to same-length attention)."""
+    :func:`~txl.config.eval_span`, which also says what a memory of 0 does to same-length attention).
+    ``documents``: "continue" or "reset" (see ``data.documents``; None: the run's own)."""
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
     config = run.config
     span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
     batch_size = first_set(batch_size, config.eval.batch_size)
-    tokens = prepare_data(config.data, vocab=run.vocab, splits=(split,)).splits[split]
+    if documents is not None and documents not in ("continue", "reset"):
+        raise ConfigError(f"--documents: must be 'continue' or 'reset', got {documents!r}")
+    documents = first_set(documents, config.data.documents)
+    data = prepare_data(config.data, vocab=run.vocab, splits=(split,))
+    check_documents(data.corpus, documents, name="--documents")
+    tokens = data.splits[split]
     result = evaluate(
         run.model,
         tokens,
@@ -359,6 +382,7 @@ def evaluate_run(
         max_tokens=max_tokens,
         progress=progress,
         desc=split,
+        starts=data.starts.get(split) if documents == "reset" else None,
     )
     return {
         "run": str(run_dir),
@@ -371,4 +395,5 @@ def evaluate_run(
         "mem_len": span.mem_len,
         "clamp_len": span.clamp_len,
         "same_length": span.same_length,
+        "documents": documents,
     }

@@ -8,6 +8,7 @@ and ``txl analyze`` commands are thin wrappers.
     recl          relative effective context length of a group of models
     recall        exact recall D positions back on a generated task: XL near 100%, vanilla at chance
     attention     attention probability by distance and memory share, per layer
+    documents     loss reading across documents or starting each anew, and by position in a document
 
 Shared: :func:`vanilla_baseline` (the baseline recipe), :mod:`.context` (per-token losses with a
 controlled context: streams with memory, sliding windows), :mod:`.report` (results.json, tables, PNGs).
@@ -17,6 +18,7 @@ from .attention import AttentionResult, analyze_attention, attention_statistics
 from .baseline import vanilla_baseline
 from .compare import CompareResult, compare
 from .context import sliding_losses, sliding_predictions, stream_losses, stream_predictions
+from .documents import DocumentsResult, analyze_documents
 from .memory import MemoryResult, analyze_memory, memory_sweep
 from .recall import RecallResult, recall_config, recall_task
 from .recl import ReclResult, analyze_recl, recl_from_gains, relative_gains
@@ -42,6 +44,8 @@ __all__ = [
     "analyze_attention",
     "attention_statistics",
     "AttentionResult",
+    "analyze_documents",
+    "DocumentsResult",
     "stream_losses",
     "stream_predictions",
     "sliding_losses",

@@ -11,8 +11,8 @@ from .corpora import (
     load_corpus,
 )
 from .download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
-from .encoded import default_cache_dir, encode_split, token_dtype
-from .prepare import PreparedData, prepare_data
+from .encoded import default_cache_dir, encode_documents, encode_split, split_starts, token_dtype
+from .prepare import PreparedData, check_documents, prepare_data
 from .stream import Batch, SegmentStream
 from .vocab import (
     BPEVocab,
@@ -43,14 +43,17 @@ __all__ = [
     "Vocab",
     "WordVocab",
     "build_vocab",
+    "check_documents",
     "cache_root",
     "data_search_dirs",
     "default_cache_dir",
     "download_corpus",
+    "encode_documents",
     "encode_split",
     "load_corpus",
     "load_vocab",
     "prepare_data",
+    "split_starts",
     "token_dtype",
     "vocab_from_dict",
 ]

@@ -1,13 +1,14 @@
 """Corpus readers: known corpora by name, or plain text files and folders by path.
 
-Owns where corpora are looked for, how each is split into train/valid/test and read as raw bytes, and the
-corpora txl generates itself (`synthetic-recall`).
+Owns where corpora are looked for, how each is split into train/valid/test and read as raw bytes, where its
+documents begin (:attr:`Corpus.documents`), and the corpora txl generates itself (`synthetic-recall`).
 Turning text into token ids is left to `vocab.py`, caching ids to `cache.py`, fetching to `download.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sysconfig
@@ -31,6 +32,9 @@ __all__ = [
     "CorpusError",
     "FileSpan",
     "Corpus",
+    "WIKITEXT_TITLE",
+    "wikitext_starts",
+    "jsonl_records",
     "cache_root",
     "data_search_dirs",
     "strip_gutenberg",
@@ -74,6 +78,11 @@ STDLIB_EXCLUDED_DIRS = frozenset(
 
 _ENWIK8_TRAIN, _ENWIK8_VALID = 90_000_000, 5_000_000
 
+WIKITEXT_TITLE = re.compile(rb"^ = [^=\n](?:[^\n]*[^=\n])? = ?\n(?=[ \t]*(?:\n|\Z))", re.M)
+"""An article's title line in WikiText (`` = Valkyria Chronicles III = ``): exactly one ``=`` each side, so a
+section heading (`` = = Gameplay = = ``) is not one, and followed by a blank line, as every title is (an
+equation line such as `` = 1 <unk> and <unk> C = `` inside an article is not)."""
+
 
 class FileSpan(NamedTuple):
     """Where a piece of a split came from: `start` is its offset in the split's bytes,
@@ -95,6 +104,11 @@ class Corpus:
     sources: the files each split was read from (for messages).
     fingerprint: sha256 over name, level, eos_per_line and every split's contents (the cache key).
     spans: per split, where each piece came from (to turn a byte offset back into a file offset).
+    documents: per split, the byte offsets where its documents begin (increasing, the first 0): a book of
+        `books`, a file of `python-stdlib` or of a folder, an article of WikiText, a record of an `hf:` dataset
+        or a JSON-lines file. Empty for a corpus without document boundaries (a single text file, enwik8,
+        text8, PTB, Tiny Shakespeare, synthetic-recall): its splits are one text each. Not part of the
+        fingerprint (the bytes are the same; the encoded-split cache keys the boundaries itself).
     """
 
     name: str
@@ -104,6 +118,12 @@ class Corpus:
     sources: Mapping[str, tuple[str, ...]]
     fingerprint: str
     spans: Mapping[str, tuple[FileSpan, ...]] = field(default_factory=dict, repr=False)
+    documents: Mapping[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+
+    @property
+    def has_documents(self) -> bool:
+        """Whether the corpus says where its documents begin (see ``documents``)."""
+        return bool(self.documents)
 
     def has(self, split: str) -> bool:
         return split in self.splits
@@ -190,16 +210,26 @@ def _fingerprint(name: str, level: str, eos_per_line: bool, splits: Mapping[str,
     return h.hexdigest()
 
 
+DocumentRule = Literal["pieces", "wikitext"] | Mapping[str, Iterable[int]] | None
+"""How :func:`_make` finds where documents begin: "pieces" (each piece of a split is a document: a book, a
+file), "wikitext" (each article title line, :func:`wikitext_starts`), byte offsets per split (records), or
+None (no boundaries)."""
+
+
 def _make(
     name: str,
     level: Level,
     eos_per_line: bool,
     parts: Mapping[str, list[tuple[bytes, str, int | None]]],
+    *,
+    documents: DocumentRule = None,
 ) -> Corpus:
-    """Build a Corpus from per-split pieces (bytes, source path, offset in that file or None)."""
+    """Build a Corpus from per-split pieces (bytes, source path, offset in that file or None), with its
+    document starts found as ``documents`` says."""
     splits: dict[str, bytes] = {}
     sources: dict[str, tuple[str, ...]] = {}
     spans: dict[str, tuple[FileSpan, ...]] = {}
+    starts: dict[str, tuple[int, ...]] = {}
     for split in SPLITS:
         pieces = parts.get(split) or []
         if not pieces:
@@ -214,6 +244,12 @@ def _make(
         splits[split] = bytes(buf)
         sources[split] = tuple(dict.fromkeys(p for _, p, _ in pieces))
         spans[split] = tuple(sp)
+        if documents == "pieces":
+            starts[split] = _first_zero(s.start for s, (data, _, _) in zip(sp, pieces, strict=True) if data)
+        elif documents == "wikitext":
+            starts[split] = wikitext_starts(splits[split])
+        elif documents is not None:
+            starts[split] = _first_zero(o for o in documents.get(split, ()) if 0 <= o < len(buf))
     if not splits:
         raise CorpusError(f"corpus '{name}' is empty: no split has any text; check its files")
     return Corpus(
@@ -224,7 +260,22 @@ def _make(
         sources=MappingProxyType(sources),
         fingerprint=_fingerprint(name, level, eos_per_line, splits),
         spans=MappingProxyType(spans),
+        documents=MappingProxyType(starts),
     )
+
+
+def _first_zero(offsets: Iterable[int]) -> tuple[int, ...]:
+    """Sorted distinct offsets, the first being 0 (the split's first byte always begins a document)."""
+    return tuple(sorted({0, *offsets}))
+
+
+def wikitext_starts(data: bytes) -> tuple[int, ...]:
+    """Byte offsets where WikiText's articles begin: 0, and each article title line (:data:`WIKITEXT_TITLE`).
+    What comes before the first title (WikiText's files open with a blank line) belongs to the first article."""
+    titles = [m.start() for m in WIKITEXT_TITLE.finditer(data)]
+    if titles and not data[: titles[0]].strip():
+        titles = titles[1:]
+    return _first_zero(titles)
 
 
 def _char_cuts(data: bytes, fractions: Iterable[float], path: Path) -> list[int]:
@@ -330,7 +381,7 @@ def _load_named(name: str, search: list[Path]) -> Corpus:
             path = folder / fname
             if path.is_file():
                 parts[split] = [(_read(path), str(path), 0)]
-        return _make(name, "word", True, parts)
+        return _make(name, "word", True, parts, documents=None if name == "ptb" else "wikitext")
     if name == "tinyshakespeare":  # nanoGPT: first 90% of characters train, last 10% valid
         path = folder / "input.txt"
         data = _read(path)
@@ -364,7 +415,7 @@ def _load_named(name: str, search: list[Path]) -> Corpus:
         for path in sorted(folder.glob("*.txt")):
             split = "valid" if path.name in BOOKS_VALID else "test" if path.name in BOOKS_TEST else "train"
             parts[split].append((strip_gutenberg(_read(path)), str(path), None))
-        return _make(name, "word", False, parts)
+        return _make(name, "word", False, parts, documents="pieces")
     raise AssertionError(name)  # pragma: no cover
 
 
@@ -396,7 +447,7 @@ def stdlib_files() -> list[tuple[str, Path]]:
 
 
 def _load_stdlib() -> Corpus:
-    return _make("python-stdlib", "byte", False, _split_by_file(stdlib_files()))
+    return _make("python-stdlib", "byte", False, _split_by_file(stdlib_files()), documents="pieces")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,9 +468,50 @@ def _folder_split_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _load_path(path: Path) -> Corpus:
+def jsonl_records(data: bytes, path: Path, *, text_field: str = "text") -> list[bytes]:
+    """The texts of a JSON-lines file's records (one JSON object a line; blank lines skipped), each its
+    ``text_field`` as UTF-8 with a newline added where it has none: one document each."""
+    out: list[bytes] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CorpusError(
+                f"{path} line {number}: not a JSON object ({err}); a .jsonl file holds one a line"
+            ) from None
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise CorpusError(
+                f"{path} line {number}: no text field {text_field!r} (a string); set data.text_field"
+            )
+        out.append(_with_newline(text.encode("utf-8")))
+    if not out:
+        raise CorpusError(f"file {path} holds no JSON records; a .jsonl corpus needs one object a line")
+    return out
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in (".jsonl", ".ndjson")
+
+
+def _load_jsonl_file(path: Path, text_field: str) -> Corpus:
+    """A JSON-lines file: its records, 90/5/5 by their bytes, whole records to each split."""
+    records = jsonl_records(_read(path), path, text_field=text_field)
+    total, ends = sum(map(len, records)), np.cumsum([len(r) for r in records])
+    parts: dict[str, list[tuple[bytes, str, int | None]]] = {s: [] for s in SPLITS}
+    for record, end in zip(records, ends, strict=True):
+        split = "train" if end <= 0.90 * total else "valid" if end <= 0.95 * total else "test"
+        parts[split].append((record, str(path), None))
+    return _make(path.name, "char", False, parts, documents="pieces")
+
+
+def _load_path(path: Path, *, text_field: str = "text") -> Corpus:
     name = path.name or str(path)
     if path.is_file():
+        if _is_jsonl(path):
+            return _load_jsonl_file(path, text_field)
         data = _read(path)
         a = _line_cut(data, int(0.90 * len(data)))
         b = _line_cut(data, int(0.95 * len(data)))
@@ -434,6 +526,12 @@ def _load_path(path: Path) -> Corpus:
             },
         )
     by_split = _folder_split_files(path)
+    if by_split and all(_is_jsonl(p) for p in by_split.values()):  # records are documents
+        parts = {
+            s: [(r, str(p), None) for r in jsonl_records(_read(p), p, text_field=text_field)]
+            for s, p in by_split.items()
+        }
+        return _make(name, "char", False, parts, documents="pieces")
     if by_split:
         return _make(name, "char", False, {s: [(_read(p), str(p), 0)] for s, p in by_split.items()})
     files = [
@@ -445,24 +543,28 @@ def _load_path(path: Path) -> Corpus:
         raise CorpusError(
             f"folder {path} holds no files; put text files (or train.txt/valid.txt/test.txt) in it"
         )
-    return _make(name, "char", False, _split_by_file(files))
+    return _make(name, "char", False, _split_by_file(files), documents="pieces")
 
 
 def load_corpus(spec: str, *, data_dir: Path | None = None, text_field: str = "text") -> Corpus:
     """Load a corpus by name (one of CORPUS_NAMES) or by path (a text file or a folder).
 
     Names are looked up as `<dir>/<name>/` in `data_dir` if given, else in `data_search_dirs()`.
-    A path that is a file is split 90/5/5 (at line ends near those points); a folder uses
-    train/valid/test files if it has them, else assigns its files to splits by a hash of their path.
+    A path that is a file is split 90/5/5 (at line ends near those points; a ``.jsonl`` file of records, by
+    whole records, each the ``text_field`` of one JSON object); a folder uses train/valid/test files if it has
+    them (``.jsonl`` ones are read as records), else assigns its files to splits by a hash of their path.
+    Where documents begin is :attr:`Corpus.documents`: see there for which corpora have them.
     A split missing on disk is absent from `Corpus.splits`; callers fail when they need it.
     `synthetic-recall[:distance=D,seed=S]` is generated in memory (see `synthetic_recall`).
     `hf:NAME[:CONFIG]` and `hf-disk:PATH` are Hugging Face datasets, one line of text per row taken from the
     column `text_field` (see `txl.data.hf_datasets`); WikiText and PTB ones are word level with `<eos>` per line.
     """
     if is_hf_spec(spec):
-        name, parts = load_hf_corpus(spec, text_field=text_field)
+        name, parts, records = load_hf_corpus(spec, text_field=text_field)
         words = any(key in name.lower() for key in ("wikitext", "ptb", "penn"))
-        return _make(name, "word" if words else "char", words, parts)
+        # a WikiText dataset has a row per line: its articles begin at title lines; elsewhere a row is a record
+        documents: DocumentRule = "wikitext" if "wikitext" in name.lower() else None if words else records
+        return _make(name, "word" if words else "char", words, parts, documents=documents)
     if spec.split(":", 1)[0] in GENERATED_CORPUS_NAMES:
         return synthetic_recall(**_recall_options(spec))
     if spec in CORPUS_NAMES:
@@ -470,7 +572,7 @@ def load_corpus(spec: str, *, data_dir: Path | None = None, text_field: str = "t
         return _load_named(spec, search)
     path = Path(spec).expanduser()
     if path.exists():
-        return _load_path(path)
+        return _load_path(path, text_field=text_field)
     if os.sep in spec or "/" in spec or "." in spec:
         raise CorpusError(f"corpus path {path} does not exist; give an existing file or folder")
     raise CorpusError(

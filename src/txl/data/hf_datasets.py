@@ -1,7 +1,7 @@
 """Hugging Face ``datasets`` as a corpus source (the optional extra ``datasets``): ``hf:NAME[:CONFIG]`` from
 the hub (or its local cache) and ``hf-disk:PATH`` for a dataset written with ``save_to_disk``.
 
-Each row's ``text_field`` is one line of text (a newline is added to rows that have none, as WikiText's rows
+Each row's ``text_field`` is one record, read as one line of text (a newline is added to rows that have none, as WikiText's rows
 already end with one); the splits ``train``, ``validation`` (or ``valid``, ``dev``) and ``test`` become txl's
 train, valid and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and
 :mod:`txl.data.encoded`'s.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..errors import CorpusError
 
@@ -74,12 +76,14 @@ def _open(spec: str) -> tuple[Any, str]:
 
 def load_hf_corpus(
     spec: str, *, text_field: str = "text"
-) -> tuple[str, dict[str, list[tuple[bytes, str, None]]]]:
-    """The corpus name and its splits as pieces (UTF-8 bytes, source, None), for :func:`corpora._make`."""
+) -> tuple[str, dict[str, list[tuple[bytes, str, None]]], dict[str, tuple[int, ...]]]:
+    """The corpus name, its splits as pieces (UTF-8 bytes, source, None) for :func:`corpora._make`, and per
+    split the byte offset where each row begins (a record: a document, except in a WikiText dataset)."""
     data, name = _open(spec)
     datasets = _datasets()
     splits = {"train": data} if isinstance(data, datasets.Dataset) else dict(data)
     parts: dict[str, list[tuple[bytes, str, None]]] = {}
+    records: dict[str, tuple[int, ...]] = {}
     for split, dataset in splits.items():
         ours = SPLIT_NAMES.get(split)
         if ours is None:
@@ -92,10 +96,13 @@ def load_hf_corpus(
         rows = dataset[text_field]
         if not all(isinstance(row, str) for row in rows):
             raise CorpusError(f"corpus {spec}: column {text_field!r} must hold text")
-        text = "".join(row if row.endswith("\n") else row + "\n" for row in rows)
-        parts.setdefault(ours, []).append((text.encode("utf-8"), f"{spec}[{split}]", None))
+        encoded = [(row if row.endswith("\n") else row + "\n").encode("utf-8") for row in rows]
+        before = sum(len(piece) for piece, _, _ in parts.get(ours, ()))
+        offsets = np.cumsum([0, *map(len, encoded[:-1])]) + before if encoded else []
+        records[ours] = (*records.get(ours, ()), *map(int, offsets))
+        parts.setdefault(ours, []).append((b"".join(encoded), f"{spec}[{split}]", None))
     if not parts:
         raise CorpusError(
             f"corpus {spec}: no train, validation or test split (splits: {', '.join(splits) or 'none'})"
         )
-    return name, parts
+    return name, parts, records

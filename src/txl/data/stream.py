@@ -1,7 +1,8 @@
 """The ordered segment iterator: one token array cut into B contiguous streams, read T tokens at a time.
 
 Row b of batch k+1 continues exactly where row b of batch k stopped, so a model's memory carries over
-between batches. Owns batching, variable segment lengths and resumable position; not tokenization.
+between batches. Owns batching, variable segment lengths, resumable position and where documents begin in
+each batch (``Batch.starts``); not tokenization.
 
 Dimensions: B batch size (streams), T segment length (tgt_len), L tokens per stream.
 """
@@ -34,12 +35,16 @@ class Batch:
     """inputs and targets: (B, T) int64, targets = inputs shifted by one token within each stream.
     mask: (B, T) bool, True where the target is a real token; None when all are real.
     new_epoch: the batch starts a pass over the split (position 0): no row continues the batch before,
-    so a memory carried from it (the end of the split) must be dropped."""
+    so a memory carried from it (the end of the split) must be dropped.
+    starts: (B, T) bool, True where ``inputs[b, t]`` begins a document; None when the stream was given no
+    document starts. A row's first token of an epoch is not marked unless a document begins there (the
+    memory is dropped at the wrap anyway), so the marks are the corpus's boundaries and nothing else."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
     mask: torch.Tensor | None = None
     new_epoch: bool = False
+    starts: torch.Tensor | None = None
 
     @property
     def n_targets(self) -> int:
@@ -49,15 +54,18 @@ class Batch:
     def select(self, rows: slice) -> Batch:
         """The batch of some rows (streams), e.g. those of one data-parallel process."""
         mask = self.mask[rows] if self.mask is not None else None
-        return Batch(self.inputs[rows], self.targets[rows], mask, self.new_epoch)
+        starts = self.starts[rows] if self.starts is not None else None
+        return Batch(self.inputs[rows], self.targets[rows], mask, self.new_epoch, starts)
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         mask = self.mask.to(device, non_blocking=non_blocking) if self.mask is not None else None
+        starts = self.starts.to(device, non_blocking=non_blocking) if self.starts is not None else None
         return Batch(
             self.inputs.to(device, non_blocking=non_blocking),
             self.targets.to(device, non_blocking=non_blocking),
             mask,
             self.new_epoch,
+            starts,
         )
 
 
@@ -77,6 +85,10 @@ class SegmentStream:
     next epoch, whose first batch has `Batch.new_epoch` set (all rows wrap together), so a trainer
     knows to drop its memory; the flag follows from the position, so it survives `state_dict()`.
     One iteration at a time: the stream holds the position, iterators share it.
+
+    starts: the token indices where documents begin (1-D, increasing; :attr:`PreparedData.starts`): each batch
+    then carries ``Batch.starts``, True at those tokens of its inputs (a document split between two streams
+    begins only where it begins; the second stream's first token is not marked).
     """
 
     def __init__(
@@ -89,6 +101,7 @@ class SegmentStream:
         seed: int = 0,
         drop_last: bool = True,
         name: str = "tokens",
+        starts: np.ndarray | None = None,
     ) -> None:
         if isinstance(tokens, torch.Tensor):
             tokens = tokens.detach().cpu().numpy()
@@ -122,6 +135,13 @@ class SegmentStream:
                 rows[b, : len(piece)] = piece
                 row_len[b] = len(piece)
             self._rows, self._row_len, self._n_steps = rows, row_len, length
+        self._row_start = np.arange(batch_size, dtype=np.int64) * length  # token index of each row's first
+        self._starts = None
+        if starts is not None:
+            starts = np.asarray(starts, dtype=np.int64)
+            if starts.ndim != 1 or (starts.size and (np.any(np.diff(starts) <= 0) or starts[0] < 0)):
+                raise ValueError(f"{name}: document starts must be increasing token indices (1-D)")
+            self._starts = starts
         self._pos = 0
         self._epoch = 0
         self._rng = np.random.default_rng(seed)
@@ -165,7 +185,20 @@ class SegmentStream:
             real = (pos + 1 + np.arange(seq_len))[None, :] < self._row_len[:, None]  # (B, T)
             if not real.all():
                 mask = torch.from_numpy(real)
-        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), mask, new_epoch=pos == 0)
+        starts = None if self._starts is None else torch.from_numpy(self._marks(pos, inputs.shape[1]))
+        return Batch(
+            torch.from_numpy(inputs), torch.from_numpy(targets), mask, new_epoch=pos == 0, starts=starts
+        )
+
+    def _marks(self, pos: int, seq_len: int) -> np.ndarray:
+        """(B, T) bool: True where input ``pos + t`` of row b is a document's first token."""
+        marks = np.zeros((self.batch_size, seq_len), dtype=bool)  # (B, T)
+        first = self._row_start + pos  # (B,) token index of each row's input 0
+        lo = np.searchsorted(self._starts, first)
+        hi = np.searchsorted(self._starts, first + np.minimum(seq_len, np.maximum(self._row_len - pos, 0)))
+        for b in range(self.batch_size):
+            marks[b, self._starts[lo[b] : hi[b]] - first[b]] = True
+        return marks
 
     def __iter__(self) -> Iterator[Batch]:
         """Batches from the current position to the end of the epoch."""

@@ -96,8 +96,12 @@ class Interrupted(RunError):
         self.signum = signum
 
 
-def train_stream(config: RunConfig, splits: Mapping[str, np.ndarray]) -> SegmentStream:
-    """The ordered stream of the train split (RunError when there is none, or it is shorter than one segment)."""
+def train_stream(
+    config: RunConfig, splits: Mapping[str, np.ndarray], starts: Mapping[str, np.ndarray] | None = None
+) -> SegmentStream:
+    """The ordered stream of the train split (RunError when there is none, or it is shorter than one segment).
+    With ``data.documents = "reset"`` its batches carry the document starts of the train split (``starts``,
+    :attr:`PreparedData.starts`); with "continue" they carry none, so nothing differs from a corpus without."""
     if "train" not in splits:
         raise RunError(f"corpus {config.data.corpus!r} has no train split to train on")
     tc = config.train
@@ -109,6 +113,7 @@ def train_stream(config: RunConfig, splits: Mapping[str, np.ndarray]) -> Segment
             varlen=tc.varlen,
             seed=tc.seed,
             name="train",
+            starts=(starts or {}).get("train") if config.data.documents == "reset" else None,
         )
     except ValueError as exc:
         raise RunError(str(exc)) from None
@@ -198,7 +203,11 @@ class Trainer:
 
     ``group``: the processes of a data-parallel run (torchrun). Every process is given the whole stream and
     trains on its rows of each batch (``self.rows``); ``self.memory`` holds the memory of those rows only.
-    Only rank 0 writes logs, metrics, the progress bar, checkpoints and the summary."""
+    Only rank 0 writes logs, metrics, the progress bar, checkpoints and the summary.
+
+    ``eval_starts``: the document starts of the evaluation splits (token indices, by split), passed to the
+    model when ``data.documents = "reset"``; then the train stream's ``Batch.starts`` are passed too, and the
+    memory carries each row's reach (checkpointed with it)."""
 
     def __init__(
         self,
@@ -209,6 +218,7 @@ class Trainer:
         stream: SegmentStream,
         run: RunPaths,
         eval_splits: Mapping[str, np.ndarray] | None = None,
+        eval_starts: Mapping[str, np.ndarray] | None = None,
         facts: Mapping[str, Any] | None = None,
         progress: bool = True,
         callbacks: tuple[Callback, ...] = (),
@@ -218,6 +228,7 @@ class Trainer:
         self.vocab_kind = vocab_kind  # names the bits figure of the records (bpc: char, bpb: byte)
         self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
         self.eval_splits = dict(eval_splits or {})
+        self.eval_starts = dict(eval_starts or {}) if config.data.documents == "reset" else {}
         self.facts = dict(facts or {})
         self.progress = progress and group.is_main
         self.callbacks = callbacks
@@ -268,7 +279,9 @@ class Trainer:
         self.state.world_size = self.group.world_size
         memory = self.memory
         if memory is not None and self.group.enabled:
-            memory = Memory(tuple(self.group.gather_rows(state) for state in memory.states))  # (B, M, D) each
+            states = tuple(self.group.gather_rows(state) for state in memory.states)  # (B, M, D) each
+            reach = None if memory.reach is None else self.group.gather_rows(memory.reach)  # (B,)
+            memory = Memory(states, reach=reach)
         rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
         if self.group.is_main:
             save_checkpoint(
@@ -369,10 +382,13 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------------
 
-    def compute_gradients(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def compute_gradients(
+        self, inputs: torch.Tensor, targets: torch.Tensor, starts: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Forward and backward over a batch (in ``train.accum_steps`` chunks of rows, each with its rows of
         the memory), carrying memory to the next call, then clip; returns the mean loss (a tensor). The
-        optimizer step is the caller's.
+        optimizer step is the caller's. ``starts`` (B, T) bool: where documents begin (``data.documents =
+        "reset"``), passed to the model with each chunk's rows; None calls the model without.
 
         Under data parallelism ``inputs`` are this process's rows: every process holds as many tokens, so
         DistributedDataParallel's average of the per-process mean gradients is the gradient of the mean over
@@ -394,7 +410,12 @@ class Trainer:
                 with torch.autocast(
                     device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"
                 ):
-                    out = self.forward(inputs[part], memory=memory, targets=targets[part])
+                    if starts is None:
+                        out = self.forward(inputs[part], memory=memory, targets=targets[part])
+                    else:
+                        out = self.forward(
+                            inputs[part], memory=memory, targets=targets[part], starts=starts[part]
+                        )
                 loss = out.loss.float().sum()
                 (loss / total).backward()
             loss_sum += loss.detach()
@@ -417,7 +438,7 @@ class Trainer:
         batch = batch.select(self.rows).to(self.device)  # (B/N, T): this process's streams
         if batch.new_epoch:  # the rows start the split again: the memory holds its end
             self.memory = None
-        loss = float(self.compute_gradients(batch.inputs, batch.targets))
+        loss = float(self.compute_gradients(batch.inputs, batch.targets, batch.starts))
         if not math.isfinite(loss):
             last = latest_checkpoint(self.run.root)
             where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
@@ -526,7 +547,8 @@ class Trainer:
         self._bar.update(1)
 
     def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
-        """Loss over ``split`` (its first ``max_tokens``) with the run's evaluation span; None without it."""
+        """Loss over ``split`` (its first ``max_tokens``) with the run's evaluation span (and its documents'
+        starts with ``data.documents = "reset"``); None without it."""
         if split not in self.eval_splits:
             return None
         ec, tc = self.config.eval, self.config.train
@@ -542,6 +564,7 @@ class Trainer:
             progress=self.progress,
             desc=split,
             group=self.group,
+            starts=self.eval_starts.get(split),
         )
 
     def _keep_if_best(self, loss: float) -> bool:
@@ -663,9 +686,10 @@ def build_trainer(
         config,
         model=model,
         optimizer=configure_optimizer(model, config.train),
-        stream=train_stream(config, data.splits),
+        stream=train_stream(config, data.splits, data.starts),
         run=run,
         eval_splits={s: t for s, t in data.splits.items() if s != "train"},
+        eval_starts={s: t for s, t in data.starts.items() if s != "train"},
         facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
         progress=progress,
         callbacks=callbacks,

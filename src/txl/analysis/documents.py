@@ -1,0 +1,325 @@
+"""``txl analyze documents``: what resetting the memory at document boundaries does. Each run is evaluated on
+its validation and test splits twice, reading across documents (``continue``, the authors' way) and starting
+each document anew (``reset``: it attends to nothing before it), and the loss is also reported by position
+within a document (buckets 0-9, 10-99, 100-999, ...): does the start of a new document suffer from the
+previous one's memory, or gain from it? Given runs trained each way, the table is the 2 x 2 of the issue.
+
+Every figure is read from one pass of :func:`txl.evaluate.segment_losses` per split and way (the protocol of
+``txl eval``, whose loss it equals): the per-token losses are put back in token order, and each target's
+position is its distance from the last document start at or before it. A target at position 0 is a
+document's first token, predicted from the end of the previous document (the start is marked on the input,
+so that token itself is read with what came before in either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..config import Span, eval_span, first_set
+from ..data import check_documents, prepare_data
+from ..evaluate import eval_rows, metrics_from_loss, segment_losses
+from ..model import TransformerXL
+from ..runs import load_run
+from .report import format_table, new_figure, run_label
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "DOCUMENT_MODES",
+    "PositionBucket",
+    "DocumentSplit",
+    "DocumentRun",
+    "DocumentsResult",
+    "token_losses",
+    "document_positions",
+    "position_buckets",
+    "analyze_documents",
+]
+
+DOCUMENT_MODES = ("continue", "reset")
+
+
+@dataclass(frozen=True)
+class PositionBucket:
+    """The targets at positions ``[start, stop)`` of their documents: how many, and their mean loss (nats per
+    token) read each way."""
+
+    start: int
+    stop: int
+    tokens: int
+    continue_loss: float
+    reset_loss: float
+
+
+@dataclass(frozen=True)
+class DocumentSplit:
+    """One split of one run: its documents and targets, the loss read each way, and the loss by position."""
+
+    split: str
+    documents: int
+    tokens: int
+    continue_loss: float
+    reset_loss: float
+    continue_ppl: float
+    reset_ppl: float
+    buckets: tuple[PositionBucket, ...]
+
+
+@dataclass(frozen=True)
+class DocumentRun:
+    """One run: how it was trained (``data.documents``), its step and evaluation lengths, and its splits."""
+
+    run: str
+    trained: str
+    step: int
+    tgt_len: int
+    batch_size: int
+    mem_len: int
+    splits: tuple[DocumentSplit, ...]
+
+
+@dataclass(frozen=True)
+class DocumentsResult:
+    """The runs of ``txl analyze documents``."""
+
+    runs: tuple[DocumentRun, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"runs": [asdict(r) for r in self.runs]}
+
+    def table(self) -> str:
+        rows = [
+            [
+                run_label(r.run),
+                r.trained,
+                s.split,
+                s.documents,
+                s.tokens,
+                s.continue_loss,
+                s.reset_loss,
+                s.reset_loss - s.continue_loss,
+            ]
+            for r in self.runs
+            for s in r.splits
+        ]
+        names = [
+            "run",
+            "trained",
+            "split",
+            "docs",
+            "tokens",
+            "eval continue",
+            "eval reset",
+            "reset - continue",
+        ]
+        head = "Loss (nats per token) evaluated reading across documents (continue) and starting each anew (reset)"
+        by_position = [
+            [run_label(r.run), r.trained, s.split, f"{b.start}-{b.stop - 1}", b.tokens, b.continue_loss,
+             b.reset_loss, b.reset_loss - b.continue_loss]
+            for r in self.runs
+            for s in r.splits
+            for b in s.buckets
+        ]  # fmt: skip
+        names2 = ["run", "trained", "split", "positions", "tokens", "continue", "reset", "reset - continue"]
+        return (
+            head
+            + "\n"
+            + format_table(names, rows)
+            + "\n\nLoss by position within a document\n"
+            + format_table(names2, by_position)
+        )
+
+    def figures(self) -> Mapping[str, Callable[[], Figure]]:
+        return {"documents": self._plot}
+
+    def _plot(self) -> Figure:
+        splits = sorted({s.split for r in self.runs for s in r.splits}, key=("valid", "test", "train").index)
+        fig = new_figure(width=5.2 * max(len(splits), 1), height=4.0)
+        axes = np.atleast_1d(fig.subplots(1, max(len(splits), 1), sharey=True))
+        for ax, split in zip(axes, splits, strict=False):
+            for r in self.runs:
+                for s in r.splits:
+                    if s.split != split or not s.buckets:
+                        continue
+                    x = [max(b.start, 1) for b in s.buckets]
+                    for mode, style in (("continue", "-"), ("reset", "--")):
+                        y = [getattr(b, f"{mode}_loss") for b in s.buckets]
+                        ax.plot(
+                            x, y, style, marker="o", label=f"{run_label(r.run)} (trained {r.trained}), {mode}"
+                        )
+            ax.set_xscale("log")
+            ax.set_xlabel("position within the document (bucket start; 0 drawn at 1)")
+            ax.set_title(f"{split}")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("loss (nats per token)")
+        axes[0].legend(fontsize="small")
+        fig.suptitle("Loss by position within a document: reading across documents or starting anew")
+        return fig
+
+
+def token_losses(
+    model: TransformerXL,
+    tokens: np.ndarray,
+    *,
+    starts: np.ndarray | None,
+    batch_size: int,
+    tgt_len: int,
+    span: Span,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    desc: str = "eval",
+) -> np.ndarray:
+    """The loss of every target of ``tokens`` (N,), in token order: (N - 1,) float64, entry i the loss of
+    token i + 1 given what came before it in its stream, read as :func:`~txl.evaluate.evaluate` reads it
+    (the rows the data fills, memory carried, with ``starts`` each document alone)."""
+    n = len(tokens)
+    rows = eval_rows(n, batch_size)
+    length = -(-(n - 1) // rows)  # targets per stream
+    out = np.zeros((rows, length), dtype=np.float64)  # (B, L)
+    position = 0
+    segments = segment_losses(
+        model, tokens, tgt_len=tgt_len, span=span, batch_size=rows, device=device, starts=starts, name=desc
+    )
+    total = -(-length // tgt_len)
+    for segment in tqdm(segments, total=total, desc=desc, disable=not progress, leave=False):
+        t = segment.loss.shape[1]
+        out[:, position : position + t] = segment.loss.cpu().numpy()
+        position += t
+    return out.reshape(-1)[: n - 1]  # row b holds targets b*L + 1 ... b*L + L
+
+
+def document_positions(n_tokens: int, starts: np.ndarray) -> np.ndarray:
+    """(N - 1,) int64: the position of each target (tokens 1 .. N - 1) within its document, its distance from
+    the last start at or before it (``starts`` increasing, the first 0)."""
+    index = np.arange(1, n_tokens, dtype=np.int64)
+    last = np.searchsorted(starts, index, side="right") - 1
+    return index - np.asarray(starts, dtype=np.int64)[last]
+
+
+def position_buckets(longest: int) -> list[tuple[int, int]]:
+    """[0, 10), [10, 100), [100, 1000), ... until the bucket that holds position ``longest``."""
+    bounds, stop = [], 10
+    start = 0
+    while start <= longest:
+        bounds.append((start, stop))
+        start, stop = stop, stop * 10
+    return bounds
+
+
+def _split(
+    model: TransformerXL,
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    *,
+    split: str,
+    batch_size: int,
+    tgt_len: int,
+    span: Span,
+    device: str,
+    progress: bool,
+) -> DocumentSplit:
+    losses = {
+        mode: token_losses(
+            model,
+            tokens,
+            starts=starts if mode == "reset" else None,
+            batch_size=batch_size,
+            tgt_len=tgt_len,
+            span=span,
+            device=device,
+            progress=progress,
+            desc=f"{split} {mode}",
+        )
+        for mode in DOCUMENT_MODES
+    }
+    positions = document_positions(len(tokens), starts)
+    buckets = []
+    for start, stop in position_buckets(int(positions.max()) if len(positions) else 0):
+        inside = (positions >= start) & (positions < stop)
+        if inside.any():
+            buckets.append(
+                PositionBucket(
+                    start=start,
+                    stop=stop,
+                    tokens=int(inside.sum()),
+                    continue_loss=float(losses["continue"][inside].mean()),
+                    reset_loss=float(losses["reset"][inside].mean()),
+                )
+            )
+    means = {mode: float(losses[mode].mean()) for mode in DOCUMENT_MODES}
+    return DocumentSplit(
+        split=split,
+        documents=len(starts),
+        tokens=len(tokens) - 1,
+        continue_loss=means["continue"],
+        reset_loss=means["reset"],
+        continue_ppl=metrics_from_loss(means["continue"])["ppl"],
+        reset_ppl=metrics_from_loss(means["reset"])["ppl"],
+        buckets=tuple(buckets),
+    )
+
+
+def analyze_documents(
+    run_dirs: Sequence[Path],
+    *,
+    splits: Sequence[str] = ("valid", "test"),
+    max_tokens: int | None = None,
+    tgt_len: int | None = None,
+    batch_size: int | None = None,
+    mem_len: int | None = None,
+    checkpoint: str = "best",
+    device: str = "cpu",
+    progress: bool = True,
+) -> DocumentsResult:
+    """Evaluate each run on ``splits`` (each must exist) reading across documents and starting each anew,
+    overall and by position within a document. Lengths not given are those ``txl eval`` takes from the run
+    (:func:`~txl.config.eval_span`); ``max_tokens``: only the first N targets of each split. The corpus must
+    say where its documents begin (a ConfigError naming ``data.documents`` otherwise)."""
+    runs = []
+    for run_dir in run_dirs:
+        run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+        config = run.config
+        span = eval_span(config, mem_len=mem_len)
+        tgt = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
+        rows = first_set(batch_size, config.eval.batch_size)
+        data = prepare_data(config.data, vocab=run.vocab, splits=splits)
+        check_documents(data.corpus, "reset", name="txl analyze documents")
+        results = []
+        for split in splits:
+            tokens, starts = data.splits[split], data.starts[split]
+            if max_tokens is not None:
+                tokens = tokens[: max_tokens + 1]
+                starts = starts[starts < len(tokens)]
+            results.append(
+                _split(
+                    run.model,
+                    tokens,
+                    starts,
+                    split=split,
+                    batch_size=rows,
+                    tgt_len=tgt,
+                    span=span,
+                    device=device,
+                    progress=progress,
+                )
+            )
+        runs.append(
+            DocumentRun(
+                run=str(run_dir),
+                trained=config.data.documents,
+                step=run.step,
+                tgt_len=tgt,
+                batch_size=rows,
+                mem_len=span.mem_len,
+                splits=tuple(results),
+            )
+        )
+    return DocumentsResult(runs=tuple(runs))
