@@ -399,6 +399,19 @@ async def _await_job(request: Request, future: Future, job: Job) -> Any:
             job.cancel()
 
 
+def _deliver(items: list) -> None:
+    for on_event, event in items:
+        on_event(event)
+
+
+def _post(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    """Hand a step's events to the event loop's thread in one call."""
+    try:
+        loop.call_soon_threadsafe(_deliver, items)
+    except RuntimeError:  # the loop has closed: nobody is listening
+        pass
+
+
 def _unauthorized(message: str) -> JSONResponse:
     response = _error(401, message)
     body = json.loads(response.body)
@@ -605,7 +618,9 @@ def create_app(
             except RuntimeError:  # the loop has closed: nobody is listening
                 pass
 
-        job = engine.admit(rows=rows, weight=req.n, on_event=put if req.stream else None)
+        if engine.post is None:  # the events of a step reach this loop in one call
+            engine.post = lambda items: _post(loop, items)
+        job = engine.admit(rows=rows, weight=req.n, on_event=events.put_nowait if req.stream else None)
         if job is None:
             raise busy()
         future = engine.submit(job, engine.completion_work(job, ids, sampling, n=req.n, session=session))

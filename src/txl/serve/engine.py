@@ -80,9 +80,16 @@ class Job:
     events go. ``backlog`` counts events sent that the client has not read yet."""
 
     def __init__(
-        self, closing: threading.Event, *, rows: int, weight: int, on_event: Callable[[Any], None] | None
+        self,
+        closing: threading.Event,
+        *,
+        rows: int,
+        weight: int,
+        on_event: Callable[[Any], None] | None,
+        outbox: list | None = None,
     ) -> None:
         self._closing = closing
+        self._outbox = outbox
         self.cancel_event = threading.Event()
         self.rows = rows
         """Rows of the shared cache it takes (0: it runs between the steps)."""
@@ -101,9 +108,13 @@ class Job:
         return self.cancel_event.is_set() or self._closing.is_set()
 
     def emit(self, event: Any) -> None:
+        """Send an event to the client (through the engine's outbox, flushed once per step, when it has one)."""
         if self.on_event is not None:
             self.backlog += 1
-            self.on_event(event)
+            if self._outbox is None:
+                self.on_event(event)
+            else:
+                self._outbox.append((self.on_event, event))
 
     def read(self) -> None:
         """The client read one event."""
@@ -384,6 +395,10 @@ class Engine:
         self._side: list[tuple[Job, Generator]] = []
         self._reserved = 0  # rows promised to jobs that are prefilling
         self.rows: list[_Row | None] = [None] * max_batch
+        self._outbox: list[tuple[Callable[[Any], None], Any]] = []
+        self.post: Callable[[list], None] | None = None
+        """Where the events of a step go at once (the HTTP layer hands them to its event loop in one call, so
+        a step wakes it once, not once per row); None: each job's ``on_event`` is called in turn."""
         self.cache: KVCache | None = None
         self.decoder: Decoder | None = None
         self._thread = threading.Thread(target=self._loop, name="txl-model", daemon=True)
@@ -414,7 +429,13 @@ class Engine:
                 return None
             self._admitted += weight
             self.stats.requests += 1
-        return Job(self.closing, rows=rows if self.cached else 0, weight=weight, on_event=on_event)
+        return Job(
+            self.closing,
+            rows=rows if self.cached else 0,
+            weight=weight,
+            on_event=on_event,
+            outbox=self._outbox,
+        )
 
     def submit(self, job: Job, work: Generator) -> Future:
         """Queue ``work`` (a generator run one slice per ``next`` on the model's thread) for ``job``."""
@@ -438,6 +459,7 @@ class Engine:
         """The job is over: give its places back and set its result."""
         if job.future.done():
             return
+        self._flush()  # the events sent so far go before the end
         with self._cond:
             self._admitted -= job.weight
             if isinstance(error, Cancelled):
@@ -602,8 +624,21 @@ class Engine:
                     self._side.remove((job, work))
             if self.rows_in_use and not self._stalled():
                 self._step()
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        items = self._outbox[:]
+        del self._outbox[:]
+        if self.post is not None:
+            self.post(items)
+        else:
+            for on_event, event in items:
+                on_event(event)
 
     def _shutdown(self) -> None:
+        self._flush()
         for r, row in enumerate(self.rows):
             if row is not None:
                 self.rows[r] = None
