@@ -618,13 +618,28 @@ class Engine:
             if self.closing.is_set():
                 self._shutdown()
                 return
-            self._start_waiting()
-            for job, work in list(self._side):
-                if self._slice(job, work):
-                    self._side.remove((job, work))
-            if self.rows_in_use and not self._stalled():
-                self._step()
-            self._flush()
+            try:
+                self._start_waiting()
+                for job, work in list(self._side):
+                    if self._slice(job, work):
+                        self._side.remove((job, work))
+                if self.rows_in_use and not self._stalled():
+                    self._step()
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - a bug here fails the running jobs, not the server
+                self._fail_all(exc)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """Every running job fails with ``exc``; the shared cache is made anew (the waiting jobs go on)."""
+        for r, row in enumerate(self.rows):
+            if row is not None:
+                self.rows[r] = None
+                self.end(row.completion.job, error=exc)
+        for job, work in self._side:
+            work.close()
+            self.end(job, error=exc)
+        self._side, self._reserved = [], 0
+        self.cache, self.decoder = None, None
 
     def _flush(self) -> None:
         if not self._outbox:
