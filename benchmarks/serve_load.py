@@ -347,6 +347,14 @@ def scenario_latency(run_dir: Path, args) -> dict:
     }
 
 
+async def _example(counts: dict, response: httpx.Response) -> None:
+    """Keep the first answers of each error status (for the report)."""
+    examples = counts.setdefault("examples", {})
+    kept = examples.setdefault(str(response.status_code), [])
+    if len(kept) < 2:
+        kept.append((await response.aread()).decode("utf-8", "replace")[:200])
+
+
 async def _soak_client(client: httpx.AsyncClient, rng: random.Random, counts: dict) -> None:
     kind = rng.random()
     try:
@@ -363,6 +371,8 @@ async def _soak_client(client: httpx.AsyncClient, rng: random.Random, counts: di
             leave = rng.random() < 0.3
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 counts[response.status_code] = counts.get(response.status_code, 0) + 1
+                if response.status_code != 200:
+                    await _example(counts, response)
                 seen = 0
                 async for line in response.aiter_lines():
                     seen += line.startswith("data:")
@@ -373,18 +383,26 @@ async def _soak_client(client: httpx.AsyncClient, rng: random.Random, counts: di
             response = await client.post("/v1/sessions")
             counts[response.status_code] = counts.get(response.status_code, 0) + 1
             if response.status_code != 200:
+                await _example(counts, response)
+            if response.status_code != 200:
                 return
             sid = response.json()["id"]
             for _ in range(rng.randint(1, 3)):
                 r = await client.post(f"/v1/sessions/{sid}/score", json={"text": rng.choice(PROMPTS) * 20})
                 counts[r.status_code] = counts.get(r.status_code, 0) + 1
+                if r.status_code != 200:
+                    await _example(counts, r)
             r = await client.post(
                 f"/v1/sessions/{sid}/completions", json={"max_tokens": 20, "temperature": 0}
             )
             counts[r.status_code] = counts.get(r.status_code, 0) + 1
+            if r.status_code != 200:
+                await _example(counts, r)
             if rng.random() < 0.5:
                 r = await client.delete(f"/v1/sessions/{sid}")
                 counts[r.status_code] = counts.get(r.status_code, 0) + 1
+                if r.status_code != 200:
+                    await _example(counts, r)
     except httpx.HTTPError as exc:
         counts[type(exc).__name__] = counts.get(type(exc).__name__, 0) + 1
 
@@ -409,8 +427,10 @@ async def _soak(url: str, pid: int, seconds: float, concurrency: int) -> dict:
         await asyncio.sleep(5)  # the sessions' ttl (3 s) and the sweep
         health = (await client.get("/v1/health")).json()
         rss.append(round(rss_mib(pid), 1))
+    examples = counts.pop("examples", {})
     return {
         "status_counts": {str(k): v for k, v in sorted(counts.items(), key=str)},
+        "error_examples": examples,
         "rss": rss,
         "health": health,
     }
@@ -442,31 +462,46 @@ def scenario_soak(run_dir: Path, args) -> dict:
 
 
 def scenario_session(run_dir: Path, args) -> dict:
+    """Read ``--session-tokens`` through one session (timing each call), then alternate: one call on a fresh
+    session (the cost at the start) and one on the session that has read them all (the cost after)."""
     text = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text(encoding="utf-8")
     chars = args.max_prompt_chars
     piece = (text * (chars // len(text) + 2))[:chars]
     calls = -(-args.session_tokens // chars)
     rates = []
+
+    def timed(client: httpx.Client, sid: str) -> float:
+        start = time.perf_counter()
+        response = client.post(f"/v1/sessions/{sid}/score", json={"text": piece})
+        assert response.status_code == 200, response.text
+        return len(piece) / (time.perf_counter() - start)
+
     with server(run_dir, "--max-prompt-chars", str(chars)) as (url, pid, ended):
         with httpx.Client(base_url=url, timeout=600) as client:
             sid = client.post("/v1/sessions").json()["id"]
             rss = [round(rss_mib(pid), 1)]
             for _ in range(calls):
-                start = time.perf_counter()
-                body = client.post(f"/v1/sessions/{sid}/score", json={"text": piece}).json()
-                rates.append(len(piece) / (time.perf_counter() - start))
+                rates.append(timed(client, sid))
             rss.append(round(rss_mib(pid), 1))
+            fresh, after = [], []
+            for _ in range(args.rounds * 2):
+                new = client.post("/v1/sessions").json()["id"]
+                fresh.append(timed(client, new))
+                client.delete(f"/v1/sessions/{new}")
+                after.append(timed(client, sid))
             read = client.get(f"/v1/sessions/{sid}").json()
     k = min(5, len(rates))
     return {
         "tokens_read": read["tokens_read"],
         "calls": calls,
         "tokens_per_call": chars,
+        "tokens_per_s_each_call": [round(r) for r in rates],
         "tokens_per_s_first_calls": round(statistics.median(rates[:k]), 1),
         "tokens_per_s_last_calls": round(statistics.median(rates[-k:]), 1),
-        "ratio_last_over_first": round(statistics.median(rates[-k:]) / statistics.median(rates[:k]), 3),
+        "alternated_tokens_per_s_fresh_session": [round(r) for r in fresh],
+        "alternated_tokens_per_s_after_all_read": [round(r) for r in after],
+        "ratio_after_over_fresh": round(statistics.median(after) / statistics.median(fresh), 3),
         "memory_length": read["memory_length"],
-        "last_mean_loss": body["mean_loss"],
         "rss_mib": rss,
         "server": ended,
     }
