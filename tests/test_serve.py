@@ -476,6 +476,10 @@ def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
         (["--queue-size", "-1"], "--queue-size must be an integer >= 0"),
         (["--max-tokens-limit", "0"], "--max-tokens-limit must be a positive integer"),
         (["--max-prompt-chars", "x"], "--max-prompt-chars must be a positive integer"),
+        (["--max-batch", "0"], "--max-batch must be a positive integer"),
+        (["--max-sessions", "-3"], "--max-sessions must be a positive integer"),
+        (["--session-ttl", "0"], "--session-ttl must be a positive number"),
+        (["--session-ttl", "inf"], "--session-ttl must be a positive number"),
         (["--checkpoint", "step-99999999"], "no checkpoint 'step-99999999'"),
     ],
 )

@@ -1239,7 +1239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-ttl",
         type=_positive_float,
         default=600.0,
-        help="seconds an idle session is kept (default: 600)",
+        help="seconds an idle session is kept (default: 600.0)",
     )
     p.add_argument(
         "--api-key",
