@@ -202,7 +202,14 @@ def test_model_card(client, run_dir):
     assert card["vocab"] == {"kind": "char", "size": len(run.vocab)}
     assert card["config"]["model"]["mem_len"] == run.config.model.mem_len
     assert card["summary"] == summary
-    assert card["limits"] == {"max_tokens": 300, "max_prompt_chars": 5000, "queue_size": 8}
+    assert card["limits"] == {
+        "max_tokens": 300,
+        "max_prompt_chars": 5000,
+        "queue_size": 8,
+        "max_batch": 16,
+        "max_sessions": 1000,
+        "session_ttl": 600.0,
+    }
     # the page's default prompt: the first line of the training text (serve_helpers: textwrap.py, twice)
     assert card["defaults"]["prompt"] == '"""Text wrapping and filling.'
     models = client.get("/v1/models").json()
@@ -269,7 +276,12 @@ BAD = [
     ("/v1/completions", {"prompt": "def", "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": "def", "stop": [""]}, "stop"),
     ("/v1/completions", {"prompt": "def", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ("/v1/completions", {"prompt": "def", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "def", "n": 17}, "n"),
+    ("/v1/completions", {"prompt": "def", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": [1, 2, 10**6]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, -1]}, "prompt"),
+    ("/v1/completions", {"prompt": "def", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "def", "echo": "yes"}, "echo"),
     ("/v1/completions", {"prompt": "x" * 5001}, "prompt"),
     ("/v1/completions", {"prompt": "caf\u00e9 \u2603"}, "prompt"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
@@ -362,7 +374,7 @@ class _Gate:
 def test_requests_over_the_queue_bound_get_429(run_dir):
     run = load_run(run_dir)
     gate = _Gate(run.model, open_=False)
-    app = create_app(run, run_dir=run_dir, settings=ServeSettings(queue_size=1))
+    app = create_app(run, run_dir=run_dir, settings=ServeSettings(queue_size=1, max_batch=1))
     results: dict[str, int] = {}
 
     def request(key: str, body: dict) -> None:
@@ -464,6 +476,10 @@ def test_a_client_that_leaves_the_queue_never_reaches_the_model(run_dir):
         (["--queue-size", "-1"], "--queue-size must be an integer >= 0"),
         (["--max-tokens-limit", "0"], "--max-tokens-limit must be a positive integer"),
         (["--max-prompt-chars", "x"], "--max-prompt-chars must be a positive integer"),
+        (["--max-batch", "0"], "--max-batch must be a positive integer"),
+        (["--max-sessions", "-3"], "--max-sessions must be a positive integer"),
+        (["--session-ttl", "0"], "--session-ttl must be a positive number"),
+        (["--session-ttl", "inf"], "--session-ttl must be a positive number"),
         (["--checkpoint", "step-99999999"], "no checkpoint 'step-99999999'"),
     ],
 )

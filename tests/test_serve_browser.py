@@ -6,6 +6,7 @@ desktop and phone width under the test's temporary folder."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -197,3 +198,73 @@ def test_the_page_generates_streams_and_scores(server, browser, tmp_path):
     model = tmp_path / "serve-page-model-phone.png"
     assert browser.save_screenshot(str(model))
     print(json.dumps({"screenshots": [str(generating), str(desktop), str(phone), str(model)]}))
+
+
+def test_the_stream_view_and_what_the_memory_did(server, browser, tmp_path):
+    browser.set_window_size(1280, 1500)
+    browser.get(server + "/")
+    by_id = browser.find_element
+    _wait(lambda: "parameters" in by_id(By.ID, "model-line").text, what="the model card")
+    source = (STDLIB / "textwrap.py").read_text(encoding="utf-8")
+    # the Score view's third column: loss without memory minus loss with memory, per token, in bits
+    text = source[3000:3400]
+    by_id(By.ID, "tab-score").click()
+    browser.execute_script("document.getElementById('score-text').value = arguments[0];", text)
+    by_id(By.ID, "score").click()
+    _wait(lambda: by_id(By.ID, "score-status").text == "done", timeout=120, what="the scores")
+    with_memory, without = (
+        httpx.post(server + "/v1/score", json={"text": text, "memory": m}, timeout=120).json()
+        for m in (True, False)
+    )
+    spans = browser.find_elements(By.CSS_SELECTOR, "#col-diff .tokens span")
+    assert len(spans) == len(text)
+    shown = [float(s.get_attribute("data-helped")) for s in spans[1:]]
+    expected = [
+        (a["logprob"] - b["logprob"]) / math.log(2)
+        for a, b in zip(with_memory["tokens"][1:], without["tokens"][1:], strict=True)
+    ]
+    assert shown == pytest.approx(expected, abs=2e-3)
+    assert (
+        any(x > 0.01 for x in expected)
+        and len({s.value_of_css_property("background-color") for s in spans}) > 5
+    )
+    scored = tmp_path / "serve-page-memory-did.png"
+    assert browser.save_screenshot(str(scored))
+
+    # the Stream view: two appended texts read through one session, the second with the first's memory
+    tgt_len = httpx.get(server + "/v1/model", timeout=10).json()["score"]["tgt_len"]
+    first, second = (
+        source[5000 : 5001 + tgt_len],
+        source[5001 + tgt_len : 5040 + tgt_len],
+    )  # split at a segment
+    by_id(By.ID, "tab-stream").click()
+    for part in (first, second):
+        browser.execute_script("document.getElementById('stream-text').value = arguments[0];", part)
+        by_id(By.ID, "stream-append").click()
+        _wait(
+            lambda: "tokens read" in by_id(By.ID, "stream-status").text,
+            timeout=60,
+            what="the session to read",
+        )
+        _wait(
+            lambda: by_id(By.ID, "stream-text").get_attribute("value") == "",
+            timeout=10,
+            what="the box to clear",
+        )
+    assert f"{len(first) + len(second)} tokens read" in by_id(By.ID, "stream-status").text
+    spans = browser.find_elements(By.CSS_SELECTOR, "#stream-tokens span")
+    assert "".join(s.text for s in spans).replace("\n", "") == (first + second).replace("\n", "")
+    bits = [float(s.get_attribute("data-bits")) for s in spans[1:]]
+    one_pass = httpx.post(
+        server + "/v1/score", json={"text": first + second}, timeout=60
+    ).json()  # one segment
+    assert bits == pytest.approx([-t["logprob"] / math.log(2) for t in one_pass["tokens"][1:]], abs=2e-3)
+    by_id(By.ID, "stream-continue").click()
+    _wait(
+        lambda: "with what it generated" in by_id(By.ID, "stream-status").text,
+        timeout=60,
+        what="a continuation",
+    )
+    streamed = tmp_path / "serve-page-stream.png"
+    assert browser.save_screenshot(str(streamed))
+    print(json.dumps({"screenshots": [str(scored), str(streamed)]}))

@@ -283,8 +283,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeSettings
 
     _device(args.device)
+    key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
+    if key is not None and not key.strip():
+        raise ConfigError("--api-key must not be empty")
     settings = ServeSettings(
-        max_tokens=args.max_tokens_limit, max_prompt_chars=args.max_prompt_chars, queue_size=args.queue_size
+        max_tokens=args.max_tokens_limit,
+        max_prompt_chars=args.max_prompt_chars,
+        queue_size=args.queue_size,
+        max_batch=args.max_batch,
+        max_sessions=args.max_sessions,
+        session_ttl=args.session_ttl,
+        api_key=key,
     )
     serve(
         Path(args.run_dir),
@@ -1272,7 +1281,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-size",
         type=_non_negative_int,
         default=8,
-        help="requests that may wait while one runs; more get 429 (default: 8)",
+        help="requests that may wait while --max-batch run; more get 429 (default: 8)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=16,
+        help="requests (rows) decoded together, each as a row of one cache (default: 16)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=_positive_int,
+        default=1000,
+        help="sessions (memories kept across requests) that may exist at once; more get 429 (default: 1000)",
+    )
+    p.add_argument(
+        "--session-ttl",
+        type=_positive_float,
+        default=600.0,
+        help="seconds an idle session is kept (default: 600.0)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="every request (but the page and /v1/health) must send 'Authorization: Bearer KEY' "
+        "(default: $TXL_API_KEY; none: no key)",
     )
     p.add_argument(
         "--log-level",

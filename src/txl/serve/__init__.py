@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "serve",
+    "listening_note",
     "require_server_packages",
     "Scores",
     "score_tokens",
@@ -72,6 +73,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listening_note(host: str, port: int, *, keyed: bool) -> str:
+    """The line ``txl serve`` prints about who can reach it: a warning for an address other machines can reach
+    without an API key."""
+    if _is_loopback(host):
+        return (
+            f"txl: listening on {host} only: this machine can reach it, others cannot "
+            "(pass --host 0.0.0.0 to listen on every interface)"
+        )
+    if keyed:
+        return (
+            f"txl: listening on {host}: anyone who can reach this machine on port {port} can reach the "
+            "server; every request but the page and /v1/health needs the API key"
+        )
+    return (
+        f"txl: warning: listening on {host} without an API key: anyone who can reach this machine on port "
+        f"{port} can use the model (pass --api-key KEY or set TXL_API_KEY)"
+    )
+
+
 def serve(
     run_dir: Path,
     *,
@@ -103,20 +123,11 @@ def serve(
         file=out,
         flush=True,
     )
-    if _is_loopback(bound_host):
-        print(
-            f"txl: listening on {bound_host} only: this machine can reach it, others cannot "
-            "(pass --host 0.0.0.0 to listen on every interface)",
-            file=out,
-            flush=True,
-        )
-    else:
-        print(
-            f"txl: listening on {bound_host}: anyone who can reach this machine on port {bound_port} can use "
-            "the model (there is no authentication)",
-            file=out,
-            flush=True,
-        )
+    print(
+        listening_note(bound_host, bound_port, keyed=settings is not None and settings.api_key is not None),
+        file=out,
+        flush=True,
+    )
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
     try:

@@ -1,28 +1,30 @@
 """The HTTP application of ``txl serve`` (FastAPI): OpenAI-shaped completions, streamed as Server-Sent Events;
-per-token surprisal of a text with and without memory; the model card; the static page. Requests are checked
-here (a 4xx JSON error names the field) and run one at a time on the model, on one worker thread, behind a
-bounded queue. Decoding is :mod:`txl.generate`'s, prompts and streamed text :mod:`txl.text`'s (prompts are
-read as ``txl generate`` reads them), scoring :mod:`txl.serve.score`'s.
+per-token surprisal of a text with and without memory; sessions whose memory persists across requests; the
+model card; the static page. Requests are checked here (a 4xx JSON error names the field), then run on the
+model's one thread, :class:`~txl.serve.engine.Engine` (continuous batching over the rows of one key/value
+cache), behind a bounded queue. Prompts and streamed text are :mod:`txl.text`'s (prompts are read as ``txl
+generate`` reads them), scoring :mod:`txl.serve.score`'s.
 
-    app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(queue_size=4))
-    # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true}
+    app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_batch=16, queue_size=4))
+    # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true, "n": 2, "logprobs": 3}
     # POST /v1/score        {"text": "...", "memory": false}
+    # POST /v1/sessions, /v1/sessions/{id}/score {"text": ...}, /v1/sessions/{id}/completions; GET, DELETE
     # GET  /v1/model, /v1/models, /v1/health, /
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import secrets
-import threading
 import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,15 +37,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..config import config_to_dict
-from ..generate import stream
 from ..runs import LoadedRun, RunPaths
-from ..text import TextStream, UnknownTokensWarning, describe_unknown, read_prompt
-from .score import score_tokens, scoring_lengths, token_pieces
+from ..text import UnknownTokensWarning, describe_unknown, read_prompt
+from .engine import Cancelled, Engine, Job, Sampling, Session, SessionStore
+from .score import score_segments, scores_of, scoring_lengths, token_pieces
 
-__all__ = ["ServeSettings", "create_app", "CompletionRequest", "ScoreRequest"]
+__all__ = [
+    "ServeSettings",
+    "create_app",
+    "CompletionRequest",
+    "ScoreRequest",
+    "SessionScoreRequest",
+    "OPEN_ROUTES",
+]
 
 MAX_STOP = 4
 """Stop strings per request (OpenAI's limit)."""
+
+MAX_LOGPROBS = 20
+"""The most ``logprobs`` (best tokens per position) a request may ask for."""
+
+OPEN_ROUTES = ("/", "/v1/health")
+"""The routes that need no API key: the page (static, no data; it asks for the key) and the health check."""
 
 
 @dataclass(frozen=True)
@@ -55,17 +70,32 @@ class ServeSettings:
     max_prompt_chars: int = 20_000
     """The longest prompt or scored text, in characters (``--max-prompt-chars``)."""
     queue_size: int = 8
-    """Requests that may wait while one runs on the model; more are refused with 429 (``--queue-size``)."""
+    """Requests that may wait while ``max_batch`` run on the model; more are refused with 429 (``--queue-size``)."""
+    max_batch: int = 16
+    """Rows decoded together: completions (choices) that run at once (``--max-batch``)."""
     stream_buffer: int = 32
-    """Tokens generated ahead of a streaming client that has not read them yet; the model then waits."""
+    """Tokens generated ahead of a streaming client that has not read them yet; when every running row's
+    client is that far behind, the model waits."""
+    max_sessions: int = 1000
+    """Sessions that may exist at once; more are refused with 429 (``--max-sessions``)."""
+    session_ttl: float = 600.0
+    """Seconds a session may stay idle before it is forgotten (``--session-ttl``)."""
+    api_key: str | None = None
+    """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``);
+    None: no key (the routes of :data:`OPEN_ROUTES` never need one)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "max_prompt_chars", "stream_buffer"):
+        for name in ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
             raise ValueError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
+        ttl = self.session_ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or math.isinf(ttl):
+            raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ValueError("api_key must be a non-empty string (or None: no key)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -78,17 +108,44 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str
+    prompt: str | list[int]
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | None = None
     stream: bool = False
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     user: str | None = None
+
+
+class SessionCompletionRequest(CompletionRequest):
+    """``POST /v1/sessions/{id}/completions``: as a completion, continuing the session's memory; the prompt
+    (default none) and the generated text join it. One choice (one memory)."""
+
+    prompt: str | list[int] = ""
+    n: int = Field(1, ge=1, le=1)
+
+
+class SessionNewRequest(BaseModel):
+    """``POST /v1/sessions``: no fields but the model's name (a body is optional)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+
+
+class SessionScoreRequest(BaseModel):
+    """``POST /v1/sessions/{id}/score``: a text read as the continuation of what the session has read."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    model: str | None = None
 
 
 class ScoreRequest(BaseModel):
@@ -188,169 +245,33 @@ def _encode(run: LoadedRun, text: str, *, field_name: str) -> tuple[torch.Tensor
     return ids, notes
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The model's worker: one request at a time, a bounded queue
-# ---------------------------------------------------------------------------------------------------------
+def _prompt_ids(run: LoadedRun, prompt: str | list[int], *, limit: int) -> tuple[torch.Tensor, list[str]]:
+    """(P,) ids of a prompt given as text or as token ids (each in the vocabulary: else a 400 naming it)."""
+    if isinstance(prompt, str):
+        _check_text(prompt, field_name="prompt", limit=limit)
+        return _encode(run, prompt, field_name="prompt")
+    size = len(run.vocab)
+    if len(prompt) > limit:
+        raise RequestError(
+            400, f"prompt has {len(prompt)} token ids, more than this server takes ({limit})", param="prompt"
+        )
+    bad = [i for i in prompt if not 0 <= i < size]
+    if bad:
+        raise RequestError(400, f"prompt: token ids must be in [0, {size}), got {bad[:5]}", param="prompt")
+    return torch.tensor(prompt, dtype=torch.long), []
 
 
-class Cancelled(Exception):
-    """A job stopped because its client left or the server is closing."""
-
-
-@dataclass
-class _Job:
-    """One admitted request: its cancellation flag."""
-
-    closing: threading.Event
-    cancel_event: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or self.closing.is_set()
-
-
-@dataclass
-class Stats:
-    """Counters shown by ``GET /v1/health``."""
-
-    requests: int = 0
-    rejected: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    tokens_generated: int = 0
-
-
-class ModelWorker:
-    """Runs jobs on the model one at a time on a single thread. At most ``1 + queue_size`` admitted jobs
-    exist at once (one running, the rest waiting); :meth:`admit` refuses more."""
-
-    def __init__(self, *, queue_size: int) -> None:
-        self.capacity = 1 + queue_size
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txl-model")
-        self.closing = threading.Event()
-        self.stats = Stats()
-        self._lock = threading.Lock()
-        self._admitted = 0
-
-    @property
-    def admitted(self) -> int:
-        return self._admitted
-
-    def admit(self) -> _Job | None:
-        """A new job, or None when the queue is full (the caller answers 429)."""
-        with self._lock:
-            if self._admitted >= self.capacity or self.closing.is_set():
-                self.stats.rejected += 1
-                return None
-            self._admitted += 1
-            self.stats.requests += 1
-        return _Job(closing=self.closing)
-
-    def run(self, job: _Job, work: Callable[[], Any]) -> Future:
-        """Queue ``work`` for the model's thread; the job's place is given back when it ends."""
-
-        def guarded() -> Any:
-            try:
-                if job.cancelled:
-                    raise Cancelled
-                return work()
-            except Cancelled:
-                with self._lock:
-                    self.stats.cancelled += 1
-                raise
-            except Exception:
-                with self._lock:
-                    self.stats.failed += 1
-                raise
-            finally:
-                with self._lock:
-                    self._admitted -= 1
-
-        try:
-            return self.executor.submit(guarded)
-        except RuntimeError:  # shut down meanwhile
-            with self._lock:
-                self._admitted -= 1
-            raise RequestError(503, "the server is shutting down", kind="server_error") from None
-
-    def count_token(self) -> None:
-        with self._lock:
-            self.stats.tokens_generated += 1
-
-    def close(self) -> None:
-        self.closing.set()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Jobs (run on the model's thread)
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Sampling:
-    max_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int
-    stop: tuple[str, ...]
-
-
-def _complete(
-    run: LoadedRun,
-    ids: torch.Tensor,
-    sampling: _Sampling,
-    *,
-    job: _Job,
-    worker: ModelWorker,
-    emit: Callable[[str], None],
-) -> dict[str, Any]:
-    """Generate after ``ids`` (P,); ``emit`` each token's printable text as it comes (see :class:`TextStream`)."""
-    model = run.model
-    device = next(model.parameters()).device
-    start = time.perf_counter()
-    generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    pieces = TextStream(run.vocab, ids.tolist(), stop=sampling.stop)
-    tokens = stream(
-        model,
-        ids,
-        max_new_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        generator=generator,
-    )
-    count, finish = 0, "length"
-    try:
-        for step, token in enumerate(tokens):
-            count += 1
-            worker.count_token()
-            emit(pieces.push(int(token[0]), final=step == sampling.max_tokens - 1))
-            if pieces.stopped:
-                finish = "stop"
-                break
-            if job.cancelled:
-                raise Cancelled
-    finally:
-        tokens.close()
-    seconds = time.perf_counter() - start
-    return {"text": pieces.text, "finish_reason": finish, "completion_tokens": count, "seconds": seconds}
-
-
-def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool, job: _Job) -> dict[str, Any]:
+def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool) -> Any:
+    """The work of ``POST /v1/score``: one segment per slice (:func:`score_segments`), then the answer."""
     tgt_len, span = scoring_lengths(run.config, memory=memory)
-    scores = score_tokens(run.model, ids, tgt_len=tgt_len, span=span, should_stop=lambda: job.cancelled)
-    if job.cancelled:
-        raise Cancelled
+    losses: list[torch.Tensor] = []
+    yield from score_segments(run.model, ids, tgt_len=tgt_len, span=span, losses=losses)
+    scores = scores_of(losses, tgt_len=tgt_len, span=span)
     id_list = ids.tolist()
     pieces = token_pieces(run.vocab.decode, id_list)
-    losses = scores.losses.tolist()
+    values = scores.losses.tolist()
     tokens = [
-        {"id": i, "text": p, "logprob": None if n == 0 else -losses[n - 1]}
+        {"id": i, "text": p, "logprob": None if n == 0 else -values[n - 1]}
         for n, (i, p) in enumerate(zip(id_list, pieces, strict=True))
     ]
     mean = scores.mean_loss
@@ -359,7 +280,7 @@ def _score(run: LoadedRun, ids: torch.Tensor, *, memory: bool, job: _Job) -> dic
         "tgt_len": tgt_len,
         "mem_len": span.mem_len,
         "same_length": span.same_length,
-        "scored_tokens": len(losses),
+        "scored_tokens": len(values),
         "mean_loss": mean,
         "ppl": math.exp(mean) if mean < 700 else float("inf"),
         "bits_per_token": mean / math.log(2),
@@ -454,6 +375,9 @@ def _model_card(run: LoadedRun, *, name: str, run_dir: Path, settings: ServeSett
             "max_tokens": settings.max_tokens,
             "max_prompt_chars": settings.max_prompt_chars,
             "queue_size": settings.queue_size,
+            "max_batch": settings.max_batch,
+            "max_sessions": settings.max_sessions,
+            "session_ttl": settings.session_ttl,
         },
         "config": config_to_dict(run.config),
         "summary": summary,
@@ -464,7 +388,7 @@ def _page() -> str:
     return resources.files("txl.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
-async def _await_job(request: Request, future: Future, job: _Job) -> Any:
+async def _await_job(request: Request, future: Future, job: Job) -> Any:
     """The job's result; stops it when the client disconnects while it waits or runs."""
     waiting = asyncio.wrap_future(future)
     while True:
@@ -475,25 +399,94 @@ async def _await_job(request: Request, future: Future, job: _Job) -> Any:
             job.cancel()
 
 
+def _deliver(items: list) -> None:
+    for on_event, event in items:
+        on_event(event)
+
+
+def _post(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    """Hand a step's events to the event loop's thread in one call."""
+    try:
+        loop.call_soon_threadsafe(_deliver, items)
+    except RuntimeError:  # the loop has closed: nobody is listening
+        pass
+
+
+def _unauthorized(message: str) -> JSONResponse:
+    response = _error(401, message)
+    body = json.loads(response.body)
+    body["error"]["code"] = "invalid_api_key"
+    return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _authorized(header: str | None, key: bytes) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer KEY`` (compared in constant time)."""
+    if header is None:
+        return False
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("utf-8"), key)
+
+
+class _KeyCheck:
+    """ASGI middleware: a request to any route but :data:`OPEN_ROUTES` without ``Authorization: Bearer KEY``
+    gets a 401 in OpenAI's error shape (plain ASGI, so that disconnects still reach the routes)."""
+
+    def __init__(self, app: Any, *, key: bytes) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_ROUTES:
+            header = None
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    header = value.decode("latin-1")
+            if not _authorized(header, self.key):
+                said = "no Authorization header" if header is None else "a wrong API key"
+                response = _unauthorized(
+                    f"this server needs an API key: send 'Authorization: Bearer KEY' (the request had {said})"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(
     run: LoadedRun, *, run_dir: Path, settings: ServeSettings | None = None, name: str | None = None
 ) -> FastAPI:
-    """The application serving ``run`` (loaded from ``run_dir``). ``app.state.worker`` is its
-    :class:`ModelWorker`."""
+    """The application serving ``run`` (loaded from ``run_dir``). ``app.state.engine`` is its
+    :class:`~txl.serve.engine.Engine`, ``app.state.sessions`` its :class:`~txl.serve.engine.SessionStore`."""
     settings = ServeSettings() if settings is None else settings
     name = name or Path(run_dir).resolve().name
-    worker = ModelWorker(queue_size=settings.queue_size)
+    engine = Engine(
+        run,
+        max_batch=settings.max_batch,
+        queue_size=settings.queue_size,
+        stream_buffer=settings.stream_buffer,
+    )
+    sessions = SessionStore(limit=settings.max_sessions, ttl=settings.session_ttl, stats=engine.stats)
     card = _model_card(run, name=name, run_dir=Path(run_dir), settings=settings)
     page = _page()
     body_limit = 4 * settings.max_prompt_chars + 65_536  # JSON escapes, other fields
+    key = None if settings.api_key is None else settings.api_key.encode("utf-8")
 
     async def lifespan(app: FastAPI):
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(min(1.0, settings.session_ttl / 4))
+                sessions.expire()
+
+        sweeper = asyncio.create_task(sweep())
         yield
-        worker.close()
+        sweeper.cancel()
+        await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="txl serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.worker = worker
+    app.state.engine = engine
+    app.state.sessions = sessions
     app.state.run = run
+
+    if key is not None:
+        app.add_middleware(_KeyCheck, key=key)
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> JSONResponse:
@@ -531,29 +524,35 @@ def create_app(
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
-        stats = worker.stats
+        stats = engine.stats
+        sessions.expire()
         return {
             "status": "ok",
-            "admitted": worker.admitted,
-            "capacity": worker.capacity,
+            "admitted": engine.admitted,
+            "capacity": engine.capacity,
+            "rows_in_use": engine.rows_in_use,
+            "max_batch": engine.max_batch,
+            "waiting": engine.waiting,
+            "sessions": len(sessions),
+            "max_sessions": settings.max_sessions,
             "requests": stats.requests,
             "rejected": stats.rejected,
             "cancelled": stats.cancelled,
             "failed": stats.failed,
             "tokens_generated": stats.tokens_generated,
+            "sessions_created": stats.sessions_created,
+            "sessions_expired": stats.sessions_expired,
         }
 
     def busy() -> RequestError:
         return RequestError(
             429,
-            f"the model is busy: {worker.capacity - 1} request(s) are already waiting "
-            "(txl serve --queue-size); retry later",
+            f"the model is busy: {engine.capacity} request(s) are running or waiting already "
+            "(txl serve --max-batch, --queue-size); retry later",
             kind="rate_limit_error",
         )
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        req = _parse(CompletionRequest, await _json_body(request, limit=body_limit))
+    def sampling_of(req: CompletionRequest, *, prompt_tokens: int) -> Sampling:
         defaults = run.config.generate
         max_tokens = req.max_tokens if req.max_tokens is not None else card["defaults"]["max_tokens"]
         if max_tokens > settings.max_tokens:
@@ -563,6 +562,19 @@ def create_app(
                 "(txl serve --max-tokens-limit)",
                 param="max_tokens",
             )
+        if max_tokens == 0 and not req.echo:
+            raise RequestError(
+                400,
+                "max_tokens: 0 generates nothing; it needs echo (to score the prompt)",
+                param="max_tokens",
+            )
+        if req.n > settings.max_batch:
+            raise RequestError(
+                400,
+                f"n: {req.n} choices are more than the rows this server decodes at once ({settings.max_batch}; "
+                "txl serve --max-batch)",
+                param="n",
+            )
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         if len(stop) > MAX_STOP or any(not s for s in stop):
             raise RequestError(
@@ -570,95 +582,89 @@ def create_app(
                 f"stop: at most {MAX_STOP} non-empty strings, got {json.dumps(req.stop)[:60]}",
                 param="stop",
             )
-        _check_text(req.prompt, field_name="prompt", limit=settings.max_prompt_chars)
-        ids, notes = _encode(run, req.prompt, field_name="prompt")
-        if ids.numel() == 0:
-            eos = getattr(run.vocab, "eos_id", None)
-            if eos is None:
-                raise RequestError(
-                    400,
-                    "prompt: empty (this vocabulary has no end-of-text token to start from)",
-                    param="prompt",
-                )
-            ids = torch.tensor([eos], dtype=torch.long)
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
-        sampling = _Sampling(
+        return Sampling(
             max_tokens=max_tokens,
             temperature=req.temperature if req.temperature is not None else defaults.temperature,
             top_k=req.top_k if req.top_k is not None else defaults.top_k,
             top_p=req.top_p if req.top_p is not None else defaults.top_p,
-            seed=seed,
+            seed=req.seed if req.seed is not None else secrets.randbits(63),
             stop=stop,
+            logprobs=req.logprobs,
+            echo=req.echo,
         )
-        job = worker.admit()
+
+    def start_ids(ids: torch.Tensor, *, session: Session | None) -> torch.Tensor:
+        """An empty prompt starts from the end-of-text token (a session: from what it has read)."""
+        if ids.numel() or (session is not None and session.pending is not None):
+            return ids
+        eos = getattr(run.vocab, "eos_id", None)
+        if eos is None:
+            raise RequestError(
+                400, "prompt: empty (this vocabulary has no end-of-text token to start from)", param="prompt"
+            )
+        return torch.tensor([eos], dtype=torch.long)
+
+    async def complete(request: Request, req: CompletionRequest, *, session: Session | None):
+        ids, notes = _prompt_ids(run, req.prompt, limit=settings.max_prompt_chars)
+        ids = start_ids(ids, session=session)
+        sampling = sampling_of(req, prompt_tokens=int(ids.numel()))
+        rows = req.n if sampling.max_tokens > 0 else 0
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def put(item: tuple) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the loop has closed: nobody is listening
+                pass
+
+        if engine.post is None:  # the events of a step reach this loop in one call
+            engine.post = lambda items: _post(loop, items)
+        job = engine.admit(rows=rows, weight=req.n, on_event=events.put_nowait if req.stream else None)
         if job is None:
             raise busy()
+        future = engine.submit(job, engine.completion_work(job, ids, sampling, n=req.n, session=session))
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": ident, "object": "text_completion", "created": created, "model": name}
 
         def tail(result: dict[str, Any]) -> dict[str, Any]:
+            prompt_tokens = int(ids.numel())
             usage = {
-                "prompt_tokens": int(ids.numel()),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": result["completion_tokens"],
-                "total_tokens": int(ids.numel()) + result["completion_tokens"],
+                "total_tokens": prompt_tokens + result["completion_tokens"],
             }
             rate = result["completion_tokens"] / result["seconds"] if result["seconds"] > 0 else 0.0
-            return {"usage": usage, "tokens_per_s": rate, "seed": seed, "warnings": notes}
+            extra = {"session": session.describe(ttl=settings.session_ttl)} if session is not None else {}
+            return {"usage": usage, "tokens_per_s": rate, "seed": sampling.seed, "warnings": notes, **extra}
 
         if not req.stream:
-            future = worker.run(
-                job, lambda: _complete(run, ids, sampling, job=job, worker=worker, emit=lambda _: None)
-            )
             try:
                 result = await _await_job(request, future, job)
             except Cancelled:
                 return _error(499, "the client closed the request", kind="cancelled")
-            choice = {
-                "text": result["text"],
-                "index": 0,
-                "logprobs": None,
-                "finish_reason": result["finish_reason"],
-            }
-            return {**head, "choices": [choice], **tail(result)}
+            return {**head, "choices": result["choices"], **tail(result)}
 
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        credits = threading.Semaphore(settings.stream_buffer)
-
-        def put(item: tuple[str, Any]) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, item)
-            except RuntimeError:  # the loop has closed: nobody is listening
-                job.cancel()
-
-        def emit(piece: str) -> None:  # on the model's thread: wait while the client is behind
-            while not credits.acquire(timeout=0.1):
-                if job.cancelled:
-                    raise Cancelled
-            put(("token", piece))
-
-        future = worker.run(job, lambda: _complete(run, ids, sampling, job=job, worker=worker, emit=emit))
         future.add_done_callback(lambda f: put(("end", f)))
 
         async def sse() -> AsyncIterator[str]:
             yield ": txl\n\n"  # the headers go out now; a client that left while waiting is noticed
             while True:
                 try:
-                    kind, value = await asyncio.wait_for(events.get(), timeout=1.0)
+                    item = await asyncio.wait_for(events.get(), timeout=1.0)
                 except TimeoutError:
                     yield ": waiting for the model\n\n"
                     continue
-                if kind == "token":
-                    credits.release()
-                    yield _sse(
-                        {
-                            **head,
-                            "choices": [{"text": value, "index": 0, "logprobs": None, "finish_reason": None}],
-                        }
-                    )
+                if item[0] != "end":
+                    _, index, text, logprobs = item
+                    job.read()
+                    if job.backlog == settings.stream_buffer:
+                        engine.wake()
+                    choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": None}
+                    yield _sse({**head, "choices": [choice]})
                     continue
                 try:
-                    result = value.result()
+                    result = item[1].result()
                 except Cancelled:
                     return
                 except Exception as exc:  # noqa: BLE001 - reported to the client, the server goes on
@@ -674,24 +680,25 @@ def create_app(
                     )
                     yield _sse("[DONE]")
                     return
-                yield _sse(
+                ends = [
                     {
-                        **head,
-                        "choices": [
-                            {
-                                "text": "",
-                                "index": 0,
-                                "logprobs": None,
-                                "finish_reason": result["finish_reason"],
-                            }
-                        ],
-                        **tail(result),
+                        "text": "",
+                        "index": c["index"],
+                        "logprobs": None,
+                        "finish_reason": c["finish_reason"],
                     }
-                )
+                    for c in result["choices"]
+                ]
+                yield _sse({**head, "choices": ends, **tail(result)})
                 yield _sse("[DONE]")
                 return
 
         return _EventStream(sse(), on_close=job.cancel)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = _parse(CompletionRequest, await _json_body(request, limit=body_limit))
+        return await complete(request, req, session=None)
 
     @app.post("/v1/score")
     async def score(request: Request):
@@ -704,14 +711,106 @@ def create_app(
                 f"text: needs at least 2 tokens to score (the first has no context), got {ids.numel()}",
                 param="text",
             )
-        job = worker.admit()
+        job = engine.admit()
         if job is None:
             raise busy()
-        future = worker.run(job, lambda: _score(run, ids, memory=req.memory, job=job))
+        future = engine.submit(job, _score(run, ids, memory=req.memory))
         try:
             result = await _await_job(request, future, job)
         except Cancelled:
             return _error(499, "the client closed the request", kind="cancelled")
         return {"object": "score", "model": name, **result, "warnings": notes}
+
+    # -- sessions -------------------------------------------------------------------------------------------
+
+    def session_of(ident: str, *, claim: bool = False) -> Session:
+        if not engine.cached:
+            raise RequestError(
+                400,
+                "sessions need a model with memory (this one has none: the vanilla baseline or mem_len 0)",
+            )
+        session = sessions.get(ident)
+        if session is None:
+            raise RequestError(
+                404, f"no session {ident!r} (never made, deleted, or expired)", kind="not_found_error"
+            )
+        if claim:
+            if session.busy:
+                raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
+            session.busy = True
+        return session
+
+    @app.post("/v1/sessions")
+    async def new_session(request: Request):
+        if (await request.body())[:1].strip():  # a body (none is needed) must be an empty object
+            _parse(SessionNewRequest, await _json_body(request, limit=body_limit))
+        if not engine.cached:
+            session_of("")
+        session = sessions.create(f"sess-{uuid.uuid4().hex[:24]}")
+        if session is None:
+            raise RequestError(
+                429,
+                f"there are {settings.max_sessions} sessions already (txl serve --max-sessions); delete one "
+                "or wait for idle ones to expire",
+                kind="rate_limit_error",
+            )
+        return session.describe(ttl=settings.session_ttl)
+
+    @app.get("/v1/sessions/{ident}")
+    async def get_session(ident: str):
+        return session_of(ident).describe(ttl=settings.session_ttl)
+
+    @app.delete("/v1/sessions/{ident}")
+    async def delete_session(ident: str):
+        session = session_of(ident)
+        if session.busy:
+            raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
+        sessions.delete(ident)
+        return {"id": ident, "object": "session", "deleted": True}
+
+    @app.post("/v1/sessions/{ident}/score")
+    async def session_score(ident: str, request: Request):
+        req = _parse(SessionScoreRequest, await _json_body(request, limit=body_limit))
+        _check_text(req.text, field_name="text", limit=settings.max_prompt_chars)
+        ids, notes = _encode(run, req.text, field_name="text")
+        if ids.numel() == 0:
+            raise RequestError(400, "text: empty", param="text")
+        session = session_of(ident, claim=True)
+        try:
+            job = engine.admit()
+            if job is None:
+                raise busy()
+            future = engine.submit(job, engine.score_work(session, ids))
+            try:
+                result = await _await_job(request, future, job)
+            except Cancelled:
+                return _error(499, "the client closed the request", kind="cancelled")
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+        return {"object": "session.score", "model": name, "session": ident, **result, "warnings": notes}
+
+    @app.post("/v1/sessions/{ident}/completions")
+    async def session_completions(ident: str, request: Request):
+        req = _parse(SessionCompletionRequest, await _json_body(request, limit=body_limit))
+        session = session_of(ident, claim=True)
+        release = True
+        try:
+            response = await complete(request, req, session=session)
+            if isinstance(response, _EventStream):  # the session is free when the stream ends
+                release = False
+                inner = response._on_close
+
+                def close() -> None:
+                    inner()
+                    session.busy = False
+                    session.last_used = time.monotonic()
+
+                response._on_close = close
+            return response
+        finally:
+            if release:
+                session.busy = False
+                session.last_used = time.monotonic()
 
     return app

@@ -8,7 +8,7 @@ Dimensions: N tokens of the text, T segment length.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
 from ..evaluate import segment_losses
 
-__all__ = ["Scores", "score_tokens", "token_pieces", "scoring_lengths"]
+__all__ = ["Scores", "score_tokens", "score_segments", "scores_of", "token_pieces", "scoring_lengths"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,28 @@ def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
         return tgt_len, eval_span(config, mem_len=None if memory else 0)
 
 
+def score_segments(
+    model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span, losses: list[Tensor]
+) -> Iterator[None]:
+    """:func:`score_tokens` one segment at a time: each ``next`` reads one segment and appends its losses
+    (T,) to ``losses`` (so a caller can do other work between segments; closing it stops)."""
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
+    if tgt_len < 1:
+        raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
+    segments = segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1)  # txl eval's loop
+    with closing(segments):  # stopped early: the generator restores the training flags now
+        for segment in segments:
+            losses.append(segment.loss[0].cpu())  # (T,)
+            yield None
+
+
+def scores_of(losses: list[Tensor], *, tgt_len: int, span: Span) -> Scores:
+    """The :class:`Scores` of the segments' losses collected by :func:`score_segments`."""
+    joined = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
+    return Scores(losses=joined, tgt_len=tgt_len, span=span)
+
+
 @torch.inference_mode()
 def score_tokens(
     model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span, should_stop: Callable[[], bool] | None = None
@@ -59,20 +81,12 @@ def score_tokens(
     targets, each segment attending over the memory of the previous ones when ``span.mem_len > 0`` and over
     itself only when it is 0. This is exactly ``txl eval`` on the same tokens with batch size 1.
     ``should_stop`` is asked between segments; when it says True the losses so far are returned."""
-    if ids.dim() != 1 or ids.numel() < 2:
-        raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
-    if tgt_len < 1:
-        raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
     losses: list[Tensor] = []
-    segments = segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1)  # txl eval's loop
-    with closing(segments):  # stopped early: the generator restores the training flags now
+    with closing(score_segments(model, ids, tgt_len=tgt_len, span=span, losses=losses)) as segments:
         while should_stop is None or not should_stop():
-            segment = next(segments, None)
-            if segment is None:
+            if next(segments, StopIteration) is StopIteration:
                 break
-            losses.append(segment.loss[0])  # (T,)
-    joined = torch.cat(losses).cpu() if losses else torch.zeros(0, dtype=torch.float64)
-    return Scores(losses=joined, tgt_len=tgt_len, span=span)
+    return scores_of(losses, tgt_len=tgt_len, span=span)
 
 
 def token_pieces(decode: Callable[[Sequence[int]], str], ids: Sequence[int], *, window: int = 8) -> list[str]:
