@@ -650,18 +650,26 @@ def create_app(
         async def sse() -> AsyncIterator[str]:
             yield ": txl\n\n"  # the headers go out now; a client that left while waiting is noticed
             while True:
-                try:
-                    item = await asyncio.wait_for(events.get(), timeout=1.0)
-                except TimeoutError:
-                    yield ": waiting for the model\n\n"
-                    continue
-                if item[0] != "end":
+                if events.empty():
+                    try:
+                        item = await asyncio.wait_for(events.get(), timeout=1.0)
+                    except TimeoutError:
+                        yield ": waiting for the model\n\n"
+                        continue
+                else:
+                    item = events.get_nowait()
+                chunks = []  # the events waiting go out in one write
+                while item is not None and item[0] != "end":
                     _, index, text, logprobs = item
                     job.read()
                     if job.backlog == settings.stream_buffer:
                         engine.wake()
                     choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": None}
-                    yield _sse({**head, "choices": [choice]})
+                    chunks.append(_sse({**head, "choices": [choice]}))
+                    item = None if events.empty() else events.get_nowait()
+                if chunks:
+                    yield "".join(chunks)
+                if item is None:
                     continue
                 try:
                     result = item[1].result()

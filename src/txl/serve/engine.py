@@ -251,13 +251,15 @@ class _Completion:
         )
         vocab = engine.run.vocab
         context = ids.tolist() if session is None else session.recent + ids.tolist()
-        self.context = context
+        self.context = context[-8:]
+        """The context's last few ids: what the text of a new token is decoded after (as a session's ``recent``),
+        so each token costs the same however long the prompt was."""
         self.skip = int(session is not None and session.pending is not None)
         self.fed = ids if not self.skip else torch.cat([torch.tensor([session.pending]), ids])
         """The ids the prefill feeds: a session's last token read (the context of the prompt's first), then
         the prompt."""
         self.prompt_text = vocab.decode(ids.tolist())
-        self.choices = [_Choice(i, TextStream(vocab, context, stop=sampling.stop)) for i in range(n)]
+        self.choices = [_Choice(i, TextStream(vocab, self.context, stop=sampling.stop)) for i in range(n)]
         self.settings = SamplingSettings(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
         )
@@ -276,17 +278,18 @@ class _Completion:
             best = {decode([int(i)]): float(v) for v, i in zip(values.tolist(), ids.tolist(), strict=True)}
         return float(logprobs[token]), best
 
-    def push(self, choice: _Choice, token: int, logprobs: Tensor) -> None:
-        """A row drew ``token`` from ``logprobs`` (V,): record it, emit it, and mark the choice done when it
-        met a stop string or ``max_tokens``."""
+    def push(self, choice: _Choice, token: int, logprobs: Tensor | None) -> None:
+        """A row drew ``token`` from ``logprobs`` (V,; needed only with ``logprobs`` asked for): record it, emit
+        it, and mark the choice done when it met a stop string or ``max_tokens``."""
         choice.count += 1
         choice.ids.append(token)
         self.engine.stats.tokens_generated += 1
         entries = None
         if self.sampling.logprobs is not None:
+            assert logprobs is not None
             logprob, best = self.token_info(logprobs, token)
-            ids = self.context + choice.ids
-            piece = token_pieces(self.engine.run.vocab.decode, ids[-9:])[-1]
+            ids = (self.context + choice.ids[-9:])[-9:]
+            piece = token_pieces(self.engine.run.vocab.decode, ids)[-1]
             entries = {
                 "tokens": [piece],
                 "token_logprobs": [logprob],
@@ -553,27 +556,37 @@ class Engine:
         completion.finished(row.choice)
 
     def _step(self) -> None:
-        """Every active row draws its next token; those that go on are fed, all rows at once."""
-        feed = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
-        fed = []
+        """Every active row draws its next token and its events go out; those that go on are fed, all rows at
+        once."""
+        active = []
         for r, row in enumerate(self.rows):
             if row is None:
                 continue
             if row.completion.job.cancelled:
                 self._free(r)
                 continue
-            token = draw(row.logprobs, row.completion.settings, generator=row.generator)  # (1,)
-            row.completion.push(row.choice, int(token[0]), row.logprobs[0])
+            active.append(r)
+        if not active:
+            return
+        tokens = self._draw(active)
+        feed = [0] * self.max_batch
+        fed = []
+        for r in active:
+            row = self.rows[r]
+            completion = row.completion
+            logprobs = row.logprobs[0] if completion.sampling.logprobs is not None else None
+            completion.push(row.choice, tokens[r], logprobs)
             if row.choice.done:
                 self._free(r)
                 continue
-            feed[r] = token[0]
+            feed[r] = tokens[r]
             fed.append(r)
+        self._flush()  # the tokens drawn go to their clients while the model computes the next step
         if not fed:
             return
         assert self.decoder is not None
         try:
-            logprobs = self.decoder.step(feed)  # (R, V)
+            logprobs = self.decoder.step(torch.tensor(feed, dtype=torch.long, device=self.device))  # (R, V)
         except Exception as exc:  # noqa: BLE001 - every row in the step fails; the server goes on
             for r in fed:
                 row = self.rows[r]
@@ -583,6 +596,21 @@ class Engine:
             return
         for r in fed:
             self.rows[r].logprobs = logprobs[r : r + 1]
+
+    def _draw(self, active: list[int]) -> dict[int, int]:
+        """The next token of each active row: the greedy rows by one argmax over them all (as
+        :func:`txl.sampling.draw` takes it row by row), the others from their own generators."""
+        tokens: dict[int, int] = {}
+        greedy = [r for r in active if self.rows[r].completion.settings.temperature == 0]
+        if greedy:
+            rows = [self.rows[r].logprobs for r in greedy]  # each (1, V)
+            best = (torch.cat(rows) if len(rows) > 1 else rows[0]).argmax(dim=-1).tolist()  # (G,)
+            tokens.update(zip(greedy, best, strict=True))
+        for r in active:
+            if r not in tokens:
+                row = self.rows[r]
+                tokens[r] = int(draw(row.logprobs, row.completion.settings, generator=row.generator)[0])
+        return tokens
 
     def _stalled(self) -> bool:
         """Whether every active row's client is behind by more than the stream buffer (then wait)."""
@@ -694,8 +722,9 @@ class Engine:
         prompt = completion.fed.to(self.device)[None]  # (1, P)
         out = None
         for start in range(0, prompt.shape[1], chunk):
+            if start:
+                yield None  # the other rows step between two chunks (not after the last: the row joins at once)
             out = self.model(prompt[:, start : start + chunk], cache=cache, last_only=True)
-            yield None
         yield completion, _Join(cache, out.log_probs[:, -1].clone())  # (1, V)
 
     def _prompt_logprobs(self, completion: _Completion) -> Generator:
