@@ -42,6 +42,12 @@ from .score import scoring_lengths, token_pieces
 __all__ = ["Engine", "Job", "Sampling", "Cancelled", "Stats", "Session", "SessionStore"]
 
 
+CONTEXT_IDS = 8
+"""How many ids before a new text its pieces are decoded after (a session's ``recent``, a completion's
+context): enough for every vocabulary's spacing, and each token then costs the same however long the text
+before it was."""
+
+
 class Cancelled(Exception):
     """A job stopped because its client left or the server is closing."""
 
@@ -156,7 +162,7 @@ class Session:
         new = [int(i) for i in ids[skip:]]
         if new:
             self.pending = new[-1]
-            self.recent = (self.recent + new)[-8:]
+            self.recent = (self.recent + new)[-CONTEXT_IDS:]
             self.tokens_read += len(new)
         self.memory = memory
 
@@ -251,9 +257,8 @@ class _Completion:
         )
         vocab = engine.run.vocab
         context = ids.tolist() if session is None else session.recent + ids.tolist()
-        self.context = context[-8:]
-        """The context's last few ids: what the text of a new token is decoded after (as a session's ``recent``),
-        so each token costs the same however long the prompt was."""
+        self.context = context[-CONTEXT_IDS:]
+        """The context's last ids, that the text of a new token is decoded after."""
         self.skip = int(session is not None and session.pending is not None)
         self.fed = ids if not self.skip else torch.cat([torch.tensor([session.pending]), ids])
         """The ids the prefill feeds: a session's last token read (the context of the prompt's first), then
@@ -288,7 +293,7 @@ class _Completion:
         if self.sampling.logprobs is not None:
             assert logprobs is not None
             logprob, best = self.token_info(logprobs, token)
-            ids = (self.context + choice.ids[-9:])[-9:]
+            ids = (self.context + choice.ids[-CONTEXT_IDS - 1 :])[-CONTEXT_IDS - 1 :]
             piece = token_pieces(self.engine.run.vocab.decode, ids)[-1]
             entries = {
                 "tokens": [piece],
@@ -598,13 +603,14 @@ class Engine:
             self.rows[r].logprobs = logprobs[r : r + 1]
 
     def _draw(self, active: list[int]) -> dict[int, int]:
-        """The next token of each active row: the greedy rows by one argmax over them all (as
-        :func:`txl.sampling.draw` takes it row by row), the others from their own generators."""
+        """The next token of each active row: the greedy rows in one draw over them all (no generator), the
+        others each from its own generator."""
         tokens: dict[int, int] = {}
         greedy = [r for r in active if self.rows[r].completion.settings.temperature == 0]
         if greedy:
             rows = [self.rows[r].logprobs for r in greedy]  # each (1, V)
-            best = (torch.cat(rows) if len(rows) > 1 else rows[0]).argmax(dim=-1).tolist()  # (G,)
+            settings = self.rows[greedy[0]].completion.settings  # temperature 0: draw takes the argmax
+            best = draw(torch.cat(rows) if len(rows) > 1 else rows[0], settings).tolist()  # (G,)
             tokens.update(zip(greedy, best, strict=True))
         for r in active:
             if r not in tokens:
