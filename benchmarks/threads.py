@@ -8,7 +8,8 @@ and load, then a summary line (and a progress line per worker on stderr).
 Policies (``--policies``; default ``txl torch one``), each in a fresh process started with no ``OMP_*``
 variables of this shell:
 - ``txl``: txl's choice for the mode's command (``txl.configure_threads(command=...)`` before torch is
-  imported, as ``txl train`` and ``txl generate`` do);
+  imported, as ``txl train`` and ``txl generate`` do), which looks at the cores for 50 ms to tell a quiet
+  machine from a shared one (``txl_machine`` in each line: what it saw in each round);
 - ``torch``: PyTorch's default (its own thread count, OpenMP's default wait: libgomp spins 300,000 times);
 - ``one``: ``OMP_NUM_THREADS=1``;
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once; txl's default before the bounded spin);
@@ -75,10 +76,11 @@ def _median_rate(step, *, count: int, steps: int, max_seconds: float) -> tuple[f
 
 def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     """One policy in this fresh process: apply it, then import torch and time ``mode``."""
+    machine = None
     if policy == "txl":
         from txl.threads import configure_threads
 
-        configure_threads(command=COMMANDS[mode])
+        machine = configure_threads(command=COMMANDS[mode]).machine
     import torch
 
     from txl import Span
@@ -120,7 +122,13 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     policy_env = {
         k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ
     }
-    return {"tokens_per_s": rate, "timed": timed, "threads": torch.get_num_threads(), "env": policy_env}
+    return {
+        "tokens_per_s": rate,
+        "timed": timed,
+        "threads": torch.get_num_threads(),
+        "env": policy_env,
+        "machine": machine,
+    }
 
 
 def _run_worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
@@ -218,6 +226,7 @@ def main() -> None:
             "runs": {p: [round(r["tokens_per_s"], 1) for r in by_policy[p]] for p in policies},
             "threads": {p: by_policy[p][0]["threads"] for p in policies},
             "env": {p: by_policy[p][0]["env"] for p in policies},
+            **({"txl_machine": [r["machine"] for r in by_policy["txl"]]} if "txl" in policies else {}),
             **_ratios(medians),
             "loadavg_1min_before_after": loadavg[(mode, load)],
         }

@@ -1,7 +1,7 @@
-"""The thread policy (issue 23): the pure choice against constructed environments and commands, the cgroup and
-topology readers against constructed trees, ``import txl`` without torch, and what OpenMP itself read in a
-``txl`` process (libgomp's ``OMP_DISPLAY_ENV`` report), per command, with and without the user's own
-settings."""
+"""The thread policy (issue 23): the pure choice against constructed environments, commands and loads, the
+cgroup, topology and ``/proc/stat`` readers against constructed files, ``import txl`` without torch, what OpenMP
+itself read in a ``txl`` process (libgomp's ``OMP_DISPLAY_ENV`` report), per command and machine, with and
+without the user's own settings, and the same weights trained under either machine's wait."""
 
 from __future__ import annotations
 
@@ -16,30 +16,43 @@ import pytest
 import txl
 from txl.threads import (
     CHOSEN_VAR,
+    MACHINE_VAR,
+    POLICIES,
+    SHARED_AT,
     ThreadSettings,
+    busy_cores,
     cgroup_cpu_limit,
     choose_threads,
     command_of,
+    machine_state,
+    needs_load,
+    other_load,
     physical_cores,
     workload,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-_OURS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", CHOSEN_VAR)
+_OURS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", CHOSEN_VAR, MACHINE_VAR)
 """The variables of the thread policy: cleared from the environment of the processes these tests start."""
 
-# -- the choice: env + cores + command -> settings ------------------------------------------------------------
+# -- the choice: env + cores + command + load -> settings -----------------------------------------------------
 
-B = 1000  # GOMP_SPINCOUNT of the batches policy (train, eval, ...): every core, a short spin, then sleep
+B = 1000  # GOMP_SPINCOUNT of the batches policy (train, eval, ...) on a shared machine: a short spin, then sleep
+Q = 10_000  # ... and on a quiet one
 
 
 def batches(threads: int | None) -> ThreadSettings:
-    return ThreadSettings(threads, "PASSIVE", B)
+    """The batches policy on a shared machine (or one whose load is unknown: ``busy=None``)."""
+    return ThreadSettings(threads, "PASSIVE", B, "shared")
+
+
+def quiet(threads: int | None) -> ThreadSettings:
+    return ThreadSettings(threads, None, Q, "quiet")
 
 
 TOKENS = ThreadSettings(
     1, "PASSIVE", None
-)  # generate, serve: one thread (passive where the user asks for more)
+)  # generate, serve: one thread (passive where the user asks for more), whatever the load
 
 
 @pytest.mark.parametrize(
@@ -89,7 +102,107 @@ TOKENS = ThreadSettings(
 def test_choice_follows_the_cores_and_the_command_and_leaves_the_users_settings(env, cores, command, want):
     before = dict(env)
     assert choose_threads(env, cores=cores, command=command) == want
+    busy = choose_threads(env, cores=cores, command=command, busy=99.0)
+    assert busy == want  # other work on every core: the shared machine's policy, as for an unknown load
     assert env == before  # pure: the environment given is not changed
+
+
+@pytest.mark.parametrize(
+    ("env", "cores", "command", "busy", "want"),
+    [
+        ({}, 2, "train", 0.0, quiet(2)),
+        ({}, 2, "eval", SHARED_AT - 0.01, quiet(2)),
+        ({}, 2, "train", SHARED_AT, batches(2)),
+        ({}, 8, None, 1.0, batches(8)),  # one busy core of 8 is taken: this process would use all 8
+        ({}, 2, "generate", 0.0, TOKENS),  # decoding: one thread on any machine
+        ({"OMP_NUM_THREADS": "3"}, 2, "train", 0.0, quiet(None)),  # the user's count, txl's wait
+        ({"GOMP_SPINCOUNT": "5"}, 2, "train", 0.0, ThreadSettings(2, None, None)),  # the user's wait
+        # torchrun's other local processes start at the same time: their load is not another job's
+        ({"LOCAL_WORLD_SIZE": "2"}, 16, "train", 1.2, quiet(8)),
+        ({"LOCAL_WORLD_SIZE": "2"}, 16, "train", 1.6, batches(8)),
+        # said instead of looked at
+        ({MACHINE_VAR: "shared"}, 2, "train", 0.0, batches(2)),
+        ({MACHINE_VAR: "Quiet"}, 2, "train", 2.0, quiet(2)),
+        ({MACHINE_VAR: "quiet"}, 2, "train", None, quiet(2)),
+        ({MACHINE_VAR: "auto"}, 2, "train", 0.0, quiet(2)),
+        ({MACHINE_VAR: "auto"}, 2, "train", None, batches(2)),
+    ],
+)
+def test_the_load_chooses_the_wait(env, cores, command, busy, want):
+    assert choose_threads(env, cores=cores, command=command, busy=busy) == want
+
+
+@pytest.mark.parametrize("command", ["train", "eval", None, "generate", "serve"])
+@pytest.mark.parametrize(
+    "env", [{}, {"LOCAL_WORLD_SIZE": "3"}, {"OMP_NUM_THREADS": "2"}, {"OMP_WAIT_POLICY": "ACTIVE"}]
+)
+@pytest.mark.parametrize("cores", [1, 2, 7, 64])
+def test_the_load_never_changes_the_thread_count(command, env, cores):
+    """The thread count can change the order of floating-point sums: it must not depend on the load."""
+    counts = {choose_threads(env, cores=cores, command=command, busy=b).num_threads for b in (None, 0, 1, 99)}
+    assert len(counts) == 1
+    for policies in POLICIES.values():
+        assert policies["quiet"].threads == policies["shared"].threads
+
+
+def test_when_the_load_is_looked_at():
+    assert needs_load({}, "train") and needs_load({}, None) and needs_load({MACHINE_VAR: "auto"}, "eval")
+    assert needs_load({"OMP_NUM_THREADS": "4"}, "train")  # the wait is still txl's
+    assert not needs_load({}, "generate")  # one policy for both machines: no 50 ms spent looking
+    assert not needs_load({"GOMP_SPINCOUNT": "0"}, "train") and not needs_load(
+        {MACHINE_VAR: "quiet"}, "train"
+    )
+    with pytest.raises(ValueError, match=f"{MACHINE_VAR} must be quiet, shared or auto, got 'sometimes'"):
+        machine_state({MACHINE_VAR: "sometimes"}, 0.0)
+    with pytest.raises(ValueError, match=MACHINE_VAR):
+        choose_threads({MACHINE_VAR: "busy"}, cores=2, command="train")
+
+
+def _stat(*cpus: tuple[int, int, int, int]) -> str:
+    """A /proc/stat text: the total line, then one ``cpuN user nice system idle iowait irq softirq steal`` line
+    per (user, system, idle, iowait)."""
+    lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]
+    for n, (user, system, idle, iowait) in enumerate(cpus):
+        lines.append(f"cpu{n} {user} 0 {system} {idle} {iowait} 0 0 0 0 0")
+    return "\n".join([*lines, "intr 1 2 3", "ctxt 99", "procs_running 3"]) + "\n"
+
+
+def test_busy_cores_from_two_proc_stat_texts():
+    before = _stat((100, 10, 1000, 5), (200, 20, 2000, 0), (0, 0, 10, 0))
+    # cpu0: 5 busy ticks of 10 (user 4, system 1; idle 4, iowait 1: iowait counts as idle); cpu1: all 10
+    # busy; cpu2: 10 idle ticks
+    after = _stat((104, 11, 1004, 6), (208, 22, 2000, 0), (0, 0, 20, 0))
+    assert busy_cores(before, after, {0}) == pytest.approx(0.5)
+    assert busy_cores(before, after, {1}) == pytest.approx(1.0)
+    assert busy_cores(before, after, {0, 1, 2}) == pytest.approx(1.5)
+    assert busy_cores(before, after, {2, 9}) == pytest.approx(0.0)  # cpu9: not in the texts
+    assert busy_cores(before, after, {9}) is None
+    assert busy_cores(before, before, {0, 1}) is None  # no time passed
+
+
+def test_other_load_reads_its_file_twice(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(_stat(*[(1, 1, 1, 1)] * 64))
+    assert other_load(0.0, stat) is None  # the same text twice: no time passed
+    assert other_load(0.0, tmp_path / "missing") is None
+
+
+@pytest.mark.slow
+def test_other_load_sees_a_competing_process():
+    """A CPU-bound process on this process's core keeps it busy; the reading is taken while this one sleeps."""
+    if not Path("/proc/stat").is_file():
+        pytest.skip("no /proc/stat here")
+    cpu = min(os.sched_getaffinity(0))
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu})
+    )
+    try:
+        code = "import os; os.sched_setaffinity(0, {%d}); from txl.threads import other_load; print(other_load())"
+        readings = [_python(code % cpu).stdout.strip() for _ in range(3)]
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert all(float(r) >= 0.9 for r in readings), readings
 
 
 def test_commands_and_their_workloads():
@@ -228,9 +341,16 @@ def test_configure_threads_in_a_library():
     """Before torch: the environment, which OpenMP reads when torch loads; after: only the count."""
     before = _python(
         "import txl; s = txl.configure_threads(1); import os, torch;"
-        "print(s.num_threads, torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'], os.environ['OMP_WAIT_POLICY'])"
+        "print(s.num_threads, torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'], os.environ['OMP_WAIT_POLICY'])",
+        TXL_THREADS_MACHINE="shared",
     )
     assert before.stdout.split() == ["1", "1", str(B), "PASSIVE"], before.stderr
+    calm = _python(
+        "import txl, os; s = txl.configure_threads();"
+        "print(s.machine, os.environ['GOMP_SPINCOUNT'], 'OMP_WAIT_POLICY' in os.environ)",
+        TXL_THREADS_MACHINE="quiet",
+    )
+    assert calm.stdout.split() == ["quiet", str(Q), "False"], calm.stderr
     decoding = _python(
         "import txl, os; txl.configure_threads(command='generate');"
         "print(os.environ['OMP_NUM_THREADS'], 'GOMP_SPINCOUNT' in os.environ)"
@@ -298,21 +418,60 @@ def _read(threads: int, spins: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(spins)}
 
 
+SHARED = {MACHINE_VAR: "shared"}
+QUIET = {MACHINE_VAR: "quiet"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", [_module, _script], ids=["python -m txl", "console script"])
 def test_txl_process_runs_with_its_commands_policy(launch):
-    assert _openmp_read(launch("eval"), cpus={0}) == _read(1, B)
+    assert _openmp_read(launch("eval"), cpus={0}, **SHARED) == _read(1, B)
     assert _openmp_read(launch("generate"), cpus={0}) == _read(1, 0)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         pytest.skip("one CPU here")
-    assert _openmp_read(launch("eval"), cpus=set(cpus)) == _read(2, B)
-    assert _openmp_read(launch("serve"), cpus=set(cpus)) == _read(1, 0)  # decoding: one thread on any cores
+    assert _openmp_read(launch("eval"), cpus=set(cpus), **SHARED) == _read(2, B)
+    # quiet: libgomp's default wait policy (reported as PASSIVE too), the longer spin
+    assert _openmp_read(launch("eval"), cpus=set(cpus), **QUIET) == _read(2, Q)
+    assert _openmp_read(launch("serve"), cpus=set(cpus), **QUIET) == _read(1, 0)  # decoding: one thread
+
+
+@pytest.mark.slow
+def test_txl_process_sees_a_shared_machine():
+    """Left to look (the default), a txl process whose cores another process keeps busy takes the shared wait."""
+    cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, cpus)
+        )
+        for _ in cpus
+    ]
+    try:
+        read = _openmp_read(MODULE, cpus=cpus)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert read == _read(len(cpus), B)
+
+
+@pytest.mark.slow
+def test_txl_process_refuses_a_bad_machine_value():
+    base = {k: v for k, v in os.environ.items() if k not in _OURS}
+    out = subprocess.run(
+        MODULE,
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(SRC), MACHINE_VAR: "sometimes"},
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip() == f"txl: error: {MACHINE_VAR} must be quiet, shared or auto, got 'sometimes'"
 
 
 @pytest.mark.slow
 def test_users_settings_win_in_a_txl_process():
-    read = _openmp_read(MODULE, cpus={0}, OMP_NUM_THREADS="3", OMP_WAIT_POLICY="ACTIVE")
+    read = _openmp_read(MODULE, cpus={0}, OMP_NUM_THREADS="3", OMP_WAIT_POLICY="ACTIVE", **QUIET)
     assert read == {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "30000000000"}
     cpus = set(sorted(os.sched_getaffinity(0))[:2])
     read = _openmp_read(_module("generate"), cpus=cpus, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="ACTIVE")
@@ -332,5 +491,48 @@ def test_torchrun_worker_divides_the_cores_its_parent_chose_for():
         "GOMP_SPINCOUNT": str(B),
         CHOSEN_VAR: f"OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE,GOMP_SPINCOUNT={B}",
     }
-    read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent)
+    read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent, **SHARED)
     assert read == _read(1, B)
+    read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent, **QUIET)
+    assert read == _read(1, Q)  # the parent's shared wait was its own choice: this process chooses again
+
+
+# -- results: the load chooses only the wait, and the wait changes no result ---------------------------------
+
+_TRAIN = """
+import hashlib, sys, torch
+from txl import TransformerXL, TransformerXLConfig
+torch.manual_seed(0)
+config = TransformerXLConfig(vocab_size=500, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512, mem_len=32)
+model = TransformerXL(config)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randint(0, 500, (16, 4 * 64 + 1), generator=torch.Generator().manual_seed(1))
+memory = None
+for step in range(4):  # (16, 64) segments: (16, 64, 128) activations, well above one thread's grain
+    x, y = data[:, step * 64 : (step + 1) * 64], data[:, step * 64 + 1 : (step + 1) * 64 + 1]
+    out = model(x, targets=y, memory=memory)
+    out.loss.mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    memory = out.memory
+digest = hashlib.sha256()
+for value in model.state_dict().values():
+    digest.update(value.detach().contiguous().numpy().tobytes())
+print(torch.get_num_threads(), digest.hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_the_same_weights_under_either_machines_wait():
+    """Four training steps with 2 threads under the quiet machine's wait and under the shared one's give the
+    same weights, bit for bit: the load txl looks at cannot change what a command computes."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("one CPU here")
+    code = f"import os; os.sched_setaffinity(0, {set(cpus)}); import txl; txl.configure_threads();" + _TRAIN
+    runs = {machine: _python(code, TXL_THREADS_MACHINE=machine) for machine in ("quiet", "shared")}
+    outs = {machine: run.stdout.split() for machine, run in runs.items()}
+    assert all(len(out) == 2 and out[0] == "2" for out in outs.values()), {
+        m: r.stderr for m, r in runs.items()
+    }
+    assert outs["quiet"] == outs["shared"]

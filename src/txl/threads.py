@@ -6,22 +6,23 @@ OpenMP (libgomp, which PyTorch's Linux CPU wheels ship and use) reads ``OMP_NUM_
 and ``GOMP_SPINCOUNT`` once, when torch is imported. An idle worker thread spins ``GOMP_SPINCOUNT`` times
 before it sleeps: 300,000 spins (a few milliseconds) by default, none with ``OMP_WAIT_POLICY=PASSIVE``. Long
 spins are ruinous when another process holds a core (every parallel region waits for a thread that is not
-running); no spin at all costs on a quiet machine (each parallel region pays for waking its threads). So
+running); a short spin costs on a quiet machine (each parallel region pays for waking its threads). So
 ``txl ...``, ``python -m txl`` and the torchrun workers set, per :data:`POLICIES` and unless the user did:
 
 - for training, evaluation and every command but two (:data:`Workload` ``batches``): ``OMP_NUM_THREADS``, the
   cores this process may use (the physical cores of its CPU affinity, capped by a cgroup v2 ``cpu.max`` or v1
-  CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``);
-  ``GOMP_SPINCOUNT=1000``, a spin of about 10 microseconds (libgomp's estimate) before sleeping; and
-  ``OMP_WAIT_POLICY=PASSIVE`` for the runtimes that do not read ``GOMP_SPINCOUNT`` (LLVM's libomp);
+  CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``); and a
+  spin that depends on what the cores are doing at launch (:func:`machine_state`: :func:`other_load` looks
+  at them for 50 ms): on a ``quiet`` machine ``GOMP_SPINCOUNT=10000`` (about 100 microseconds by libgomp's
+  estimate), on a ``shared`` one ``GOMP_SPINCOUNT=1000`` and ``OMP_WAIT_POLICY=PASSIVE`` (for the runtimes
+  that do not read ``GOMP_SPINCOUNT``, such as LLVM's libomp);
 - for ``generate`` and ``serve`` (``tokens``: one position at a time, many tiny parallel regions):
-  ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's).
+  ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's), whatever the load.
 
-Nothing is measured at launch (the machine's load): a command's results never depend on it. On 2 cores,
-with 2 competing processes, PyTorch's default trained 2.3 times and generated 110 times slower than these
-choices; they cost 20% of the fastest policy's training speed on a quieter machine, and lose to a passive
-wait under load by 10% (``benchmarks/threads.py``; ``docs/benchmarks.md`` has the figures and the goals left
-unmet).
+The load chooses only how idle threads wait, never how many there are: the thread count can change the order
+of floating-point sums, the wait cannot, so a command's results never depend on the load (``tests`` train
+the same steps under both waits and compare the weights bit for bit). ``TXL_THREADS_MACHINE=quiet`` or
+``shared`` says which it is instead of looking (``auto``, the default, looks).
 
 What the user set always wins: an ``OMP_NUM_THREADS`` of their own is left as it is, and so are both wait
 variables when they set either ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (a spin count of txl's would
@@ -29,7 +30,8 @@ override their wait policy); torchrun's own ``OMP_NUM_THREADS=1`` for its worker
 counts as the user's: give one, or use ``txl train --nproc N``, whose workers divide the cores; and
 ``torch.set_num_threads`` later on sets the count. The values txl wrote are recorded in
 ``TXL_THREADS_CHOSEN``, so that a txl process started by one (torchrun's workers) chooses again for itself
-instead of taking its parent's choice for the user's.
+instead of taking its parent's choice for the user's. ``benchmarks/threads.py`` measures the policies, and
+``docs/benchmarks.md`` has the figures.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -46,14 +49,21 @@ __all__ = [
     "ThreadSettings",
     "Workload",
     "WorkloadPolicy",
+    "Machine",
     "POLICIES",
     "DECODING_COMMANDS",
+    "MACHINE_VAR",
+    "SHARED_AT",
     "workload",
     "command_of",
     "choose_threads",
     "usable_cores",
     "physical_cores",
     "cgroup_cpu_limit",
+    "other_load",
+    "busy_cores",
+    "machine_state",
+    "needs_load",
     "configure_threads",
     "at_launch",
     "CHOSEN_VAR",
@@ -84,13 +94,30 @@ class WorkloadPolicy:
     spin_count: int | None
 
 
-POLICIES: dict[Workload, WorkloadPolicy] = {
-    "batches": WorkloadPolicy(threads="cores", wait_policy="PASSIVE", spin_count=1000),
-    "tokens": WorkloadPolicy(threads=1, wait_policy="PASSIVE", spin_count=None),
+Machine = Literal["quiet", "shared"]
+"""What the cores were doing when a command started: ``quiet`` (free for this process) or ``shared`` (other work
+kept at least :data:`SHARED_AT` of a core busy)."""
+
+MACHINE_VAR = "TXL_THREADS_MACHINE"
+"""The environment variable that says which :data:`Machine` it is instead of looking: ``quiet``, ``shared``, or
+``auto`` (the default: :func:`other_load` looks)."""
+
+SHARED_AT = 0.5
+"""How much of a core other work must keep busy (:func:`other_load`) for the machine to count as shared."""
+
+_BATCH_QUIET = WorkloadPolicy(threads="cores", wait_policy=None, spin_count=10_000)
+_BATCH_SHARED = WorkloadPolicy(threads="cores", wait_policy="PASSIVE", spin_count=1000)
+_TOKENS = WorkloadPolicy(threads=1, wait_policy="PASSIVE", spin_count=None)
+
+POLICIES: dict[Workload, dict[Machine, WorkloadPolicy]] = {
+    "batches": {"quiet": _BATCH_QUIET, "shared": _BATCH_SHARED},
+    "tokens": {"quiet": _TOKENS, "shared": _TOKENS},
 }
-"""txl's policy per workload, chosen on the figures of ``benchmarks/threads.py`` (``docs/benchmarks.md``): for
-batches, every core and a spin of 1,000 (about 10 microseconds by libgomp's own estimate of 100,000 spins a
-millisecond) before sleeping; for tokens, one thread (and, where the user asks for more, a passive wait)."""
+"""txl's policy per workload and machine, chosen on the figures of ``benchmarks/threads.py``
+(``docs/benchmarks.md``): for batches, every core, with a spin of 10,000 before sleeping on a quiet machine
+(about 100 microseconds by libgomp's own estimate of 100,000 spins a millisecond) and of 1,000 on a shared
+one; for tokens, one thread (and, where the user asks for more, a passive wait). Within a workload the thread
+count is the same on both machines: the load never changes a result."""
 
 
 def workload(command: str | None) -> Workload:
@@ -108,11 +135,13 @@ def command_of(argv: Sequence[str]) -> str | None:
 class ThreadSettings:
     """What txl sets before torch starts: ``num_threads`` (``OMP_NUM_THREADS``), ``wait_policy``
     (``OMP_WAIT_POLICY``) and ``spin_count`` (``GOMP_SPINCOUNT``), each ``None`` where txl leaves it (the
-    user's own setting, or OpenMP's default)."""
+    user's own setting, or OpenMP's default), and the ``machine`` they were chosen for."""
 
     num_threads: int | None
     wait_policy: str | None = None
     spin_count: int | None = None
+    machine: Machine | None = None
+    """The :data:`Machine` the wait settings were chosen for (None: not looked at); not written anywhere."""
 
     def environ(self) -> dict[str, str]:
         """The environment variables to write: txl's choices and their record in :data:`CHOSEN_VAR`."""
@@ -131,26 +160,108 @@ def _users(env: Mapping[str, str], name: str) -> bool:
     return ours.get(name) != value
 
 
-def choose_threads(env: Mapping[str, str], *, cores: int, command: str | None = None) -> ThreadSettings:
+def _local_processes(env: Mapping[str, str]) -> int:
+    try:
+        return max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _users_wait(env: Mapping[str, str]) -> bool:
+    return _users(env, _WAIT) or _users(env, _SPIN)
+
+
+def needs_load(env: Mapping[str, str], command: str | None = None) -> bool:
+    """Whether :func:`choose_threads` for ``command`` in ``env`` depends on the machine's load: the wait settings
+    are txl's to choose, they differ between the two :data:`Machine` states, and :data:`MACHINE_VAR` does not
+    say which it is."""
+    policies = POLICIES[workload(command)]
+    told = env.get(MACHINE_VAR, "").strip().lower() not in ("", "auto")
+    return not told and not _users_wait(env) and policies["quiet"] != policies["shared"]
+
+
+def machine_state(env: Mapping[str, str], busy: float | None) -> Machine:
+    """The :data:`Machine` of a process with environment ``env`` when other work kept ``busy`` of its cores busy
+    (:func:`other_load`; None: unknown, taken as shared): :data:`MACHINE_VAR` where it says ``quiet`` or
+    ``shared``; else shared from :data:`SHARED_AT` of a core, less the ``LOCAL_WORLD_SIZE - 1`` other
+    processes of a torchrun launch, which start at the same time. Raises ValueError for another value of
+    :data:`MACHINE_VAR`."""
+    told = env.get(MACHINE_VAR, "").strip().lower()
+    if told in ("quiet", "shared"):
+        return told  # type: ignore[return-value]
+    if told not in ("", "auto"):
+        raise ValueError(f"{MACHINE_VAR} must be quiet, shared or auto, got {env[MACHINE_VAR]!r}")
+    if busy is None:
+        return "shared"
+    return "shared" if busy - (_local_processes(env) - 1) >= SHARED_AT else "quiet"
+
+
+def choose_threads(
+    env: Mapping[str, str], *, cores: int, command: str | None = None, busy: float | None = None
+) -> ThreadSettings:
     """txl's thread policy for the ``txl`` subcommand ``command`` (None: library use) in a process with
-    environment ``env`` that may use ``cores`` cores: the :data:`POLICIES` entry of its :func:`workload`, its
-    ``"cores"`` divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this machine; at least one thread
-    each), except where ``env`` holds the user's own ``OMP_NUM_THREADS`` (the count stands) or
-    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (both wait settings stand). Pure: it reads only its arguments."""
+    environment ``env`` that may use ``cores`` cores, while other work keeps ``busy`` of them busy
+    (:func:`other_load`; None: unknown): the :data:`POLICIES` entry of its :func:`workload` and
+    :func:`machine_state`, its ``"cores"`` divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this
+    machine; at least one thread each), except where ``env`` holds the user's own ``OMP_NUM_THREADS`` (the
+    count stands) or ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (both wait settings stand). Pure: it reads only
+    its arguments."""
     if cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
-    try:
-        local = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    policy = POLICIES[workload(command)]
-    threads = max(1, cores // local) if policy.threads == "cores" else policy.threads
-    users_wait = _users(env, _WAIT) or _users(env, _SPIN)
+    users_wait = _users_wait(env)
+    policies = POLICIES[workload(command)]
+    state = machine_state(env, busy)
+    machine = None if users_wait or policies["quiet"] == policies["shared"] else state
+    policy = policies[machine or "shared"]
+    threads = max(1, cores // _local_processes(env)) if policy.threads == "cores" else policy.threads
     return ThreadSettings(
         num_threads=None if _users(env, _NUM) else threads,
         wait_policy=None if users_wait else policy.wait_policy,
         spin_count=None if users_wait else policy.spin_count,
+        machine=machine,
     )
+
+
+def _cpu_times(stat: str) -> dict[int, tuple[int, int]]:
+    """Per CPU of a ``/proc/stat`` text: (all its time, its idle and iowait time), in clock ticks."""
+    times = {}
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        fields = [int(value) for value in rest.split()[:8]]  # user nice system idle iowait irq softirq steal
+        if len(fields) >= 5:
+            times[int(name[3:])] = (sum(fields), fields[3] + fields[4])
+    return times
+
+
+def busy_cores(before: str, after: str, cpus: Iterable[int]) -> float | None:
+    """How many of the CPUs ``cpus`` were busy between two ``/proc/stat`` texts: the sum over them of the share
+    of their time not idle; None when none of them is in both texts or no time passed."""
+    first, second = _cpu_times(before), _cpu_times(after)
+    shares = []
+    for cpu in cpus:
+        if cpu in first and cpu in second:
+            total = second[cpu][0] - first[cpu][0]
+            idle = second[cpu][1] - first[cpu][1]
+            if total > 0:
+                shares.append(min(1.0, max(0.0, 1 - idle / total)))
+    return sum(shares) if shares else None
+
+
+def other_load(window: float = 0.05, stat: Path = Path("/proc/stat")) -> float | None:
+    """How many of the cores this process may use other work kept busy over ``window`` seconds, while this
+    process sleeps (:func:`busy_cores` of ``stat`` read before and after); None where it cannot be read (not
+    Linux). The Linux kernel accounts idle time to the microsecond, so 50 ms is enough to tell a free core from
+    a taken one."""
+    try:
+        cpus = os.sched_getaffinity(0)
+        before = stat.read_text()
+        time.sleep(window)
+        after = stat.read_text()
+    except (AttributeError, OSError):
+        return None
+    return busy_cores(before, after, cpus)
 
 
 def cgroup_cpu_limit(proc_cgroup: str, root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -247,8 +358,9 @@ def usable_cores() -> int:
 def configure_threads(num_threads: int | None = None, *, command: str | None = None) -> ThreadSettings:
     """Apply txl's thread policy to this process, for library use (txl's entry points do it by themselves):
     ``num_threads`` threads if given, else :func:`choose_threads`'s count, and the wait settings of
-    ``command``'s workload (None: ``batches``; ``"generate"`` for decoding) unless ``OMP_WAIT_POLICY`` or
-    ``GOMP_SPINCOUNT`` is set. Returns what it set.
+    ``command``'s workload (None: ``batches``; ``"generate"`` for decoding) on this machine (:func:`other_load`
+    looks at its cores for 50 ms when they matter) unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set.
+    Returns what it set.
 
     Called before torch is imported, it writes the environment variables, which OpenMP reads when torch loads
     (subprocesses inherit them). Once torch is imported, OpenMP has read its wait settings and only the count
@@ -257,14 +369,16 @@ def configure_threads(num_threads: int | None = None, *, command: str | None = N
         raise TypeError(f"num_threads must be an int, got {num_threads!r}")
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-    settings = choose_threads(os.environ, cores=usable_cores(), command=command)
-    if num_threads is not None:
-        settings = replace(settings, num_threads=num_threads)
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
-        if settings.num_threads is not None:
-            torch.set_num_threads(settings.num_threads)
+        count = num_threads or choose_threads(os.environ, cores=usable_cores(), command=command).num_threads
+        if count is not None:
+            torch.set_num_threads(count)
         return ThreadSettings(num_threads=torch.get_num_threads())
+    busy = other_load() if needs_load(os.environ, command) else None
+    settings = choose_threads(os.environ, cores=usable_cores(), command=command, busy=busy)
+    if num_threads is not None:
+        settings = replace(settings, num_threads=num_threads)
     os.environ.update(settings.environ())
     return settings
 
@@ -275,4 +389,7 @@ def at_launch(argv: Sequence[str] = ()) -> ThreadSettings | None:
     called from a program that uses torch), the host owns its threads and nothing changes (None)."""
     if "torch" in sys.modules:
         return None
-    return configure_threads(command=command_of(argv))
+    try:
+        return configure_threads(command=command_of(argv))
+    except ValueError as exc:  # TXL_THREADS_MACHINE's value
+        raise SystemExit(f"txl: error: {exc}") from None
