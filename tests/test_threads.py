@@ -37,13 +37,12 @@ _OURS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", CHOSEN_VAR, MAC
 
 # -- the choice: env + cores + command + load -> settings -----------------------------------------------------
 
-B = 1000  # GOMP_SPINCOUNT of the batches policy (train, eval, ...) on a shared machine: a short spin, then sleep
-Q = 10_000  # ... and on a quiet one
+Q = 10_000  # GOMP_SPINCOUNT of the batches policy (train, eval, ...) on a quiet machine; a shared one: passive
 
 
 def batches(threads: int | None) -> ThreadSettings:
     """The batches policy on a shared machine (or one whose load is unknown: ``busy=None``)."""
-    return ThreadSettings(threads, "PASSIVE", B, "shared")
+    return ThreadSettings(threads, "PASSIVE", None, "shared")
 
 
 def quiet(threads: int | None) -> ThreadSettings:
@@ -80,8 +79,7 @@ TOKENS = ThreadSettings(
             {
                 "OMP_NUM_THREADS": "2",
                 "OMP_WAIT_POLICY": "PASSIVE",
-                "GOMP_SPINCOUNT": str(B),
-                CHOSEN_VAR: f"OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE,GOMP_SPINCOUNT={B}",
+                CHOSEN_VAR: "OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE",
                 "LOCAL_WORLD_SIZE": "2",
             },
             2,
@@ -91,7 +89,7 @@ TOKENS = ThreadSettings(
         # a value changed after txl recorded its own is the user's
         ({"OMP_NUM_THREADS": "4", CHOSEN_VAR: "OMP_NUM_THREADS=2"}, 2, "train", batches(None)),
         (
-            {"GOMP_SPINCOUNT": "7", CHOSEN_VAR: f"GOMP_SPINCOUNT={B}"},
+            {"GOMP_SPINCOUNT": "7", CHOSEN_VAR: f"GOMP_SPINCOUNT={Q}"},
             2,
             "train",
             ThreadSettings(2, None, None),
@@ -340,16 +338,32 @@ def test_configure_threads_in_a_library():
     """Before torch: the environment, which OpenMP reads when torch loads; after: only the count."""
     before = _python(
         "import txl; s = txl.configure_threads(1); import os, torch;"
-        "print(s.num_threads, torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'], os.environ['OMP_WAIT_POLICY'])",
+        "print(s.num_threads, torch.get_num_threads(), 'GOMP_SPINCOUNT' in os.environ, os.environ['OMP_WAIT_POLICY'])",
         TXL_THREADS_MACHINE="shared",
     )
-    assert before.stdout.split() == ["1", "1", str(B), "PASSIVE"], before.stderr
+    assert before.stdout.split() == ["1", "1", "False", "PASSIVE"], before.stderr
     calm = _python(
         "import txl, os; s = txl.configure_threads();"
         "print(s.machine, os.environ['GOMP_SPINCOUNT'], 'OMP_WAIT_POLICY' in os.environ)",
         TXL_THREADS_MACHINE="quiet",
     )
     assert calm.stdout.split() == ["quiet", str(Q), "False"], calm.stderr
+    parents = {"OMP_WAIT_POLICY": "PASSIVE", CHOSEN_VAR: "OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE"}
+    child = _python(  # a txl parent's passive wait is not carried into a quiet child's choice
+        f"import txl, os; txl.configure_threads(); print(os.environ.get('OMP_WAIT_POLICY'), os.environ['{CHOSEN_VAR}'])",
+        TXL_THREADS_MACHINE="quiet",
+        **parents,
+    )
+    wait, record = child.stdout.split()
+    assert wait == "None" and "OMP_WAIT_POLICY" not in record and f"GOMP_SPINCOUNT={Q}" in record, (
+        child.stderr
+    )
+    users = _python(
+        "import txl, os; txl.configure_threads(); print(os.environ.get('OMP_WAIT_POLICY'))",
+        TXL_THREADS_MACHINE="quiet",
+        **{**parents, "OMP_WAIT_POLICY": "ACTIVE"},  # changed after the parent: the user's
+    )
+    assert users.stdout.split() == ["ACTIVE"], users.stderr
     decoding = _python(
         "import txl, os; txl.configure_threads(command='generate');"
         "print(os.environ['OMP_NUM_THREADS'], 'GOMP_SPINCOUNT' in os.environ)"
@@ -424,12 +438,12 @@ QUIET = {MACHINE_VAR: "quiet"}
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", [_module, _script], ids=["python -m txl", "console script"])
 def test_txl_process_runs_with_its_commands_policy(launch):
-    assert _openmp_read(launch("eval"), cpus={0}, **SHARED) == _read(1, B)
+    assert _openmp_read(launch("eval"), cpus={0}, **SHARED) == _read(1, 0)
     assert _openmp_read(launch("generate"), cpus={0}) == _read(1, 0)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         pytest.skip("one CPU here")
-    assert _openmp_read(launch("eval"), cpus=set(cpus), **SHARED) == _read(2, B)
+    assert _openmp_read(launch("eval"), cpus=set(cpus), **SHARED) == _read(2, 0)
     # quiet: libgomp's default wait policy (reported as PASSIVE too), the longer spin
     assert _openmp_read(launch("eval"), cpus=set(cpus), **QUIET) == _read(2, Q)
     assert _openmp_read(launch("serve"), cpus=set(cpus), **QUIET) == _read(1, 0)  # decoding: one thread
@@ -451,7 +465,7 @@ def test_txl_process_sees_a_shared_machine():
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    assert read == _read(len(cpus), B)
+    assert read == _read(len(cpus), 0)
 
 
 @pytest.mark.slow
@@ -487,11 +501,10 @@ def test_torchrun_worker_divides_the_cores_its_parent_chose_for():
     parent = {
         "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
-        "GOMP_SPINCOUNT": str(B),
-        CHOSEN_VAR: f"OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE,GOMP_SPINCOUNT={B}",
+        CHOSEN_VAR: "OMP_NUM_THREADS=2,OMP_WAIT_POLICY=PASSIVE",
     }
     read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent, **SHARED)
-    assert read == _read(1, B)
+    assert read == _read(1, 0)
     read = _openmp_read(MODULE, cpus=set(cpus), LOCAL_WORLD_SIZE="2", **parent, **QUIET)
     assert read == _read(1, Q)  # the parent's shared wait was its own choice: this process chooses again
 

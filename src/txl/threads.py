@@ -14,8 +14,8 @@ running); a short spin costs on a quiet machine (each parallel region pays for w
   CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``); and a
   spin that depends on what the cores are doing at launch (:func:`machine_state`: :func:`other_load` looks
   at them for 50 ms): on a ``quiet`` machine ``GOMP_SPINCOUNT=10000`` (about 100 microseconds by libgomp's
-  estimate), on a ``shared`` one ``GOMP_SPINCOUNT=1000`` and ``OMP_WAIT_POLICY=PASSIVE`` (for the runtimes
-  that do not read ``GOMP_SPINCOUNT``, such as LLVM's libomp);
+  estimate) before an idle thread sleeps, on a ``shared`` one ``OMP_WAIT_POLICY=PASSIVE`` (it sleeps at
+  once, in every OpenMP runtime);
 - for ``generate`` and ``serve`` (``tokens``: one position at a time, many tiny parallel regions):
   ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's), whatever the load.
 
@@ -106,7 +106,7 @@ SHARED_AT = 0.5
 """How much of a core other work must keep busy (:func:`other_load`) for the machine to count as shared."""
 
 _BATCH_QUIET = WorkloadPolicy(threads="cores", wait_policy=None, spin_count=10_000)
-_BATCH_SHARED = WorkloadPolicy(threads="cores", wait_policy="PASSIVE", spin_count=1000)
+_BATCH_SHARED = WorkloadPolicy(threads="cores", wait_policy="PASSIVE", spin_count=None)
 _TOKENS = WorkloadPolicy(threads=1, wait_policy="PASSIVE", spin_count=None)
 
 POLICIES: dict[Workload, dict[Machine, WorkloadPolicy]] = {
@@ -115,8 +115,8 @@ POLICIES: dict[Workload, dict[Machine, WorkloadPolicy]] = {
 }
 """txl's policy per workload and machine, chosen on the figures of ``benchmarks/threads.py``
 (``docs/benchmarks.md``): for batches, every core, with a spin of 10,000 before sleeping on a quiet machine
-(about 100 microseconds by libgomp's own estimate of 100,000 spins a millisecond) and of 1,000 on a shared
-one; for tokens, one thread (and, where the user asks for more, a passive wait). Within a workload the thread
+(about 100 microseconds by libgomp's own estimate of 100,000 spins a millisecond) and no spin on a shared one;
+for tokens, one thread (and, where the user asks for more, a passive wait). Within a workload the thread
 count is the same on both machines: the load never changes a result."""
 
 
@@ -150,14 +150,18 @@ class ThreadSettings:
         return {**chosen, CHOSEN_VAR: ",".join(f"{name}={value}" for name, value in chosen.items())}
 
 
+def _recorded(env: Mapping[str, str]) -> dict[str, str]:
+    """The values a txl process recorded in :data:`CHOSEN_VAR` as its own choice."""
+    return dict(pair.split("=", 1) for pair in env.get(CHOSEN_VAR, "").split(",") if "=" in pair)
+
+
 def _users(env: Mapping[str, str], name: str) -> bool:
     """Whether ``env`` holds a value of ``name`` that the user set: present, not empty, and not the value a txl
     process recorded as its own choice."""
     value = env.get(name, "").strip()
     if not value:
         return False
-    ours = dict(pair.split("=", 1) for pair in env.get(CHOSEN_VAR, "").split(",") if "=" in pair)
-    return ours.get(name) != value
+    return _recorded(env).get(name) != value
 
 
 def _local_processes(env: Mapping[str, str]) -> int:
@@ -379,7 +383,11 @@ def configure_threads(num_threads: int | None = None, *, command: str | None = N
     settings = choose_threads(os.environ, cores=usable_cores(), command=command, busy=busy)
     if num_threads is not None:
         settings = replace(settings, num_threads=num_threads)
-    os.environ.update(settings.environ())
+    chosen = settings.environ()
+    for name in _recorded(os.environ):  # a txl parent's choice that this process's choice does not repeat
+        if name not in chosen and not _users(os.environ, name):
+            os.environ.pop(name, None)
+    os.environ.update(chosen)
     return settings
 
 
