@@ -12,7 +12,8 @@ variables of this shell:
   machine from a shared one (``txl_machine`` in each line: what it saw in each round);
 - ``torch``: PyTorch's default (its own thread count, OpenMP's default wait: libgomp spins 300,000 times);
 - ``one``: ``OMP_NUM_THREADS=1``;
-- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once; txl's default before the bounded spin);
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once; txl's choice on a shared machine);
+- ``passive2``: the same with ``OMP_NUM_THREADS=2`` written out, as txl writes its count;
 - ``spin1k`` ... ``spin100k``: ``GOMP_SPINCOUNT=1000`` ... ``100000`` (libgomp's bounded spin, then sleep).
 
 Modes: ``train``, the small config of ``benchmarks/train_eval.py`` (vocab 10k full softmax, 4 layers, d_model 128,
@@ -44,6 +45,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "torch": {},
     "one": {"OMP_NUM_THREADS": "1"},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "passive2": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"},
     "spin1k": {"GOMP_SPINCOUNT": "1000"},
     "spin3k": {"GOMP_SPINCOUNT": "3000"},
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
