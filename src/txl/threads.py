@@ -175,12 +175,17 @@ def _users_wait(env: Mapping[str, str]) -> bool:
     return _users(env, _WAIT) or _users(env, _SPIN)
 
 
+def _told(env: Mapping[str, str]) -> str:
+    """:data:`MACHINE_VAR`'s value in ``env``, stripped and lower-cased ("" when absent)."""
+    return env.get(MACHINE_VAR, "").strip().lower()
+
+
 def needs_load(env: Mapping[str, str], command: str | None = None) -> bool:
     """Whether :func:`choose_threads` for ``command`` in ``env`` depends on the machine's load: the wait settings
     are txl's to choose, they differ between the two :data:`Machine` states, and :data:`MACHINE_VAR` does not
     say which it is."""
     policies = POLICIES[workload(command)]
-    told = env.get(MACHINE_VAR, "").strip().lower() not in ("", "auto")
+    told = _told(env) not in ("", "auto")
     return not told and not _users_wait(env) and policies["quiet"] != policies["shared"]
 
 
@@ -190,7 +195,7 @@ def machine_state(env: Mapping[str, str], busy: float | None) -> Machine:
     ``shared``; else shared from :data:`SHARED_AT` of a core, less the ``LOCAL_WORLD_SIZE - 1`` other
     processes of a torchrun launch, which start at the same time. Raises ValueError for another value of
     :data:`MACHINE_VAR`."""
-    told = env.get(MACHINE_VAR, "").strip().lower()
+    told = _told(env)
     if told in ("quiet", "shared"):
         return told  # type: ignore[return-value]
     if told not in ("", "auto"):
