@@ -280,3 +280,46 @@ def test_without_lm_eval_a_one_line_error_names_the_extra(trained_run, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("txl: error: txl harness needs lm-evaluation-harness: pip install 'txl[harness]'")
     assert err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def vanilla_run(tmp_path_factory) -> Path:
+    """A tiny vanilla baseline (absolute attention, no memory), trained a few steps."""
+    from conftest import write_text_corpus
+    from txl.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("vanilla")
+    config = run_config(
+        write_text_corpus(folder / "corpus.txt"),
+        'model.attention="absolute"',
+        "model.mem_len=0",
+        "train.steps=4",
+    )
+    train(config, folder / "run", progress=False)
+    return folder / "run"
+
+
+@pytest.mark.parametrize("which", ["vanilla", "mem_len_0"])
+def test_loglikelihood_without_memory_equals_one_forward_over_the_window(which, trained_run, vanilla_run):
+    # a memoryless model sees the last tgt_len tokens before each continuation token: one plain forward over
+    # the last tgt_len + 1 ids of context + continuation gives the continuation's log-likelihood
+    t = 24
+    run = vanilla_run if which == "vanilla" else trained_run
+    lm = (
+        _lm(run, tgt_len=t, batch_size=3)
+        if which == "vanilla"
+        else _lm(run, tgt_len=t, mem_len=0, batch_size=3)
+    )
+    requests = [
+        ("import sys\n\ndef main(argv):\n    return", " 0\n"),  # a context longer than the window
+        ("x =", " [i for i in range(3)]"),
+        ("for i in range(10):\n    print(i)", "\ndone"),
+        ("a", "b"),  # shorter than the window
+    ]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(requests)])
+    for (context, continuation), (value, _) in zip(requests, got, strict=True):
+        ctx, cont = lm.vocab.encode(context).tolist(), lm.vocab.encode(continuation).tolist()
+        window = torch.tensor(ctx + cont)[-(t + 1) :][None]  # (1, <= T + 1)
+        with torch.no_grad():
+            losses = lm.model(window[:, :-1], targets=window[:, 1:], span=Span(mem_len=0)).loss[0]
+        assert value == pytest.approx(-float(losses[-len(cont) :].double().sum()), abs=1e-9)
