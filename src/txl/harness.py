@@ -14,8 +14,10 @@ Needs the ``harness`` extra (``pip install 'txl[harness]'``); without it, import
 
 from __future__ import annotations
 
+import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from .config import ConfigError, eval_span, first_set
 from .errors import TxlError
 from .evaluate import RaggedSettings, score_rows
 from .generate import PAD_ID, stream
+from .harness_tasks import check_task_names
 from .runs import load_run
 from .text import TextStream, UnknownTokensWarning, describe_unknown
 
@@ -61,12 +64,22 @@ DEFAULT_MAX_GEN_TOKS = 256
 """New tokens per ``generate_until`` request when the task gives no ``max_gen_toks`` (the harness's default)."""
 
 
-def task_manager(include_path: Sequence[str | Path] = (), *, metadata: dict[str, Any] | None = None) -> Any:
+def task_manager(
+    include_path: Sequence[str | Path] = (),
+    *,
+    metadata: dict[str, Any] | None = None,
+    include_defaults: bool = True,
+) -> Any:
     """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added;
-    ``metadata`` goes to every task it loads (over the task's own)."""
+    ``metadata`` goes to every task it loads (over the task's own). ``include_defaults=False`` leaves out
+    lm-eval's own tasks (their index takes a while to build)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(TASKS_DIR), *(str(p) for p in include_path)], metadata=metadata)
+    return TaskManager(
+        include_path=[str(TASKS_DIR), *(str(p) for p in include_path)],
+        include_defaults=include_defaults,
+        metadata=metadata,
+    )
 
 
 def start_token(vocab: Any) -> int:
@@ -392,28 +405,64 @@ class HarnessSettings:
 
 def run_tasks(lm: TxlLM, settings: HarnessSettings) -> dict[str, Any]:
     """Evaluate ``lm`` on the tasks of ``settings`` with ``lm_eval.simple_evaluate``; returns its results
-    (``results`` per task, ``configs``, ...), or raises TxlError naming an unknown task."""
+    (``results`` per task, ``configs``, ...; not lm-eval's git and environment record), or raises TxlError
+    naming an unknown task (:func:`~txl.harness_tasks.check_task_names`). When every task is txl's own or in
+    ``include_path`` (and none of lm-eval's has its name), lm-eval's own tasks are not indexed.
+    lm-eval's notes about txl's own task files are not shown."""
     from lm_eval import simple_evaluate
 
-    manager = task_manager(settings.include_path, metadata=settings.metadata)
-    known = {*manager.all_tasks, *manager.all_groups, *manager.all_tags}
-    unknown = [name for name in settings.tasks if name not in known]
-    if unknown:
-        raise TxlError(
-            f"--tasks: unknown task {', '.join(unknown)} (add its folder with --include-path; "
-            "txl's own: txl_wikitext_local)"
-        )
-    return simple_evaluate(
-        model=lm,
-        tasks=list(settings.tasks),
-        num_fewshot=settings.num_fewshot,
-        limit=settings.limit,
-        task_manager=manager,
-        metadata=settings.metadata,
-        log_samples=False,
-        bootstrap_iters=0,
-        random_seed=settings.seed,
-        numpy_random_seed=settings.seed,
-        torch_random_seed=settings.seed,
-        fewshot_random_seed=settings.seed,
+    names = check_task_names(settings.tasks, settings.include_path)
+    local = (
+        all(t in names.local and t not in names.builtin for t in settings.tasks) and not names.local_groups
     )
+    manager = task_manager(settings.include_path, metadata=settings.metadata, include_defaults=not local)
+    with _quiet_lm_eval():
+        return simple_evaluate(
+            model=lm,
+            tasks=list(settings.tasks),
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            task_manager=manager,
+            metadata=settings.metadata,
+            log_samples=False,
+            bootstrap_iters=0,
+            random_seed=settings.seed,
+            numpy_random_seed=settings.seed,
+            torch_random_seed=settings.seed,
+            fewshot_random_seed=settings.seed,
+        )
+
+
+_FOREIGN = ("Custom kwargs can be passed to `--metadata`",)
+"""lm-eval's log lines that txl's own task files cause (they address lm-eval's users, not txl's)."""
+
+
+class _Foreign(logging.Filter):
+    """Drops the log records of :data:`_FOREIGN`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in _FOREIGN)
+
+
+@contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """``simple_evaluate`` without what is not the user's: its git hash and environment record (a ``git``
+    subprocess that prints "not a git repository" outside one, torch's environment report, transformers'
+    import warnings; :func:`run_tasks` returns neither) and lm-eval's notes about txl's task files."""
+    from lm_eval import evaluator
+
+    saved = evaluator.get_git_commit_hash, evaluator.add_env_info
+    evaluator.get_git_commit_hash = lambda: None
+    evaluator.add_env_info = lambda storage: None
+    foreign = _Foreign()
+    loggers = [logging.getLogger(name) for name in ("lm_eval.api.task", "lm_eval.api", "lm_eval")]
+    for logger in loggers:
+        logger.addFilter(foreign)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\..*)?$")
+            yield
+    finally:
+        evaluator.get_git_commit_hash, evaluator.add_env_info = saved
+        for logger in loggers:
+            logger.removeFilter(foreign)
