@@ -250,7 +250,8 @@ def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capfd
     # --metadata (here through task_manager) picks another split: the 6 articles of wiki.valid.tokens
     from txl.harness import task_manager
 
-    loaded = task_manager(metadata={"split": "valid"}).load(["txl_wikitext_local"])["tasks"]
+    manager = task_manager(metadata={"split": "valid"}, include_defaults=False)  # txl's own tasks only
+    loaded = manager.load(["txl_wikitext_local"])["tasks"]
     assert len(loaded["txl_wikitext_local"].dataset["test"]) == 6
 
 

@@ -545,13 +545,13 @@ def _cmd_harness(args: argparse.Namespace) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     if not tasks:
         raise ConfigError("--tasks must name at least one task")
+    if args.mem_len == 0 and args.same_length:
+        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
         check_task_names(tasks, args.include_path)
     from .harness import HarnessSettings, TxlLM, run_tasks
 
     _device(args.device)
-    if args.mem_len == 0 and args.same_length:
-        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     metadata = None
     if args.metadata is not None:
         try:
