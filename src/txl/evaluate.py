@@ -209,6 +209,7 @@ def segment_losses(
     ``name`` names the array in errors (a split)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     span = model.config.span if span is None else span
+    batches: Iterable[Batch]
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
         if starts is not None:
             raise ValueError("starts are token indices of a 1-D token array; streams (B, L+1) take none")
@@ -218,7 +219,7 @@ def segment_losses(
             )
         ids = tokens.to(device=device, dtype=torch.long)
         inputs, targets = ids[:, :-1], ids[:, 1:]  # (B, L) each
-        batches: Iterable[Batch] = (
+        batches = (
             Batch(inputs[:, start : start + tgt_len], targets[:, start : start + tgt_len])
             for start in range(0, inputs.shape[1], tgt_len)
         )

@@ -1,7 +1,7 @@
 """A trained txl run as a model of EleutherAI's lm-evaluation-harness (``lm-eval``), registered as ``"txl"``:
 log-likelihoods read segment by segment with the memory, rolling log-likelihoods with every token predicted
 once, and generation through txl's key/value cache. What the harness asks and how it scores is the harness's;
-reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.generate`'s.
+reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.inference`'s.
 
 Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
 
@@ -27,10 +27,10 @@ import torch
 from .config import ConfigError, eval_span, first_set
 from .errors import TxlError
 from .evaluate import RaggedSettings, score_rows
-from .generate import PAD_ID, stream
 from .harness_tasks import check_task_names
+from .inference import PAD_ID, GenerationSettings, stream
+from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .runs import load_run
-from .text import TextStream, UnknownTokensWarning, describe_unknown
 
 
 class HarnessMissing(TxlError, ImportError):
@@ -148,8 +148,9 @@ class TxlLM(TemplateLM):
     - ``loglikelihood_rolling``: the document after :func:`start_token`, every token predicted once; with
       memory, segment by segment, each with the memory of the previous ones; without, the harness's rolling
       windows (``lm_eval.utils.get_rolling_token_windows``), each read alone.
-    - ``generate_until``: txl's cached generation, greedy unless the task asks ``do_sample`` with a
-      temperature, up to ``max_gen_toks`` tokens, cut before the first ``until`` string.
+    - ``generate_until``: txl's cached generation (:func:`txl.inference.stream`), greedy unless the task
+      asks ``do_sample`` with a temperature, up to ``max_gen_toks`` tokens, cut before the first ``until``
+      string.
 
     Text the vocabulary does not know is treated as ``txl generate`` and ``txl serve`` treat a prompt: a word
     vocabulary reads unknown words as ``<unk>``, as its training data does, and says how many with an
@@ -192,7 +193,7 @@ class TxlLM(TemplateLM):
             _int_arg("tgt_len", tgt_len, low=1), config.eval.tgt_len, config.train.tgt_len
         )
         self.batch_size = first_set(_int_arg("batch_size", batch_size, low=1), config.eval.batch_size)
-        self.seed = _int_arg("seed", seed, low=0)
+        self.seed = first_set(_int_arg("seed", seed, low=0), 1234)
         self.start = start_token(self.vocab)
         self.unknown: dict[str, None] = {}
         """The distinct words read as ``<unk>`` since the last warning (word vocabularies)."""
@@ -343,18 +344,15 @@ class TxlLM(TemplateLM):
     ) -> list[str]:
         """Continue the rows together until each has met an ``until`` string or ``max_gen_toks`` tokens."""
         pieces = [TextStream(self.vocab, prompt, stop=until) for prompt in prompts]
-        tokens = stream(
-            self.model,
-            [torch.tensor(p, dtype=torch.long) for p in prompts],
-            max_new_tokens=max_gen_toks,
-            temperature=temperature,
-            generator=generator,
-            span=self.span,
-            context=self.tgt_len,
+        settings = GenerationSettings(
+            max_new_tokens=max_gen_toks, temperature=temperature, span=self.span, context=self.tgt_len
         )
-        for step, token in enumerate(tokens):  # (B,)
+        tokens = stream(
+            self.model, [torch.tensor(p, dtype=torch.long) for p in prompts], settings, generator=generator
+        )
+        for step, token in enumerate(tokens):
             last = step == max_gen_toks - 1
-            for piece, token_id in zip(pieces, token.tolist(), strict=True):
+            for piece, token_id in zip(pieces, token.tokens.tolist(), strict=True):
                 if token_id != PAD_ID:
                     piece.push(token_id, final=last)
             if all(piece.stopped for piece in pieces):

@@ -1,0 +1,388 @@
+"""Text in and out of the decoding loop: prompts encoded once (:func:`read_prompt`, which ``txl serve`` uses
+too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
+and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
+
+The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+import torch
+from torch import Tensor, nn
+
+from ..config import span_of
+from ..errors import TxlWarning
+from ..model.transformer import config_of
+from .loop import generate, stream
+from .settings import GenerationSettings
+
+if TYPE_CHECKING:
+    from ..runs import LoadedRun
+
+__all__ = [
+    "UnknownTokensWarning",
+    "read_prompt",
+    "describe_unknown",
+    "encode_prompt",
+    "cut_at_stop",
+    "TextStream",
+    "generate_text",
+    "TextSamples",
+    "run_settings",
+    "generate_from_run",
+    "MAX_NEW_TOKENS",
+]
+
+MAX_NEW_TOKENS = 100_000
+"""The most tokens :func:`generate_from_run` samples per sample (``txl generate --max-new-tokens``), as txl
+serve bounds a request's ``max_tokens``: a larger number is more likely a typo than a wish."""
+
+
+class UnknownTokensWarning(TxlWarning):
+    """A prompt held tokens the vocabulary does not know; they were read as ``<unk>``."""
+
+
+class _Vocab(Protocol):
+    """What :func:`generate_text` needs of a vocabulary (see :mod:`txl.data.vocab`). It also uses, when
+    present, ``eos_id``, ``unknown_as_unk`` and ``unknown_tokens(text)``."""
+
+    def __len__(self) -> int: ...
+
+    def encode(self, text: str, *, strict: bool = False) -> Any: ...
+
+    def decode(self, ids: Any) -> str: ...
+
+
+def describe_unknown(missing: Sequence[str]) -> str:
+    """The unknown tokens, as a message shows them: the first five and how many more."""
+    shown = ", ".join(repr(t) for t in missing[:5])
+    return shown + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+
+
+def read_prompt(
+    vocab: _Vocab, text: str, *, unknown: Literal["unk", "error"] = "unk"
+) -> tuple[Tensor, list[str]]:
+    """(P,) int64 ids of ``text`` and the tokens read as ``<unk>``: with ``unknown="unk"``, a vocabulary whose
+    data reads unknown tokens as ``<unk>`` (``vocab.unknown_as_unk``: word vocabularies) does so; other
+    vocabularies, and ``unknown="error"``, raise ValueError naming them. How the unknown tokens are reported
+    (a warning, a note in a reply) is the caller's; ``txl generate`` and ``txl serve`` both read prompts here."""
+    if unknown not in ("unk", "error"):
+        raise ValueError(f"unknown must be 'unk' or 'error', got {unknown!r}")
+    missing: list[str] = []
+    if unknown == "unk" and getattr(vocab, "unknown_as_unk", False):
+        missing = list(cast(Any, vocab).unknown_tokens(text))  # what vocabularies with unknown_as_unk have
+        ids = vocab.encode(text)
+    else:
+        ids = vocab.encode(text, strict=True)
+    return torch.as_tensor(ids, dtype=torch.long).reshape(-1), missing  # (P,)
+
+
+def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"] = "unk") -> Tensor:
+    """(P,) int64 ids of ``prompt`` (:func:`read_prompt`; unknown tokens read as ``<unk>`` are named by an
+    :class:`UnknownTokensWarning`); an empty prompt is the vocabulary's ``eos_id`` (a document boundary) when it
+    has one."""
+    ids, missing = read_prompt(vocab, prompt, unknown=unknown)
+    if missing:
+        message = (
+            f"{len(missing)} prompt word(s) not in the vocabulary, read as <unk>: {describe_unknown(missing)}"
+        )
+        warnings.warn(UnknownTokensWarning(message), stacklevel=3)
+    if ids.numel() == 0:
+        eos = getattr(vocab, "eos_id", None)
+        if eos is None:
+            raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
+        ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+    return ids
+
+
+def generate_text(
+    model: nn.Module,
+    vocab: _Vocab,
+    prompt: str,
+    settings: GenerationSettings = GenerationSettings(),
+    *,
+    generator: torch.Generator | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> str:
+    """Encode ``prompt`` with ``vocab``, generate as ``settings`` says (:func:`~txl.inference.loop.generate`;
+    ``generator`` as there, else one seeded with ``settings.seed``), and return the new text, cut before the
+    first of ``settings.stop`` it contains.
+
+    Prompt tokens not in ``vocab`` (:func:`encode_prompt`): a vocabulary whose data reads them as ``<unk>``
+    (``vocab.unknown_as_unk``: word vocabularies) does the same and warns with :class:`UnknownTokensWarning`
+    naming them; other vocabularies (a char vocabulary has never seen an unknown character) raise ValueError
+    naming them. An empty prompt starts from the vocabulary's ``eos_id`` (a document boundary) when it has
+    one. ``max_new_tokens=0`` runs no model and returns "".
+
+    ``on_text``: called once per generated token with the text that token made printable (see
+    :class:`TextStream`: possibly empty, the last call flushes the rest), for printing as it is produced."""
+    if not isinstance(settings, GenerationSettings):
+        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    _check_vocab(model, vocab)
+    ids = encode_prompt(vocab, prompt)  # (P,)
+    if settings.max_new_tokens == 0:
+        return ""
+    show = None if on_text is None else (lambda _row, piece: on_text(piece))
+    (pieces,) = _decode_rows(model, vocab, [ids], settings, generator=generator, on_text=show)
+    return (
+        cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
+        if pieces.stopped
+        else vocab.decode(pieces.new_ids)
+    )
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` cut before the earliest occurrence of any of the ``stop`` strings (unchanged without one)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+def _check_vocab(model: nn.Module, vocab: _Vocab) -> None:
+    vocab_size = config_of(model).vocab_size
+    if len(vocab) != vocab_size:
+        raise ValueError(
+            f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is {vocab_size}: they must match"
+        )
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class TextStream:
+    """Generated token ids in, printable text out, as they come; cut at the first stop string.
+
+    The new text is ``decode(prompt + new ids)`` after ``decode(prompt)``, so word vocabularies space it as
+    one text. Held back until a later token (or the last) settles it: a trailing U+FFFD (an incomplete UTF-8
+    character of a byte vocabulary) and a tail that could be the start of a stop string. A vocabulary whose
+    decoding rewrites earlier text (rare BPE merges) may make the printed pieces differ from :attr:`text`;
+    :attr:`text` is always the exact decoding.
+
+        pieces = TextStream(vocab, prompt_ids, stop=["\\n\\n"])
+        for token in stream(...): print(pieces.push(int(token[0])), end="", flush=True)
+    """
+
+    def __init__(
+        self,
+        vocab: _Vocab,
+        prompt_ids: Sequence[int],
+        *,
+        stop: Sequence[str] = (),
+        prompt_text: str | None = None,
+    ) -> None:
+        """``prompt_text``: ``vocab.decode(prompt_ids)`` when the caller has it already (decoded once)."""
+        if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
+        self.vocab = vocab
+        self.stop = tuple(stop)
+        self.ids = [int(i) for i in prompt_ids]
+        self.new_ids: list[int] = []
+        self.prompt_text = vocab.decode(self.ids) if prompt_text is None else prompt_text
+        self.text = ""
+        """The new text so far (cut before the stop string once :attr:`stopped`)."""
+        self.stopped = False
+        """True once the new text contains a stop string."""
+        self._shown = ""
+
+    def push(self, token_id: int, *, final: bool = False) -> str:
+        """Add one generated id; return the text that became printable (``final``: print everything left)."""
+        if self.stopped:
+            return ""
+        self.ids.append(int(token_id))
+        self.new_ids.append(int(token_id))
+        full = self.vocab.decode(self.ids)
+        new = full[_common_prefix(full, self.prompt_text) :]
+        if any(s in new for s in self.stop):
+            new, final, self.stopped = cut_at_stop(new, self.stop), True, True
+        self.text = new
+        if not final:
+            new = new.rstrip("\ufffd")
+            hold = max((k for s in self.stop for k in range(1, len(s)) if new.endswith(s[:k])), default=0)
+            new = new[: len(new) - hold]
+        if not new.startswith(self._shown):  # the decoding changed text already shown: show only what follows
+            return ""
+        piece, self._shown = new[len(self._shown) :], new
+        return piece
+
+    def push_all(self, token_ids: Sequence[int]) -> str:
+        """Add the last ids at once (one decoding, not one per id); return the rest of the text."""
+        if self.stopped or not token_ids:
+            return ""
+        self.ids.extend(int(i) for i in token_ids[:-1])
+        self.new_ids.extend(int(i) for i in token_ids[:-1])
+        return self.push(token_ids[-1], final=True)
+
+
+def _decode_rows(
+    model: nn.Module,
+    vocab: _Vocab,
+    ids: list[Tensor],
+    settings: GenerationSettings,
+    *,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    on_text: Callable[[int, str], None] | None,
+    prompt_texts: Sequence[str | None] | None = None,
+) -> list[TextStream]:
+    """Generate the rows after the prompt ids (P_r,) as one batch; the returned :class:`TextStream` of each
+    row holds its new ids and its new text (cut before a stop string), which ``on_text(row, piece)`` received
+    piece by piece. A row that meets a stop string is done (the batch ends when every row is)."""
+    texts = [None] * len(ids) if prompt_texts is None else prompt_texts
+    pieces = [
+        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
+        for row, t in zip(ids, texts, strict=True)
+    ]
+    tokens_only = replace(settings, stop=())
+    if not settings.stop and on_text is None:
+        gen = generate(model, ids, tokens_only, generator=generator)
+        for r, text in enumerate(pieces):
+            text.push_all(gen.new_tokens[r, : int(gen.lengths[r])].tolist())
+        return pieces
+    stop_ids = set(settings.stop_ids or ())
+    steps = stream(model, ids, tokens_only, generator=generator)
+    last = settings.max_new_tokens - 1
+    done = [False] * len(ids)
+    for index, step in enumerate(steps):
+        for r, token_id in enumerate(step.tokens.tolist()):
+            if done[r]:
+                continue
+            ended = index == last or token_id in stop_ids
+            piece = pieces[r].push(token_id, final=ended)
+            if on_text is not None:
+                on_text(r, piece)
+            done[r] = ended or pieces[r].stopped
+        if all(done):
+            steps.close()
+            break
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A trained run
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TextSamples:
+    """What :func:`generate_from_run` returns: one entry per row (prompt ``i // num_samples``, sample
+    ``i % num_samples``) in each list."""
+
+    prompts: list[str]
+    """Each row's prompt text as given."""
+    prompt_texts: list[str]
+    """Each row's prompt as the vocabulary reads it back (``decode(encode(prompt))``: unknown words as
+    ``<unk>``, a word vocabulary's spacing): the text that ``texts`` continue, so ``prompt_texts[i] +
+    texts[i]`` is the whole sample as one text."""
+    texts: list[str]
+    """The new text of each row (cut before a stop string)."""
+    new_tokens: int
+    """Tokens generated over all rows (a stop string's tokens included)."""
+    seconds: float
+    """Time spent generating (prompt feeding included, loading the run not)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens generated per second over all rows."""
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSettings:
+    """The run's ``[generate]`` config (max_new_tokens, temperature, top_k, top_p) as a
+    :class:`GenerationSettings`; ``mem_len`` replaces the model's memory length (0 also turns same-length
+    attention off, with a :class:`~txl.config.SameLengthOff` warning). Derive others with
+    ``dataclasses.replace``."""
+    config = run.config.generate
+    span = None
+    if mem_len is not None:
+        if run.config.model.attention != "relative":
+            raise ValueError(
+                "a memory length applies to the Transformer-XL only (this run is the vanilla baseline)"
+            )
+        base = run.config.model.span
+        span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
+    return GenerationSettings(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        span=span,
+    )
+
+
+def generate_from_run(
+    run: LoadedRun,
+    prompt: str | Sequence[str],
+    settings: GenerationSettings | None = None,
+    *,
+    num_samples: int = 1,
+    on_start: Callable[[int, str], None] | None = None,
+    on_text: Callable[[int, str], None] | None = None,
+) -> TextSamples:
+    """Sample ``num_samples`` continuations of each prompt from a loaded run, all rows as one batch (what
+    ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
+
+    ``prompt``: one text or a list of texts (of any lengths). ``settings``: None is the run's
+    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds row i's own generator with seed + i, so a row's
+    text does not depend on the others. Unknown prompt tokens: see :func:`generate_text`.
+    ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
+    the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
+    made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
+    unknown prompt tokens raise ValueError."""
+    settings = run_settings(run) if settings is None else settings
+    if not isinstance(settings, GenerationSettings):
+        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts or any(not isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    if settings.max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(
+            f"max_new_tokens={settings.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "
+            "sample (as txl serve bounds max_tokens); generate in several runs"
+        )
+    if settings.span is not None and run.config.model.attention != "relative":
+        raise ValueError(
+            "a memory length applies to the Transformer-XL only (this run is the vanilla baseline)"
+        )
+    model, vocab = run.model, run.vocab
+    _check_vocab(model, vocab)
+    encoded = [
+        encode_prompt(vocab, p) for p in prompts
+    ]  # (P_i,) each: unknown words reported once per prompt
+    read_back = [vocab.decode(ids.tolist()) for ids in encoded]
+    rows = [i for i in range(len(prompts)) for _ in range(num_samples)]
+    texts = [read_back[i] for i in rows]
+    for r, text in enumerate(texts):
+        if on_start is not None:
+            on_start(r, text)
+    given = [prompts[i] for i in rows]
+    if settings.max_new_tokens == 0:
+        return TextSamples(given, texts, texts=[""] * len(rows), new_tokens=0, seconds=0.0)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    seed = 0 if settings.seed is None else settings.seed
+    generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
+    start = time.perf_counter()
+    pieces = _decode_rows(
+        model,
+        vocab,
+        [encoded[i] for i in rows],
+        settings,
+        generator=generators,
+        on_text=on_text,
+        prompt_texts=texts,
+    )
+    seconds = time.perf_counter() - start
+    count = sum(len(p.new_ids) for p in pieces)
+    # the exact decoding, which the printed pieces may only approach
+    return TextSamples(given, texts, texts=[p.text for p in pieces], new_tokens=count, seconds=seconds)
