@@ -405,3 +405,33 @@ def test_words_a_word_vocabulary_never_saw_are_read_as_unk_with_a_count(tmp_path
         ids = [lm.start, *lm.vocab.encode(doc).tolist()]
         assert lm.vocab.unk_id in ids
         assert value == pytest.approx(-float(_long_pass(lm.model, ids).sum()), abs=1e-6)
+
+
+@pytest.mark.parametrize("mem_len", [None, 0], ids=["memory", "no_memory"])
+def test_generate_until_rows_join_and_leave_each_as_alone(trained_run, mem_len):
+    # 6 requests through 2 rows: rows leave at their stop string or max_gen_toks and the next request joins;
+    # each text is the greedy continuation of its prompt alone, cut before its first until string
+    from txl.inference import GenerationSettings, generate
+
+    lm = TxlLM(run=str(trained_run), batch_size=2, **({} if mem_len is None else {"mem_len": mem_len}))
+    asks = [
+        ("def f(x):\n", [], 9),
+        ("import ", ["\x00never"], 3),
+        ("class A:\n    pass\n" * 3, [], 14),  # longer than a segment and than the memory
+        ("x", ["e"], 20),
+        ("for i in range(3):\n", [" "], 11),
+        ("#", [], 1),
+    ]
+    got = lm.generate_until(
+        [
+            Instance("generate_until", {}, (p, {"until": u, "max_gen_toks": n}), i)
+            for i, (p, u, n) in enumerate(asks)
+        ]
+    )
+    for (prompt, until, n), text in zip(asks, got, strict=True):
+        ids = torch.tensor(lm.vocab.encode(prompt).tolist())
+        settings = GenerationSettings(max_new_tokens=n, temperature=0, span=lm.span, context=lm.tgt_len)
+        full = lm.vocab.decode(generate(lm.model, ids, settings).new_tokens[0].tolist())
+        cuts = [full.index(s) for s in until if s in full]
+        assert text == full[: min(cuts)] if cuts else text == full
+    assert any(got[i] != "" for i in range(len(asks)))
