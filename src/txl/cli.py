@@ -632,7 +632,8 @@ def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "harness",
         help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'txl[harness]'); "
-        "prints one JSON line",
+        "prints one JSON line. Text as txl generate reads a prompt: words a word vocabulary does not know are "
+        "read as <unk> (a warning counts them), characters a char vocabulary never saw are refused",
     )
     p.add_argument("run_dir")
     p.add_argument(
