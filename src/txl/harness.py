@@ -480,14 +480,12 @@ def _quiet_lm_eval() -> Iterator[None]:
     evaluator.get_git_commit_hash = lambda: None
     evaluator.add_env_info = lambda storage: None
     foreign = _Foreign()
-    loggers = [logging.getLogger(name) for name in ("lm_eval.api.task", "lm_eval.api", "lm_eval")]
-    for logger in loggers:
-        logger.addFilter(foreign)
+    logger = logging.getLogger("lm_eval.api.task")  # where lm-eval logs them
+    logger.addFilter(foreign)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\..*)?$")
             yield
     finally:
         evaluator.get_git_commit_hash, evaluator.add_env_info = saved
-        for logger in loggers:
-            logger.removeFilter(foreign)
+        logger.removeFilter(foreign)
