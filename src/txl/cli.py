@@ -572,11 +572,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_harness(args: argparse.Namespace) -> int:
+    from .harness_tasks import check_task_names, lm_eval_tasks_dir
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if not tasks:
+        raise ConfigError("--tasks must name at least one task")
+    if args.mem_len == 0 and args.same_length:
+        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
+    if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
+        check_task_names(tasks, args.include_path)
     from .harness import HarnessSettings, TxlLM, run_tasks
 
     _device(args.device)
-    if args.mem_len == 0 and args.same_length:
-        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     metadata = None
     if args.metadata is not None:
         try:
@@ -585,9 +592,6 @@ def _cmd_harness(args: argparse.Namespace) -> int:
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r} ({exc})") from None
         if not isinstance(metadata, dict):
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r}")
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    if not tasks:
-        raise ConfigError("--tasks must name at least one task")
     with _library_warnings(args):
         lm = TxlLM(
             run=args.run_dir,
@@ -628,13 +632,15 @@ def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "harness",
         help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'txl[harness]'); "
-        "prints one JSON line",
+        "prints one JSON line. Text as txl generate reads a prompt: words a word vocabulary does not know are "
+        "read as <unk> (a warning counts them), characters a char vocabulary never saw are refused",
     )
     p.add_argument("run_dir")
     p.add_argument(
         "--tasks",
         required=True,
-        help="comma-separated lm-eval task names, e.g. txl_wikitext_local (required; no default)",
+        help="comma-separated lm-eval task names, e.g. txl_wikitext_local (required; no default); checked "
+        "first: an unknown name is refused with the closest known ones",
     )
     p.add_argument(
         "--include-path",
