@@ -16,8 +16,9 @@ from txl.cli import main
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
-def train_char_run(folder: Path, *, steps: int = 12) -> Path:
-    """A run trained for ``steps`` steps on two copies of textwrap.py, character vocabulary."""
+def train_char_run(folder: Path, *, steps: int = 12, overrides: tuple[str, ...] = ()) -> Path:
+    """A run trained for ``steps`` steps on two copies of textwrap.py, character vocabulary (``overrides``:
+    more ``--set`` values, e.g. ``model.mem_len=0``)."""
     corpus = folder / "corpus.txt"
     corpus.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 2, encoding="utf-8")
     run_dir = folder / "run"
@@ -35,6 +36,7 @@ def train_char_run(folder: Path, *, steps: int = 12) -> Path:
             f"data.corpus={json.dumps(str(corpus))}",
             "--set",
             f"train.steps={steps}",
+            *[arg for value in overrides for arg in ("--set", value)],
         ]
     )
     assert code == 0
@@ -82,3 +84,20 @@ def wait_for(predicate, *, timeout: float = 20.0, what: str = "a condition") -> 
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def library_text(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
+    """The library's text for a prompt and sampling settings, one generator seeded with ``seed``: what a
+    request with the same fields must give."""
+    import torch
+
+    from txl.generate import generate_text
+
+    return generate_text(
+        run.model,
+        run.vocab,
+        prompt,
+        max_new_tokens=n,
+        generator=torch.Generator().manual_seed(seed),
+        **sampling,
+    )

@@ -761,12 +761,7 @@ class Engine:
     def _decode_alone(self, completion: _Completion) -> Generator:
         """A model without memory: each choice decoded by :mod:`txl.generate`'s loop, one token per slice."""
         sampling = completion.sampling
-        settings = GenerationSettings(
-            max_new_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-        )
+        settings = GenerationSettings(max_new_tokens=sampling.max_tokens, sampling=completion.settings)
         for choice in completion.choices:
             generator = torch.Generator(device=self.device).manual_seed(_seed(sampling.seed + choice.index))
             decoding = _Decoding(
