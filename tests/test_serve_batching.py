@@ -24,7 +24,8 @@ from serve_helpers import live_server, sse_data, train_char_run, wait_for  # noq
 from txl.generate import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve import listening_note  # noqa: E402
-from txl.serve.app import ServeSettings, create_app  # noqa: E402
+from txl.serve.app import create_app  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
 from txl.serve.score import score_tokens, scoring_lengths  # noqa: E402
 
 PROMPT = "def wrap(text, "
@@ -94,7 +95,7 @@ def _text(result: dict) -> str:
 
 def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
     url, app = server
-    engine = app.state.engine
+    engine = app.state.txl.scheduler
     alone = [_text(_completion(url, body)) for body in REQUESTS]  # one at a time: nobody else in the batch
     for body, text in zip(REQUESTS, alone, strict=True):  # and that is the library's text
         if "stop" not in body:
@@ -134,7 +135,7 @@ def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
 
 def test_a_disconnect_frees_its_row_and_its_neighbour_goes_on(server, run):
     url, app = server
-    engine = app.state.engine
+    engine = app.state.txl.scheduler
     body = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0}
     expected = _reference(run, PROMPT, 300, temperature=0)
     result = {}

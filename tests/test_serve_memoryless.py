@@ -17,7 +17,8 @@ import httpx  # noqa: E402
 
 from serve_helpers import library_text, live_server, sse_data, train_char_run  # noqa: E402
 from txl.runs import load_run  # noqa: E402
-from txl.serve.app import ServeSettings, create_app  # noqa: E402
+from txl.serve.app import create_app  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
 
 PROMPT = "def wrap(text, "
 

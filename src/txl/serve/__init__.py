@@ -17,7 +17,7 @@ from ..errors import TxlError
 from .score import Scores, score_tokens, scoring_lengths, token_pieces
 
 if TYPE_CHECKING:
-    from .app import ServeSettings
+    from .state import ServeSettings
 
 __all__ = [
     "serve",
