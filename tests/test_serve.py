@@ -222,7 +222,6 @@ def test_the_default_prompt_comes_from_the_run_never_the_corpus(run_dir, monkeyp
     import dataclasses
 
     import txl.data
-
     from txl.serve.card import default_prompt
 
     run = load_run(run_dir)

@@ -13,7 +13,6 @@ request. Requests are checked by :mod:`txl.serve.checks`, answered in :mod:`txl.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,9 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runs import LoadedRun
+from .auth import KeyCheck
 from .card import model_card, page
 from .checks import Limits, check_text, encode_text
 from .completions import await_job, busy, complete
+from .jobs import Cancelled
 from .openai import (
     CompletionRequest,
     RequestError,
@@ -39,14 +40,13 @@ from .openai import (
     json_body,
     parse,
     score_body,
-    unauthorized,
 )
-from .scheduler import Cancelled, Scheduler
+from .scheduler import Scheduler
 from .sessions import Session, SessionStore
 from .state import ServeSettings, ServeState
 from .work import score_work, session_read_work
 
-__all__ = ["create_app", "KeyCheck", "OPEN_ROUTES", "router", "lifespan"]
+__all__ = ["create_app", "OPEN_ROUTES", "router", "lifespan"]
 
 OPEN_ROUTES = ("/", "/v1/health")
 """The routes that need no API key: the page (static, no data; it asks for the key) and the health check."""
@@ -322,37 +322,6 @@ def create_app(
 def _limits_shown(settings: ServeSettings) -> dict[str, Any]:
     names = ("max_tokens", "max_prompt_chars", "queue_size", "max_batch", "max_sessions", "session_ttl")
     return {key: getattr(settings, key) for key in names}
-
-
-def _authorized(header: str | None, key: bytes) -> bool:
-    """Whether an ``Authorization`` header carries ``Bearer KEY`` (compared in constant time)."""
-    if header is None:
-        return False
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("utf-8"), key)
-
-
-class KeyCheck:
-    """ASGI middleware: a request to any route but ``open_routes`` without ``Authorization: Bearer KEY`` gets a
-    401 in OpenAI's error shape (plain ASGI, so that disconnects still reach the routes)."""
-
-    def __init__(self, app: Any, *, key: bytes, open_routes: tuple[str, ...]) -> None:
-        self.app, self.key, self.open_routes = app, key, open_routes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_routes:
-            header = None
-            for name, value in scope.get("headers", ()):
-                if name == b"authorization":
-                    header = value.decode("latin-1")
-            if not _authorized(header, self.key):
-                said = "no Authorization header" if header is None else "a wrong API key"
-                message = (
-                    f"this server needs an API key: send 'Authorization: Bearer KEY' (the request had {said})"
-                )
-                await unauthorized(message)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _refused(request: Request, exc: RequestError) -> JSONResponse:

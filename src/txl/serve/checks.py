@@ -18,8 +18,8 @@ from torch import Tensor
 from ..config import GenerateConfig
 from ..runs import LoadedRun
 from ..text import UnknownTokensWarning, describe_unknown, read_prompt
+from .events import Sampling
 from .openai import CompletionRequest, RequestError
-from .work import Sampling
 
 __all__ = ["MAX_STOP", "Limits", "check_text", "encode_text", "prompt_ids", "prompts_of", "sampling_of"]
 

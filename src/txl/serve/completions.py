@@ -14,6 +14,8 @@ import torch
 from starlette.requests import Request
 
 from .checks import prompt_ids, prompts_of, sampling_of
+from .events import CompletionResult, TextEvent
+from .jobs import Cancelled, Job
 from .openai import (
     CompletionRequest,
     EventStream,
@@ -24,10 +26,10 @@ from .openai import (
     sse,
     usage,
 )
-from .scheduler import Cancelled, Job, Scheduler
+from .scheduler import Scheduler
 from .sessions import Session
 from .state import ServeState
-from .work import Completion, CompletionResult, TextEvent, completion_work
+from .work import Completion, completion_work
 
 __all__ = ["complete", "await_job", "busy"]
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from ..evaluate import metrics_from_loss
-from .work import ChoiceResult, CompletionResult, ScoreResult, TokenInfo
+from .events import ChoiceResult, CompletionResult, ScoreResult, TokenInfo
 
 __all__ = [
     "MAX_LOGPROBS",

@@ -1,175 +1,26 @@
-"""The model's one thread of ``txl serve``: admission into a bounded queue, each job's state, and the step loop.
-Every completion decodes as rows of one batch (continuous batching: a request joins free rows between two steps
-and leaves its row when it ends); other work (prefills, scores, session readings) runs in slices between the
-steps. It knows no HTTP and no wire format (:mod:`txl.serve.openai`), and no request's meaning
-(:mod:`txl.serve.work`).
-
-Dimensions: R rows (``--max-batch``), V vocabulary.
-
-Back-pressure: a streaming job whose client is ``stream_buffer`` events behind what the server has written
-to its connection is parked: its row's memory is kept aside and the row freed for others; it joins a row
-again when its client has caught up (half the buffer), exactly where it stopped.
+"""The model's one thread of ``txl serve``: admission into a bounded queue, the jobs' states, and the loop that
+starts waiting jobs, runs the other work (prefills, scores, session readings) in slices, and steps the rows of
+:class:`~txl.serve.batch.Batch` (continuous batching: a request joins free rows between two steps and leaves
+its row when it ends). It knows no HTTP, no wire format and no request's meaning (:mod:`txl.serve.work`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..config import Span
-from ..model import Memory
-from ..sampling import SamplingSettings, draw
-from .rows import CacheRows, WindowRows, make_rows
+from .batch import Batch
+from .jobs import Cancelled, Job, JobState, Ready, Stats, Work
 
-__all__ = ["JobState", "Job", "Cancelled", "Stats", "Pause", "PAUSE", "Ready", "RowWork", "Scheduler", "Work"]
-
-
-class JobState(Enum):
-    """Where an admitted job is."""
-
-    WAITING = "waiting"  # in the queue
-    WORKING = "working"  # its work runs in slices between the steps
-    DECODING = "decoding"  # its choices are rows of the batch
-    PARKED = "parked"  # its client is behind: its rows wait outside the batch
-    DONE = "done"
-
-
-class Cancelled(Exception):
-    """A job stopped because its client left or the server is closing."""
-
-
-@dataclass
-class Stats:
-    """Counters shown by ``GET /v1/health`` (changed under the scheduler's lock or on its thread)."""
-
-    requests: int = 0
-    rejected: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    tokens_generated: int = 0
-
-
-@dataclass(frozen=True)
-class Pause:
-    """What a work yields to let the rows step before its next slice."""
-
-
-PAUSE = Pause()
-
-
-class RowWork(Protocol):
-    """A completion as the scheduler decodes it: ``n`` choices, each one row."""
-
-    n: int
-    settings: SamplingSettings
-
-    def prompt_of(self, choice: int) -> int:
-        """Which prompt choice ``choice`` continues."""
-
-    def generator(self, choice: int) -> torch.Generator:
-        """Choice ``choice``'s own random generator."""
-
-    def push(self, choice: int, token: int, log_probs: Tensor) -> bool:
-        """Choice ``choice`` drew ``token`` from ``log_probs`` (V,): True when the choice is over."""
-
-    def resume_prompt(self, choice: int) -> Tensor:
-        """(P,) the tokens a parked choice is prefilled with to go on: its last token (with memory) or its
-        whole window (without)."""
-
-    def done(self) -> Work:
-        """Every choice is over: the work that ends the job (its return value is the job's result)."""
-
-
-@dataclass(frozen=True)
-class Ready:
-    """What a work yields when its choices are to decode: each prompt (P,) is prefilled alone after ``memory``
-    (batch 1), then the choices join free rows (choice c continues prompt ``work.prompt_of(c)``)."""
-
-    work: RowWork
-    prompts: tuple[Tensor, ...]
-    memory: Memory | None = None
-
-
-Work = Generator[Pause | Ready, None, Any]
-"""A job's work, run one slice per ``next`` on the model's thread; its return value is the job's result."""
-
-
-class Job:
-    """One admitted request: its state, cancellation flag, the rows it needs, its result, and (streaming) where
-    its events go. ``backlog`` (thread-safe) counts events sent that its client has not taken yet."""
-
-    def __init__(
-        self, closing: threading.Event, *, rows: int, weight: int, on_event: Callable[[Any], None] | None
-    ) -> None:
-        self._closing = closing
-        self._lock = threading.Lock()
-        self._backlog = 0
-        self.state = JobState.WAITING
-        self.cancel_event = threading.Event()
-        self.rows, self.weight, self.on_event = rows, weight, on_event
-        self.future: Future = Future()
-        self.outbox: list[tuple[Callable[[Any], None], Any]] | None = None
-        self.on_drained: Callable[[], None] | None = None  # told when a parked job's client catches up
-        self.resume_at = 0
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-        if self.on_drained is not None:
-            self.on_drained()
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or self._closing.is_set()
-
-    @property
-    def backlog(self) -> int:
-        with self._lock:
-            return self._backlog
-
-    def emit(self, event: Any) -> None:
-        """Send an event to the client (through the scheduler's outbox, flushed once per step)."""
-        if self.on_event is None:
-            return
-        with self._lock:
-            self._backlog += 1
-        if self.outbox is None:
-            self.on_event(event)
-        else:
-            self.outbox.append((self.on_event, event))
-
-    def read(self) -> None:
-        """The server wrote one event to the client's connection."""
-        with self._lock:
-            self._backlog -= 1
-            drained = self._backlog == self.resume_at
-        if drained and self.state is JobState.PARKED and self.on_drained is not None:
-            self.on_drained()
-
-
-@dataclass
-class _Row:
-    job: Job
-    work: RowWork
-    choice: int
-    generator: torch.Generator
-    log_probs: Tensor  # (1, V) of the next token
-
-
-@dataclass
-class _Parked:
-    job: Job
-    work: RowWork
-    choice: int
-    generator: torch.Generator
-    memory: Memory | None
+__all__ = ["Scheduler"]
 
 
 @dataclass
@@ -198,9 +49,15 @@ class Scheduler:
         self._admitted = 0
         self._waiting: deque[tuple[Job, Work]] = deque()
         self._side: list[_Side] = []
-        self._parked: list[_Parked] = []
-        self.slots: list[_Row | None] = [None] * max_batch
-        self.batch: CacheRows | WindowRows | None = None
+        self.batch = Batch(
+            model,
+            span=span,
+            size=max_batch,
+            stream_buffer=stream_buffer,
+            stats=self.stats,
+            end=self._fail,
+            follow=self._follow,
+        )
         self._outbox: list[tuple[Callable[[Any], None], Any]] = []
         self.post: Callable[[list], None] | None = None
         """Where the events of a step go at once (the HTTP layer hands them to its event loop in one call);
@@ -216,7 +73,7 @@ class Scheduler:
 
     @property
     def rows_in_use(self) -> int:
-        return sum(row is not None for row in self.slots)
+        return self.batch.in_use
 
     @property
     def waiting(self) -> int:
@@ -224,7 +81,7 @@ class Scheduler:
 
     @property
     def parked(self) -> int:
-        return len(self._parked)
+        return len(self.batch.parked)
 
     def admit(
         self, *, rows: int = 0, weight: int = 1, on_event: Callable[[Any], None] | None = None
@@ -276,11 +133,6 @@ class Scheduler:
         else:
             job.future.set_result(result)
 
-    def _rows(self) -> CacheRows | WindowRows:
-        if self.batch is None:
-            self.batch = make_rows(self.model, rows=self.max_batch, span=self.span)
-        return self.batch
-
     def _free_rows(self) -> int:
         return self.max_batch - self.rows_in_use - sum(side.reserved for side in self._side)
 
@@ -317,113 +169,9 @@ class Scheduler:
         if isinstance(event, Ready):
             side.reserved = 0
             work.close()
-            self._place(job, event)
+            self.batch.place(job, event)
             return True
         return False
-
-    def _place(self, job: Job, ready: Ready) -> None:
-        """Prefill a request's prompt and put its choices into free rows."""
-        rows, work = self._rows(), ready.work
-        prefilled = [rows.prefill(prompt, ready.memory) for prompt in ready.prompts]
-        free = [r for r, row in enumerate(self.slots) if row is None][: work.n]
-        for choice, r in zip(range(work.n), free, strict=True):
-            start = prefilled[work.prompt_of(choice)]
-            rows.join(r, start)
-            self.slots[r] = _Row(job, work, choice, work.generator(choice), start.log_probs)
-        job.state = JobState.DECODING
-
-    def _leave(self, r: int, *, park: bool = False) -> None:
-        """Row ``r``'s choice leaves the batch: over, cancelled, or parked (its memory kept aside)."""
-        row = self.slots[r]
-        assert row is not None and self.batch is not None
-        self.slots[r] = None
-        if park:
-            memory = self.batch.row_memory(r)
-            self._parked.append(_Parked(row.job, row.work, row.choice, row.generator, memory))
-            row.job.state = JobState.PARKED
-        self.batch.free(r)
-        if row.job.cancelled:
-            self.end(row.job, error=Cancelled())
-        elif (
-            not park
-            and not any(s is not None and s.job is row.job for s in self.slots)
-            and not any(p.job is row.job for p in self._parked)
-        ):
-            self._side.append(_Side(row.job, row.work.done(), 0))  # every choice is over
-            row.job.state = JobState.WORKING
-
-    def _resume(self) -> None:
-        """Parked choices whose client caught up join free rows again (before any waiting job)."""
-        for parked in list(self._parked):
-            job = parked.job
-            if job.cancelled:
-                self._parked.remove(parked)
-                self.end(job, error=Cancelled())
-                continue
-            if job.backlog > job.resume_at or self._free_rows() < 1:
-                continue
-            self._parked.remove(parked)
-            prefilled = self._rows().prefill(parked.work.resume_prompt(parked.choice), parked.memory)
-            r = self.slots.index(None)
-            self._rows().join(r, prefilled)
-            self.slots[r] = _Row(job, parked.work, parked.choice, parked.generator, prefilled.log_probs)
-            job.state = JobState.DECODING
-
-    def _step(self) -> None:
-        """Every row draws its next token and its events go out; those that go on are fed, all rows at once.
-        A streaming row whose client is ``stream_buffer`` events behind is parked instead of fed."""
-        active = []
-        for r, row in enumerate(self.slots):
-            if row is not None and row.job.cancelled:
-                self._leave(r)
-            elif row is not None:
-                active.append(r)
-        if not active:
-            return
-        tokens = self._draw(active)
-        feed = [0] * self.max_batch
-        fed = []
-        for r in active:
-            row = self.slots[r]
-            assert row is not None
-            self.stats.tokens_generated += 1
-            if row.work.push(row.choice, tokens[r], row.log_probs[0]):
-                self._leave(r)
-            elif row.job.on_event is not None and row.job.backlog >= self.stream_buffer:
-                self._leave(r, park=True)
-            else:
-                feed[r] = tokens[r]
-                fed.append(r)
-        self._flush()  # the tokens drawn go to their clients while the model computes the next step
-        if fed:
-            self._feed(feed, fed)
-
-    def _feed(self, feed: list[int], fed: list[int]) -> None:
-        assert self.batch is not None
-        try:
-            log_probs = self.batch.step(torch.tensor(feed, dtype=torch.long, device=self.device))  # (R, V)
-        except Exception as exc:  # noqa: BLE001 - every row in the step fails; the server goes on
-            self._fail_rows(exc)
-            return
-        for r in fed:
-            row = self.slots[r]
-            assert row is not None
-            row.log_probs = log_probs[r : r + 1]
-
-    def _draw(self, active: list[int]) -> dict[int, int]:
-        """The next token of each active row: the greedy rows in one draw over them all (no generator), the
-        others each from its own generator."""
-        rows = {r: row for r in active if (row := self.slots[r]) is not None}
-        greedy = [r for r, row in rows.items() if row.work.settings.temperature == 0]
-        tokens: dict[int, int] = {}
-        if greedy:
-            joined = torch.cat([rows[r].log_probs for r in greedy])  # (G, V)
-            best = draw(joined, rows[greedy[0]].work.settings).tolist()  # temperature 0: the argmax
-            tokens.update(zip(greedy, best, strict=True))
-        for r, row in rows.items():
-            if r not in tokens:
-                tokens[r] = int(draw(row.log_probs, row.work.settings, generator=row.generator)[0])
-        return tokens
 
     def _startable(self) -> bool:
         if not self._waiting:
@@ -431,14 +179,14 @@ class Scheduler:
         job = self._waiting[0][0]
         return job.cancelled or job.rows <= self._free_rows()
 
-    def _resumable(self) -> bool:
-        return any(p.job.cancelled or p.job.backlog <= p.job.resume_at for p in self._parked) and bool(
-            self._free_rows()
-        )
-
     def _idle(self) -> bool:
         """Nothing to do now: no side work, no job that can start or resume, no row."""
-        return not self._side and not self._startable() and not self._resumable() and not self.rows_in_use
+        return (
+            not self._side
+            and not self._startable()
+            and not self.batch.resumable(self._free_rows())
+            and not self.rows_in_use
+        )
 
     def _loop(self) -> None:
         """The model's thread, in inference mode (the works are interleaved: none may change the grad mode
@@ -458,28 +206,24 @@ class Scheduler:
 
     def _turn(self) -> None:
         """One turn of the loop: resume, start, one slice of each side work, one step."""
-        self._resume()
+        self.batch.resume(self._free_rows())
         self._start_waiting()
         for side in list(self._side):
             if self._slice(side):
                 self._side.remove(side)
         if self.rows_in_use:
-            self._step()
+            self.batch.step(self._flush)
         self._flush()
 
-    def _fail_rows(self, exc: BaseException) -> None:
-        for r, row in enumerate(self.slots):
-            if row is not None:
-                self.slots[r] = None
-                self.end(row.job, error=exc)
-        for parked in self._parked:
-            self.end(parked.job, error=exc)
-        self._parked = []
-        self.batch = None  # made anew: a failed step leaves it unknown
+    def _fail(self, job: Job, error: BaseException) -> None:
+        self.end(job, error=error)
+
+    def _follow(self, job: Job, work: Work) -> None:
+        self._side.append(_Side(job, work, 0))
 
     def _fail_all(self, exc: Exception) -> None:
         """Every running job fails with ``exc`` (the waiting ones go on)."""
-        self._fail_rows(exc)
+        self.batch.fail(exc)
         for side in self._side:
             side.work.close()
             self.end(side.job, error=exc)
@@ -497,7 +241,7 @@ class Scheduler:
                 on_event(event)
 
     def _shutdown(self) -> None:
-        self._fail_rows(Cancelled())
+        self.batch.fail(Cancelled())
         for side in self._side:
             side.work.close()
             self.end(side.job, error=Cancelled())

@@ -15,91 +15,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..config import Span
 from ..evaluate import segment_losses
 from ..model import Memory
 from ..runs import LoadedRun
 from ..sampling import SamplingSettings
 from ..text import TextStream
-from .scheduler import PAUSE, Pause, Ready, Work
+from .events import ChoiceResult, CompletionResult, Sampling, ScoreResult, TextEvent, TokenInfo
+from .jobs import PAUSE, Pause, Ready, Work
 from .score import scoring_lengths, token_pieces
 from .sessions import CONTEXT_IDS, Session
 
-__all__ = [
-    "Sampling",
-    "TokenInfo",
-    "TextEvent",
-    "ChoiceResult",
-    "CompletionResult",
-    "ScoreResult",
-    "Reading",
-    "read_tokens",
-    "completion_work",
-    "score_work",
-    "session_read_work",
-]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one completion is generated (checked by the HTTP layer)."""
-
-    max_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int
-    stop: tuple[str, ...]
-    logprobs: int | None = None
-    """Report the log-probability of each token and the ``logprobs`` most likely ones (None: no)."""
-    echo: bool = False
-    """Return the prompt with the completion (with its log-probabilities when ``logprobs`` is set)."""
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    """One token's text and log-probability (None: the first token of a text, which has no context), its
-    ``logprobs`` most likely alternatives, and where its text starts in the choice's text."""
-
-    piece: str
-    logprob: float | None
-    top: dict[str, float] | None
-    offset: int
-
-
-@dataclass(frozen=True)
-class TextEvent:
-    """Text for a client: choice ``index``'s new text, and its tokens when log-probabilities were asked."""
-
-    index: int
-    text: str
-    tokens: tuple[TokenInfo, ...] | None
-
-
-@dataclass(frozen=True)
-class ChoiceResult:
-    index: int
-    text: str
-    finish: str
-    tokens: tuple[TokenInfo, ...] | None
-
-
-@dataclass(frozen=True)
-class CompletionResult:
-    choices: tuple[ChoiceResult, ...]
-    completion_tokens: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """A text scored: per-token (id, text, log-probability or None) and the lengths used."""
-
-    tokens: tuple[tuple[int, str, float | None], ...]
-    losses: tuple[float, ...]
-    tgt_len: int
-    span: Span
-    tokens_read: int | None = None  # a session's total
+__all__ = ["Reading", "read_tokens", "Completion", "completion_work", "score_work", "session_read_work"]
 
 
 @dataclass(frozen=True)
