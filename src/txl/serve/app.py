@@ -13,7 +13,6 @@ request. Requests are checked by :mod:`txl.serve.checks`, answered in :mod:`txl.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,27 +32,21 @@ from .openai import (
     CompletionRequest,
     RequestError,
     ScoreRequest,
-    SessionCompletionRequest,
-    SessionNewRequest,
-    SessionScoreRequest,
     error,
     json_body,
     parse,
     score_body,
 )
 from .scheduler import Scheduler
-from .sessions import Session, SessionStore
-from .state import ServeSettings, ServeState
-from .work import score_work, session_read_work
+from .sessions import SessionStore
+from .sessions_api import router as sessions_router
+from .state import ServeSettings, ServeState, state_of
+from .work import score_work
 
 __all__ = ["create_app", "OPEN_ROUTES", "router", "lifespan"]
 
 OPEN_ROUTES = ("/", "/v1/health")
 """The routes that need no API key: the page (static, no data; it asks for the key) and the health check."""
-
-
-def state_of(request: Request) -> ServeState:
-    return request.app.state.txl
 
 
 router = APIRouter()
@@ -151,103 +144,6 @@ async def score(request: Request) -> Any:
     }
 
 
-# -- sessions -------------------------------------------------------------------------------------------------
-
-
-def session_of(state: ServeState, ident: str, *, claim: bool = False) -> Session:
-    if not state.cached:
-        raise RequestError(
-            400, "sessions need a model with memory (this one has none: the vanilla baseline or mem_len 0)"
-        )
-    session = state.store.get(ident)
-    if session is None:
-        raise RequestError(
-            404, f"no session {ident!r} (never made, deleted, or expired)", kind="not_found_error"
-        )
-    if claim and not state.store.claim(session):
-        raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
-    return session
-
-
-@router.post("/v1/sessions")
-async def new_session(request: Request) -> dict[str, Any]:
-    state = state_of(request)
-    if (await request.body())[:1].strip():  # a body (none is needed) must be an empty object
-        parse(SessionNewRequest, await json_body(request, limit=state.body_limit))
-    if not state.cached:
-        session_of(state, "")
-    session = state.store.create(f"sess-{uuid.uuid4().hex[:24]}")
-    if session is None:
-        raise RequestError(
-            429,
-            f"there are {state.settings.max_sessions} sessions already (txl serve --max-sessions); delete one "
-            "or wait for idle ones to expire",
-            kind="rate_limit_error",
-        )
-    return session.describe(ttl=state.settings.session_ttl)
-
-
-@router.get("/v1/sessions/{ident}")
-async def get_session(ident: str, request: Request) -> dict[str, Any]:
-    state = state_of(request)
-    return session_of(state, ident).describe(ttl=state.settings.session_ttl)
-
-
-@router.delete("/v1/sessions/{ident}")
-async def delete_session(ident: str, request: Request) -> dict[str, Any]:
-    state = state_of(request)
-    session_of(state, ident)
-    if state.store.delete(ident) is None:
-        raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
-    return {"id": ident, "object": "session", "deleted": True}
-
-
-@router.post("/v1/sessions/{ident}/score")
-async def session_score(ident: str, request: Request) -> Any:
-    state = state_of(request)
-    req = parse(SessionScoreRequest, await json_body(request, limit=state.body_limit))
-    check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)
-    ids, notes = encode_text(state.run, req.text, field_name="text")
-    if ids.numel() == 0:
-        raise RequestError(400, "text: empty", param="text")
-    session = session_of(state, ident, claim=True)
-    try:
-        job = state.model.admit()
-        if job is None:
-            raise busy(state.model)
-        state.model.submit(job, session_read_work(state.run, session, ids))
-        try:
-            result = await await_job(request, job)
-        except Cancelled:
-            return error(499, "the client closed the request", kind="cancelled")
-    finally:
-        state.store.release(session)
-    body = score_body(result, kind=state.run.vocab.kind)
-    return {"object": "session.score", "model": state.name, "session": ident, **body, "warnings": notes}
-
-
-@router.post("/v1/sessions/{ident}/completions")
-async def session_completions(ident: str, request: Request) -> Any:
-    state = state_of(request)
-    req = parse(SessionCompletionRequest, await json_body(request, limit=state.body_limit))
-    session = session_of(state, ident, claim=True)
-    release = True
-    try:
-        response = await complete(request, state, req, session=session)
-        if hasattr(response, "on_close"):  # a stream: the session is free when it ends
-            release, inner = False, response.on_close
-
-            def close() -> None:
-                inner()
-                state.store.release(session)
-
-            response.on_close = close
-        return response
-    finally:
-        if release:
-            state.store.release(session)
-
-
 # -- the application ------------------------------------------------------------------------------------------
 
 
@@ -316,6 +212,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal)
     app.include_router(router)
+    app.include_router(sessions_router)
     return app
 
 

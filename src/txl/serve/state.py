@@ -7,12 +7,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
 from .sessions import SessionStore
 
-__all__ = ["ServeSettings", "ServeState"]
+__all__ = ["ServeSettings", "ServeState", "state_of"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +81,8 @@ class ServeState:
     def cached(self) -> bool:
         model = self.run.config.model
         return model.attention == "relative" and model.mem_len > 0
+
+
+def state_of(request: Request) -> ServeState:
+    """The state of the application serving ``request``."""
+    return request.app.state.txl
