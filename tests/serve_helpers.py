@@ -55,16 +55,16 @@ def sse_data(body: str) -> list[str]:
 
 @contextmanager
 def live_server(app) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
+    """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread (as ``txl serve`` runs it); yields its
+    base URL."""
     import uvicorn
 
     from txl.serve import bind
+    from txl.serve.server import server_config
 
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    )
+    server = uvicorn.Server(server_config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

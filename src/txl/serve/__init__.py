@@ -110,6 +110,7 @@ def serve(
 
     from ..runs import load_run
     from .app import create_app
+    from .server import server_config
 
     out = sys.stdout if out is None else out
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
@@ -128,8 +129,7 @@ def serve(
         file=out,
         flush=True,
     )
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, log_level=log_level))
     try:
         server.run(sockets=[sock])
     except (
