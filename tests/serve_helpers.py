@@ -91,13 +91,10 @@ def library_text(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
     request with the same fields must give."""
     import torch
 
-    from txl.generate import generate_text
+    from txl.inference import GenerationSettings
+    from txl.inference.text import generate_text
 
+    settings = GenerationSettings(max_new_tokens=n, **sampling)
     return generate_text(
-        run.model,
-        run.vocab,
-        prompt,
-        max_new_tokens=n,
-        generator=torch.Generator().manual_seed(seed),
-        **sampling,
+        run.model, run.vocab, prompt, settings, generator=torch.Generator().manual_seed(seed)
     )

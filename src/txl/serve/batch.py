@@ -11,19 +11,28 @@ when its client has caught up half of them, exactly where it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..config import Span
+from ..inference import GenerationSettings, Prefilled, RowBatch, WindowRows, draw, rows_for
 from ..model import Memory
-from ..sampling import draw
-from .jobs import Cancelled, Job, JobState, Ready, RowWork, Stats, Work
-from .rows import CacheRows, WindowRows, make_rows
+from .jobs import JOINED, PAUSE, Cancelled, Job, JobState, Pause, Ready, RowWork, Stats, Work
 
 __all__ = ["Batch"]
+
+
+def _paused(steps: Generator[None, None, Prefilled]) -> Generator[Pause, None, Prefilled]:
+    """A prefill's steps as a work's pauses; its :class:`Prefilled` at the end."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        yield PAUSE
 
 
 @dataclass
@@ -64,21 +73,29 @@ class Batch:
         self.stats, self.end, self.follow = stats, end, follow
         self.slots: list[_Row | None] = [None] * size
         self.parked: list[_Parked] = []
-        self.rows: CacheRows | WindowRows | None = None
+        self.rows: RowBatch | WindowRows | None = None
 
     @property
     def in_use(self) -> int:
         return sum(row is not None for row in self.slots)
 
-    def _rows(self) -> CacheRows | WindowRows:
+    def _rows(self) -> RowBatch | WindowRows:
         if self.rows is None:
-            self.rows = make_rows(self.model, rows=self.size, span=self.span)
+            self.rows = rows_for(self.model, self.size, GenerationSettings(span=self.span))
         return self.rows
 
-    def place(self, job: Job, ready: Ready) -> None:
-        """Prefill a request's prompt and put its choices into free rows."""
+    def prefill(self, job: Job, ready: Ready) -> Work:
+        """The work of prefilling a request's prompts (a pause between two chunks, so that the rows step
+        meanwhile), then putting its choices into free rows (reserved for it)."""
         rows, work = self._rows(), ready.work
-        prefilled = [rows.prefill(prompt, ready.memory) for prompt in ready.prompts]
+        prefilled = []
+        for prompt in ready.prompts:
+            prefilled.append((yield from _paused(rows.prefill_steps(prompt, ready.memory))))
+        self._place(job, work, prefilled)
+        return JOINED
+
+    def _place(self, job: Job, work: RowWork, prefilled: list[Prefilled]) -> None:
+        rows = self._rows()
         free = [r for r, row in enumerate(self.slots) if row is None][: work.n]
         for choice, r in zip(range(work.n), free, strict=True):
             start = prefilled[work.prompt_of(choice)]

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from ..config import GenerateConfig
+from ..inference.text import UnknownTokensWarning, describe_unknown, read_prompt
 from ..runs import LoadedRun
-from ..text import UnknownTokensWarning, describe_unknown, read_prompt
 from .events import Sampling
 from .openai import CompletionRequest, RequestError
 

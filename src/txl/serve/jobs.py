@@ -13,10 +13,22 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ..inference import GenerationSettings
 from ..model import Memory
-from ..sampling import SamplingSettings
 
-__all__ = ["JobState", "Job", "Cancelled", "Stats", "Pause", "PAUSE", "Ready", "RowWork", "Work"]
+__all__ = [
+    "JobState",
+    "Job",
+    "Cancelled",
+    "Stats",
+    "Pause",
+    "PAUSE",
+    "Joined",
+    "JOINED",
+    "Ready",
+    "RowWork",
+    "Work",
+]
 
 
 class JobState(Enum):
@@ -52,11 +64,19 @@ class Pause:
 PAUSE = Pause()
 
 
+@dataclass(frozen=True)
+class Joined:
+    """What a prefill work returns: its job's choices joined rows of the batch (the job goes on there)."""
+
+
+JOINED = Joined()
+
+
 class RowWork(Protocol):
     """A completion as the scheduler decodes it: ``n`` choices, each one row."""
 
     n: int
-    settings: SamplingSettings
+    settings: GenerationSettings
 
     def prompt_of(self, choice: int) -> int:
         """Which prompt choice ``choice`` continues."""

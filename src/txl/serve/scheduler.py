@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import Span
 from .batch import Batch
-from .jobs import Cancelled, Job, JobState, Ready, Stats, Work
+from .jobs import JOINED, Cancelled, Job, JobState, Ready, Stats, Work
 
 __all__ = ["Scheduler"]
 
@@ -153,24 +153,24 @@ class Scheduler:
                 self._side.append(_Side(job, work, job.rows))
 
     def _slice(self, side: _Side) -> bool:
-        """One slice of side work; True when it is over."""
+        """One slice of side work; True when it is over. A work that is ``Ready`` goes on as the prefill of its
+        prompts, which ends with its choices in rows."""
         job, work = side.job, side.work
         try:
             if job.cancelled:
                 raise Cancelled
             event = next(work)
         except StopIteration as stop:
-            self.end(job, stop.value)
+            if stop.value is not JOINED:
+                self.end(job, stop.value)
             return True
         except BaseException as exc:  # noqa: BLE001 - the job fails, the server goes on
             work.close()
             self.end(job, error=exc if isinstance(exc, Exception) else Cancelled())
             return True
         if isinstance(event, Ready):
-            side.reserved = 0
             work.close()
-            self.batch.place(job, event)
-            return True
+            side.work = self.batch.prefill(job, event)
         return False
 
     def _startable(self) -> bool:

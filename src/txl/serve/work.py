@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from ..evaluate import segment_losses
+from ..inference import GenerationSettings
+from ..inference.text import TextStream
 from ..model import Memory
 from ..runs import LoadedRun
-from ..sampling import SamplingSettings
-from ..text import TextStream
 from .events import ChoiceResult, CompletionResult, Sampling, ScoreResult, TextEvent, TokenInfo
 from .jobs import PAUSE, Pause, Ready, Work
 from .score import scoring_lengths, token_pieces
@@ -144,7 +144,7 @@ class Completion:
             for j in range(n)
         ]
         self.n = len(self.choices)
-        self.settings = SamplingSettings(
+        self.settings = GenerationSettings(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
         )
         self.after_prompt: Reading | None = None  # a session's reading of the prompt
