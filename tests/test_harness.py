@@ -225,17 +225,23 @@ def _wikitext_folder(root: Path) -> Path:
     return root
 
 
-def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capsys):
+def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capfd, caplog):
     from txl.harness_tasks.wikitext_local import split_articles
     from txl.train.trainer import train
 
     data = _wikitext_folder(tmp_path / "data")
     monkeypatch.setenv("TXL_DATA_DIR", str(data))
+    monkeypatch.chdir(tmp_path)  # not a git repository
     config = run_config(data, 'data.corpus="wikitext-2"', 'data.vocab="word"', "train.steps=4")
     train(config, tmp_path / "run", progress=False)
     code = main(["harness", str(tmp_path / "run"), "--tasks", "txl_wikitext_local", "--quiet"])
     assert code == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capfd.readouterr()
+    record = json.loads(out.strip().splitlines()[-1])
+    # nothing that is not the user's: no git subprocess, no note about txl's own task file; the words the
+    # vocabulary does not know are counted in one warning
+    assert "git" not in err and not any("Custom kwargs" in r.getMessage() for r in caplog.records)
+    assert "words of the task's text" not in err or err.count("read as <unk>") == 1
     text = (data / "wikitext-2" / "wiki.test.tokens").read_text(encoding="utf-8")
     pages = split_articles(text)
     assert len(pages) == 3 and "".join(pages) == text and pages[1].startswith(" = Article test 1 = ")
@@ -284,3 +290,117 @@ def test_without_lm_eval_a_one_line_error_names_the_extra(trained_run, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("txl: error: txl harness needs lm-evaluation-harness: pip install 'txl[harness]'")
     assert err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def vanilla_run(tmp_path_factory) -> Path:
+    """A tiny vanilla baseline (absolute attention, no memory), trained a few steps."""
+    from conftest import write_text_corpus
+    from txl.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("vanilla")
+    config = run_config(
+        write_text_corpus(folder / "corpus.txt"),
+        'model.attention="absolute"',
+        "model.mem_len=0",
+        "train.steps=4",
+    )
+    train(config, folder / "run", progress=False)
+    return folder / "run"
+
+
+@pytest.mark.parametrize("which", ["vanilla", "mem_len_0"])
+def test_loglikelihood_without_memory_equals_one_forward_over_the_window(which, trained_run, vanilla_run):
+    # a memoryless model sees the last tgt_len tokens before each continuation token: one plain forward over
+    # the last tgt_len + 1 ids of context + continuation gives the continuation's log-likelihood
+    t = 24
+    run = vanilla_run if which == "vanilla" else trained_run
+    lm = (
+        _lm(run, tgt_len=t, batch_size=3)
+        if which == "vanilla"
+        else _lm(run, tgt_len=t, mem_len=0, batch_size=3)
+    )
+    requests = [
+        ("import sys\n\ndef main(argv):\n    return", " 0\n"),  # a context longer than the window
+        ("x =", " [i for i in range(3)]"),
+        ("for i in range(10):\n    print(i)", "\ndone"),
+        ("a", "b"),  # shorter than the window
+    ]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(requests)])
+    for (context, continuation), (value, _) in zip(requests, got, strict=True):
+        ctx, cont = lm.vocab.encode(context).tolist(), lm.vocab.encode(continuation).tolist()
+        window = torch.tensor(ctx + cont)[-(t + 1) :][None]  # (1, <= T + 1)
+        with torch.no_grad():
+            losses = lm.model(window[:, :-1], targets=window[:, 1:], span=Span(mem_len=0)).loss[0]
+        assert value == pytest.approx(-float(losses[-len(cont) :].double().sum()), abs=1e-9)
+
+
+def test_unknown_task_is_refused_before_the_run_loads(trained_run, monkeypatch, capsys):
+    import txl.harness
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the run was loaded before the task names were checked")
+
+    monkeypatch.setattr(txl.harness.TxlLM, "__init__", refuse)
+    assert main(["harness", str(trained_run), "--tasks", "hellaswg,txl_wikitxt_local"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("txl: error: --tasks: unknown task hellaswg, txl_wikitxt_local (close: ")
+    assert "hellaswag" in err and "txl_wikitext_local" in err and err.count("\n") == 1
+    assert main(["harness", str(trained_run), "--tasks", "x", "--include-path", "no/such/dir"]) == 2
+    assert capsys.readouterr().err == "txl: error: --include-path: no/such/dir is not a folder\n"
+
+
+def test_task_names_are_read_from_yaml_text(tmp_path):
+    from txl.harness_tasks import check_task_names
+
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "a.yaml").write_text('"task": "quoted_task"\ntag:\n  - tag_one\n- tag_two\n')
+    (folder / "base").write_text("tag: [inline_a, 'inline_b']  # a comment\n")  # a template without suffix
+    names = check_task_names(["quoted_task", "tag_one", "tag_two", "inline_a", "inline_b"], [folder])
+    assert {"quoted_task", "tag_one", "inline_b", "txl_wikitext_local"} <= names.local
+    assert not names.local_groups and "hellaswag" in names.builtin
+    with pytest.raises(ValueError, match="unknown task quoted_tsk .close: quoted_task"):
+        check_task_names(["quoted_tsk"], [folder])
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory) -> Path:
+    """A tiny run on a char vocabulary (Python source: no accented letters), trained a few steps."""
+    from conftest import write_text_corpus
+    from txl.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("char")
+    config = run_config(write_text_corpus(folder / "corpus.txt"), 'data.vocab="char"', "train.steps=2")
+    train(config, folder / "run", progress=False)
+    return folder / "run"
+
+
+def test_characters_a_char_vocabulary_never_saw_are_refused(char_run, tmp_path, capsys):
+    lm = TxlLM(run=str(char_run))
+    with pytest.raises(ValueError, match=r"2 token\(s\) not in the char vocabulary: 'é', '→'.*cannot score"):
+        _rolling(lm, ["def f():\n    return 0\n", "café → bar"])
+    with pytest.raises(ValueError, match="'é'"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("x = ", "é"), 0)])
+    assert _rolling(lm, ["def f():\n    return 0\n"])[0] < 0  # known characters score as before
+    tasks = _json_task(tmp_path / "tasks", ["print('ok')\n", "naïve\n"])
+    assert main(["harness", str(char_run), "--tasks", "local_docs", "--include-path", str(tasks)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after lm-eval's progress bars
+    assert err.startswith("txl: error: the task's text has 1 token(s) not in the char vocabulary: 'ï'")
+
+
+def test_words_a_word_vocabulary_never_saw_are_read_as_unk_with_a_count(tmp_path):
+    from txl.text import UnknownTokensWarning
+    from txl.train.trainer import train
+
+    corpus = tmp_path / "words.txt"
+    corpus.write_text("the cat sat on the mat\n" * 200, encoding="utf-8")
+    train(run_config(corpus, 'data.vocab="word"', "train.steps=2"), tmp_path / "run", progress=False)
+    lm = _lm(tmp_path / "run", mem_len=64)
+    docs = ["the dog sat\n", "the dog ran on the mat\n"]
+    with pytest.warns(UnknownTokensWarning, match=r"^2 distinct word\(s\) .* read as <unk>.*'dog', 'ran'$"):
+        got = _rolling(lm, docs)
+    for doc, value in zip(docs, got, strict=True):  # scored as the data's own <unk>
+        ids = [lm.start, *lm.vocab.encode(doc).tolist()]
+        assert lm.vocab.unk_id in ids
+        assert value == pytest.approx(-float(_long_pass(lm.model, ids).sum()), abs=1e-6)

@@ -572,6 +572,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_harness(args: argparse.Namespace) -> int:
+    from .harness_tasks import check_task_names, lm_eval_tasks_dir
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if not tasks:
+        raise ConfigError("--tasks must name at least one task")
+    if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
+        check_task_names(tasks, args.include_path)
     from .harness import HarnessSettings, TxlLM, run_tasks
 
     _device(args.device)
@@ -585,9 +592,6 @@ def _cmd_harness(args: argparse.Namespace) -> int:
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r} ({exc})") from None
         if not isinstance(metadata, dict):
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r}")
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    if not tasks:
-        raise ConfigError("--tasks must name at least one task")
     with _library_warnings(args):
         lm = TxlLM(
             run=args.run_dir,
@@ -634,7 +638,8 @@ def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tasks",
         required=True,
-        help="comma-separated lm-eval task names, e.g. txl_wikitext_local (required; no default)",
+        help="comma-separated lm-eval task names, e.g. txl_wikitext_local (required; no default); checked "
+        "first: an unknown name is refused with the closest known ones",
     )
     p.add_argument(
         "--include-path",

@@ -5,7 +5,9 @@ perplexity and bits per token over a split, ``analysis.context``, ``serve``'s sc
 the same segments. Evaluation may use other lengths than training (a longer memory, another segment length,
 a clamp, same-length attention), given as a :class:`~txl.config.Span`. Given the token indices where
 documents begin (``starts``), each document attends to nothing before it (``data.documents = "reset"``);
-without them the streams read on across documents. :func:`evaluate_run` evaluates a
+without them the streams read on across documents. :func:`ragged_losses` (and :func:`score_rows`, its
+values joined per row) reads many rows of different lengths the same way, rows leaving the batch as they
+finish (lm-evaluation-harness requests, a server's prompts and sessions). :func:`evaluate_run` evaluates a
 trained run folder (what ``txl eval`` does). :func:`eval_mode` is the one way to switch a model to evaluation
 for a while.
 
@@ -15,7 +17,8 @@ Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +40,9 @@ from .runs import load_run
 
 __all__ = [
     "EvalResult",
+    "RaggedSettings",
+    "RowScores",
+    "RowSegment",
     "SegmentLosses",
     "bits_name",
     "check_eval_fits",
@@ -45,6 +51,8 @@ __all__ = [
     "evaluate",
     "evaluate_run",
     "metrics_from_loss",
+    "ragged_losses",
+    "score_rows",
     "segment_losses",
 ]
 
@@ -78,8 +86,9 @@ def metrics_from_loss(loss: float, *, kind: str | None = None) -> dict[str, floa
     :func:`bits_name` of the vocabulary's ``kind``)."""
     bits = loss / math.log(2)
     out = {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bits_per_token": bits}
-    if bits_name(kind):
-        out[bits_name(kind)] = bits
+    name = bits_name(kind)
+    if name:
+        out[name] = bits
     return out
 
 
@@ -209,7 +218,7 @@ def segment_losses(
             )
         ids = tokens.to(device=device, dtype=torch.long)
         inputs, targets = ids[:, :-1], ids[:, 1:]  # (B, L) each
-        batches = (
+        batches: Iterable[Batch] = (
             Batch(inputs[:, start : start + tgt_len], targets[:, start : start + tgt_len])
             for start in range(0, inputs.shape[1], tgt_len)
         )
@@ -262,6 +271,344 @@ def segment_losses(
                 log_probs=out.log_probs if log_probs else None,
                 memory=memory,
             )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rows of different lengths (the harness's requests, a server's prompts and session readings)
+# ---------------------------------------------------------------------------------------------------------
+
+PAD_ID = 0
+"""The input and target id of the padding after a row's last segment (any id: no real position sees it)."""
+
+
+@dataclass(frozen=True)
+class RaggedSettings:
+    """How :func:`ragged_losses` reads its rows."""
+
+    tgt_len: int
+    """T, the targets per segment (each row is read in segments of T from its own first token)."""
+    span: Span | None = None
+    """The memory length, clamp and same-length setting (default: the model's). mem_len 0 (and the vanilla
+    baseline) reads each segment alone."""
+    batch_size: int | None = None
+    """The most rows read together (None: all of them); a row that finishes makes room for the next."""
+    log_probs: bool = False
+    """Also the (n, V) log-probabilities of every segment."""
+    greedy: bool = False
+    """Also whether each target was the model's most likely next token."""
+    final_memory: bool = False
+    """Also each row's memory after its last input (what reading on from it needs)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tgt_len, bool) or not isinstance(self.tgt_len, int) or self.tgt_len < 1:
+            raise ValueError(f"tgt_len must be a positive integer, got {self.tgt_len!r}")
+        size = self.batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {size!r}")
+
+
+@dataclass(frozen=True)
+class RowSegment:
+    """One segment of one row, from :func:`ragged_losses`: targets ``offset .. offset + n - 1`` of the row
+    (target i is token i + 1, given tokens 0..i and the row's initial memory)."""
+
+    row: int
+    """The row's index in the rows given."""
+    offset: int
+    """The index (among the row's targets) of the segment's first target."""
+    loss: Tensor
+    """(n,) float64 negative log-likelihood in nats of each target."""
+    log_probs: Tensor | None
+    """(n, V) log-probabilities of the next token, with ``log_probs``."""
+    greedy: Tensor | None
+    """(n,) bool, True where the target was the most likely token, with ``greedy``."""
+    last: bool
+    """The row's last segment (a row of fewer than two tokens has one, empty)."""
+    memory: Memory | None = None
+    """With ``final_memory``, on the last segment: the row's memory after its last input (batch 1; None when
+    the model has none or nothing was read)."""
+
+
+@dataclass(frozen=True)
+class RowScores:
+    """A whole row's values, from :func:`score_rows` (the fields of its :class:`RowSegment` s joined)."""
+
+    loss: Tensor
+    """(L - 1,) float64 negative log-likelihood of tokens 1..L-1."""
+    log_probs: Tensor | None
+    """(L - 1, V), with ``log_probs``."""
+    greedy: Tensor | None
+    """(L - 1,) bool, with ``greedy``."""
+    memory: Memory | None
+    """The memory after the last input, with ``final_memory``."""
+
+
+@dataclass
+class _Slot:
+    """A row in a batch position: its index, its tokens on the device and its next target."""
+
+    row: int
+    ids: Tensor
+    offset: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.ids.numel() - 1 - self.offset
+
+
+def ragged_losses(
+    model: TransformerXL,
+    rows: Sequence[Sequence[int] | Tensor],
+    settings: RaggedSettings,
+    *,
+    memory: Sequence[Memory | None] | None = None,
+) -> Iterator[tuple[RowSegment, ...]]:
+    """Per-token losses of rows of different lengths, each read as :func:`segment_losses` reads one stream:
+    segments of ``settings.tgt_len`` targets from the row's own first token, each attending over the memory
+    of the row's previous segments (in a :class:`~txl.model.KVCache` of one row per batch position) or, without
+    memory, alone. Up to ``settings.batch_size`` rows are read together; a row leaves as soon as its last
+    segment is read and the next row takes its place (starting from an empty memory: the model attends to
+    none of the position's past), so a batch never waits on its longest row. Each row's values are those of
+    reading it alone (to float rounding).
+
+    ``memory``: per row, a batch-1 :class:`Memory` to start from (None: empty); such a row reads its first
+    segment alone, then joins the batch. Yields, for every model call, the :class:`RowSegment` of each row it
+    read (rows of fewer than two tokens yield one empty segment at once). Runs in evaluation mode (restored
+    after) without gradients; closing the iterator early stops."""
+    span = model.config.span if settings.span is None else settings.span
+    param = next(model.parameters())
+    ids = [torch.as_tensor(row, dtype=torch.long).to(param.device) for row in rows]
+    if any(row.dim() != 1 for row in ids):
+        raise ValueError("rows must be 1-D sequences of token ids")
+    starts: list[Memory | None] = [None] * len(ids) if memory is None else list(memory)
+    if len(starts) != len(ids):
+        raise ValueError(f"memory: {len(starts)} memories given for {len(ids)} rows")
+    cached = model.config.attention == "relative" and span.mem_len > 0
+    if not cached and any(m is not None for m in starts):
+        raise ValueError("memory: the model reads without memory here (vanilla baseline or mem_len 0)")
+    if any(m is not None and m.batch_size != 1 for m in starts):
+        raise ValueError("memory: each row's memory must have one batch row")
+    reader = _RaggedReader(model, settings, span=span, cached=cached, starts=starts)
+    return reader.run(ids)
+
+
+def score_rows(
+    model: TransformerXL,
+    rows: Sequence[Sequence[int] | Tensor],
+    settings: RaggedSettings,
+    *,
+    memory: Sequence[Memory | None] | None = None,
+) -> list[RowScores]:
+    """Every row's values of :func:`ragged_losses` (same arguments), joined: one :class:`RowScores` per row,
+    in the order given."""
+    parts: list[list[RowSegment]] = [[] for _ in rows]
+    for step in ragged_losses(model, rows, settings, memory=memory):
+        for segment in step:
+            parts[segment.row].append(segment)
+    return [_joined(pieces) for pieces in parts]
+
+
+def _joined(pieces: list[RowSegment]) -> RowScores:
+    """A row's segments (in order) as one :class:`RowScores`."""
+
+    def cat(values: list[Tensor | None]) -> Tensor | None:
+        return None if values[0] is None else torch.cat([v for v in values if v is not None])
+
+    return RowScores(
+        loss=torch.cat([p.loss for p in pieces]),
+        log_probs=cat([p.log_probs for p in pieces]),
+        greedy=cat([p.greedy for p in pieces]),
+        memory=pieces[-1].memory,
+    )
+
+
+class _RaggedReader:
+    """The state of one :func:`ragged_losses` call: the batch positions, the shared cache, what to return."""
+
+    def __init__(
+        self,
+        model: TransformerXL,
+        settings: RaggedSettings,
+        *,
+        span: Span,
+        cached: bool,
+        starts: list[Memory | None],
+    ) -> None:
+        self.model, self.settings, self.span, self.cached, self.starts = model, settings, span, cached, starts
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.cache: KVCache | None = None
+
+    def empty(self, r: int) -> RowSegment:
+        """The one segment of a row with no targets (its memory: the one it starts from)."""
+        v = self.model.config.vocab_size
+        return RowSegment(
+            row=r,
+            offset=0,
+            loss=torch.zeros(0, dtype=torch.float64, device=self.device),
+            log_probs=torch.zeros(0, v, dtype=self.dtype, device=self.device)
+            if self.settings.log_probs
+            else None,
+            greedy=torch.zeros(0, dtype=torch.bool, device=self.device) if self.settings.greedy else None,
+            last=True,
+            memory=self.starts[r] if self.settings.final_memory else None,
+        )
+
+    def run(self, ids: list[Tensor]) -> Iterator[tuple[RowSegment, ...]]:
+        """Every row's segments, longest rows first (a batch then ends together), in evaluation mode."""
+        order = sorted(range(len(ids)), key=lambda r: -ids[r].numel())
+        with eval_mode(self.model):
+            empty = [r for r in order if ids[r].numel() < 2]
+            if empty:
+                yield tuple(self.empty(r) for r in empty)
+            yield from self.read(deque(_Slot(r, ids[r]) for r in order if ids[r].numel() >= 2))
+
+    def read(self, waiting: deque[_Slot]) -> Iterator[tuple[RowSegment, ...]]:
+        """Read the waiting rows, up to ``batch_size`` at a time, refilling positions as rows finish."""
+        width = self.settings.batch_size or max(len(waiting), 1)
+        active: list[_Slot] = []
+        while waiting or active:
+            if not active:  # a batch begins
+                admitted: list[tuple[_Slot, KVCache | None]] = []
+                while waiting and len(admitted) < width:
+                    entry = yield from self._admit(waiting.popleft())
+                    if entry is not None:
+                        admitted.append(entry)
+                self._begin(admitted)
+                active = [slot for slot, _ in admitted]
+                if not active:
+                    continue
+            segments, done = self._step(active)
+            yield segments
+            kept: list[int] = []  # positions that hold a row after this step
+            for position in range(len(active)):
+                while position in done and waiting:  # the next row takes the position
+                    entry = yield from self._admit(waiting.popleft())
+                    if entry is not None:
+                        self._place(position, *entry)
+                        active[position] = entry[0]
+                        done.discard(position)
+                if position not in done:
+                    kept.append(position)
+            if len(kept) < len(active):  # no row waits: the batch shrinks
+                self._shrink(kept)
+                active = [active[p] for p in kept]
+
+    def _admit(
+        self, slot: _Slot
+    ) -> Generator[tuple[RowSegment, ...], None, tuple[_Slot, KVCache | None] | None]:
+        """A row ready to join the batch, with the cache of its own first segment when it starts from a memory
+        (that segment read alone and yielded; None when it was the row's last)."""
+        start = self.starts[slot.row]
+        if start is None:
+            return slot, None
+        own = KVCache(self.model.config, span=self.span, memory=start, dtype=self.dtype, device=self.device)
+        segments, done = self._step([slot], cache=own)
+        yield segments
+        return None if done else (slot, own)
+
+    def _begin(self, admitted: list[tuple[_Slot, KVCache | None]]) -> None:
+        """The shared cache of a new batch: empty, or (when some row read from a memory) remembering
+        ``mem_len`` positions that no row can attend, into which such rows are put."""
+        self.cache = None
+        if not self.cached or not admitted:
+            return
+        config, width = self.model.config, len(admitted)
+        if all(own is None for _, own in admitted):
+            self.cache = KVCache(
+                config, batch_size=width, span=self.span, dtype=self.dtype, device=self.device
+            )
+            return
+        zeros = Memory.zeros(config, width, self.span.mem_len, dtype=self.dtype, device=self.device)
+        self.cache = KVCache(config, span=self.span, memory=zeros, dtype=self.dtype, device=self.device)
+        for position, (_, own) in enumerate(admitted):
+            if own is not None:
+                self.cache.put_rows([position], own)
+
+    def _place(self, position: int, slot: _Slot, own: KVCache | None) -> None:
+        """A row takes batch ``position`` of the shared cache: from an empty memory (nothing remembered there is
+        attended) or from its own cache."""
+        if self.cache is None:
+            return
+        if own is None:
+            self.cache.reset_rows([position])
+        else:
+            self.cache.put_rows([position], own)
+
+    def _shrink(self, keep: list[int]) -> None:
+        """Keep only the rows at positions ``keep`` of the shared cache (their memory, projected again)."""
+        if self.cache is None:
+            return
+        kept = self.cache.memory()
+        if not keep or kept is None:
+            self.cache = None
+            return
+        self.cache = KVCache(
+            self.model.config, span=self.span, memory=kept.select(keep), dtype=self.dtype, device=self.device
+        )
+
+    def _step(
+        self, active: list[_Slot], *, cache: KVCache | None = None
+    ) -> tuple[tuple[RowSegment, ...], set[int]]:
+        """One model call over the next segment of every active row: its segments and the positions that
+        finished."""
+        settings = self.settings
+        t = min(settings.tgt_len, max(slot.left for slot in active))
+        inputs = torch.full((len(active), t), PAD_ID, dtype=torch.long, device=self.device)  # (B, T)
+        targets = torch.full((len(active), t), PAD_ID, dtype=torch.long, device=self.device)  # (B, T)
+        counts = []
+        for b, slot in enumerate(active):
+            n = min(t, slot.left)
+            inputs[b, :n] = slot.ids[slot.offset : slot.offset + n]
+            targets[b, :n] = slot.ids[slot.offset + 1 : slot.offset + 1 + n]
+            counts.append(n)
+        if cache is None:
+            cache = self.cache
+        where: dict[str, Any] = {"cache": cache} if cache is not None else {"span": self.span}
+        remembered = cache.full_reach().clone() if cache is not None and settings.final_memory else None
+        with torch.no_grad():
+            if settings.log_probs or settings.greedy:
+                log_probs = self.model(inputs, **where).log_probs  # (B, T, V)
+                loss = -log_probs.gather(-1, targets[..., None])[..., 0]  # (B, T)
+            else:
+                log_probs = None
+                loss = self.model(inputs, targets=targets, **where).loss  # (B, T)
+        loss = loss.double()
+        segments, done = [], set()
+        for b, (slot, n) in enumerate(zip(active, counts, strict=True)):
+            last = n == slot.left
+            memory = None
+            if last and settings.final_memory and cache is not None and remembered is not None:
+                memory = _row_memory(cache, b, before=int(remembered[b]), t=t, n=n)
+            segments.append(
+                RowSegment(
+                    row=slot.row,
+                    offset=slot.offset,
+                    loss=loss[b, :n],
+                    log_probs=log_probs[b, :n] if log_probs is not None and settings.log_probs else None,
+                    greedy=(log_probs[b, :n].argmax(-1) == targets[b, :n])
+                    if log_probs is not None and settings.greedy
+                    else None,
+                    last=last,
+                    memory=memory,
+                )
+            )
+            slot.offset += n
+            if last:
+                done.add(b)
+        return tuple(segments), done
+
+
+def _row_memory(cache: KVCache, b: int, *, before: int, t: int, n: int) -> Memory | None:
+    """Row ``b``'s memory right after a call of T positions of which its first ``n`` were real: the last
+    ``mem_len`` of the ``before`` positions it remembered and its ``n`` new ones (the slots the cache has just
+    written; the padding after them is left out)."""
+    end = cache.end - t + n
+    length = min(cache.span.mem_len, before + n)
+    if length == 0:
+        return None
+    states = tuple(cache.hidden[i, b : b + 1, end - length : end].clone() for i in range(len(cache.layers)))
+    return Memory(states)
 
 
 @torch.no_grad()

@@ -14,20 +14,22 @@ Needs the ``harness`` extra (``pip install 'txl[harness]'``); without it, import
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
-from .config import ConfigError, Span, eval_span, first_set
+from .config import ConfigError, eval_span, first_set
 from .errors import TxlError
+from .evaluate import RaggedSettings, score_rows
+from .harness_tasks import check_task_names
 from .inference import PAD_ID, GenerationSettings, stream
-from .inference.text import TextStream
-from .model import KVCache
+from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .runs import load_run
 
 
@@ -36,7 +38,7 @@ class HarnessMissing(TxlError, ImportError):
 
 
 try:
-    from lm_eval.api.model import LM
+    from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
     from lm_eval.utils import get_rolling_token_windows
 except ImportError as _exc:  # pragma: no cover - depends on the environment
@@ -61,16 +63,23 @@ TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
 DEFAULT_MAX_GEN_TOKS = 256
 """New tokens per ``generate_until`` request when the task gives no ``max_gen_toks`` (the harness's default)."""
 
-PAD = 0
-"""The input and target id of padding positions (any id of the vocabulary: their losses are never read)."""
 
-
-def task_manager(include_path: Sequence[str | Path] = (), *, metadata: dict[str, Any] | None = None) -> Any:
+def task_manager(
+    include_path: Sequence[str | Path] = (),
+    *,
+    metadata: dict[str, Any] | None = None,
+    include_defaults: bool = True,
+) -> Any:
     """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added;
-    ``metadata`` goes to every task it loads (over the task's own)."""
+    ``metadata`` goes to every task it loads (over the task's own). ``include_defaults=False`` leaves out
+    lm-eval's own tasks (their index takes a while to build)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(TASKS_DIR), *(str(p) for p in include_path)], metadata=metadata)
+    return TaskManager(
+        include_path=[str(TASKS_DIR), *(str(p) for p in include_path)],
+        include_defaults=include_defaults,
+        metadata=metadata,
+    )
 
 
 def start_token(vocab: Any) -> int:
@@ -85,71 +94,6 @@ def start_token(vocab: Any) -> int:
             f"the {vocab.kind} vocabulary has no <eos> and no newline token to start a document from"
         )
     return int(ids[0])
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Scoring token rows segment by segment (the one loop; to be swapped for txl.evaluate's segment_losses)
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _RowScores:
-    """The negative log-likelihood (L - 1,) float64 of tokens 1..L-1 of a row, and (with ``greedy``)
-    whether each was the model's most likely next token."""
-
-    losses: np.ndarray
-    greedy: np.ndarray | None
-
-
-@torch.inference_mode()
-def _score_rows(
-    model: nn.Module, rows: Sequence[Sequence[int]], *, tgt_len: int, span: Span, greedy: bool = False
-) -> list[_RowScores]:
-    """Score tokens 1..L-1 of every row (each row at least 2 tokens) given those before it, all rows together:
-    segments of ``tgt_len`` inputs, each attending over the memory of the previous segments of its row
-    (``span.mem_len``; 0 reads each segment alone). With memory, a :class:`~txl.model.KVCache` keeps the keys
-    and values of the remembered positions, projected once, as :func:`txl.evaluate.evaluate` does (the same
-    losses as passing the memory, up to float rounding). Rows are right-padded to the longest; a causal model
-    never looks ahead, so padding changes no real position's score, and a row leaves the batch (with its
-    memory) after its last segment."""
-    order = sorted(range(len(rows)), key=lambda r: -len(rows[r]))  # longest first: finished rows at the end
-    lengths = [len(rows[r]) - 1 for r in order]  # targets per row
-    device = next(model.parameters()).device
-    width = lengths[0]
-    inputs = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L - 1)
-    targets = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L - 1)
-    for b, r in enumerate(order):
-        ids = torch.as_tensor(rows[r], dtype=torch.long)
-        inputs[b, : lengths[b]] = ids[:-1]
-        targets[b, : lengths[b]] = ids[1:]
-    inputs, targets = inputs.to(device), targets.to(device)
-    losses = torch.zeros((len(rows), width), dtype=torch.float64)
-    hits = torch.zeros((len(rows), width), dtype=torch.bool)
-    cache = None
-    cached = model.config.attention == "relative" and span.mem_len > 0
-    dtype = next(model.parameters()).dtype
-    for start in range(0, width, tgt_len):
-        live = sum(n > start for n in lengths)  # rows that still have targets here (a prefix)
-        if cached and (cache is None or cache.batch_size != live):
-            kept = None if cache is None else cache.memory()
-            kept = None if kept is None else kept.select(slice(0, live))
-            cache = KVCache(model.config, batch_size=live, span=span, memory=kept, dtype=dtype, device=device)
-        stop = min(start + tgt_len, width)
-        seg_targets = targets[:live, start:stop]  # (B', T)
-        where = {"cache": cache} if cached else {"span": span}
-        if greedy:  # the log-probabilities (B', T, V), for the losses and the model's top choices
-            log_probs = model(inputs[:live, start:stop], **where).log_probs
-            loss = -log_probs.gather(-1, seg_targets[..., None])[..., 0]  # (B', T)
-            hits[:live, start:stop] = (log_probs.argmax(dim=-1) == seg_targets).cpu()
-        else:
-            loss = model(inputs[:live, start:stop], targets=seg_targets, **where).loss  # (B', T)
-        losses[:live, start:stop] = loss.double().cpu()
-    result: list[_RowScores | None] = [None] * len(rows)
-    for b, r in enumerate(order):
-        result[r] = _RowScores(
-            losses=losses[b, : lengths[b]].numpy(), greedy=hits[b, : lengths[b]].numpy() if greedy else None
-        )
-    return result  # type: ignore[return-value]
 
 
 def _batches(items: Sequence[Any], *, size: int, length: Callable[[Any], int]) -> list[list[int]]:
@@ -186,8 +130,9 @@ def _bool_arg(name: str, value: Any) -> bool | None:
 
 
 @register_model("txl")
-class TxlLM(LM):
-    """A trained txl run, for lm-evaluation-harness.
+class TxlLM(TemplateLM):
+    """A trained txl run, for lm-evaluation-harness (a ``TemplateLM``: lm-eval splits each request's text into
+    context and continuation ids with :meth:`tok_encode`; an empty context is :attr:`prefix_token_id`).
 
     ``run``: the run folder; ``checkpoint``: as :func:`txl.runs.find_checkpoint` names them; ``device``.
     ``batch_size``: requests read together (default: the run's ``eval.batch_size``). ``mem_len``,
@@ -196,16 +141,24 @@ class TxlLM(LM):
     model: windows of ``tgt_len`` tokens, each alone. Arguments given as text (``--model_args``) are parsed.
 
     - ``loglikelihood``: context and continuation are read as one row, segment by segment of ``tgt_len`` with
-      the memory, so the continuation is scored after the whole context has been read through the memory;
-      ``is_greedy`` is true when every continuation token was the model's most likely one. Without memory,
-      the last ``tgt_len`` tokens are read as one window (the context cut on the left, as the harness does).
+      the memory (:func:`txl.evaluate.ragged_losses`, rows of different lengths read together), so the
+      continuation is scored after the whole context has been read through the memory; ``is_greedy`` is true
+      when every continuation token was the model's most likely one. Without memory, the last ``tgt_len``
+      tokens are read as one window (the context cut on the left, as the harness does).
     - ``loglikelihood_rolling``: the document after :func:`start_token`, every token predicted once; with
       memory, segment by segment, each with the memory of the previous ones; without, the harness's rolling
       windows (``lm_eval.utils.get_rolling_token_windows``), each read alone.
-    - ``generate_until``: txl's cached generation (:func:`txl.generate.stream`), greedy unless the task
-      asks ``do_sample`` with a temperature, up to ``max_gen_toks`` tokens, cut before the first ``until``
-      string.
+    - ``generate_until``: txl's cached generation, greedy unless the task asks ``do_sample`` with a
+      temperature, up to ``max_gen_toks`` tokens, cut before the first ``until`` string.
+
+    Text the vocabulary does not know is treated as ``txl generate`` and ``txl serve`` treat a prompt: a word
+    vocabulary reads unknown words as ``<unk>``, as its training data does, and says how many with an
+    :class:`UnknownTokensWarning` after each kind of request; other vocabularies (a char vocabulary never saw
+    an unknown character) refuse the text with a :class:`~txl.errors.TxlError` naming the characters, before
+    anything is scored.
     """
+
+    backend = "causal"
 
     def __init__(
         self,
@@ -241,44 +194,76 @@ class TxlLM(LM):
         self.batch_size = first_set(_int_arg("batch_size", batch_size, low=1), config.eval.batch_size)
         self.seed = _int_arg("seed", seed, low=0)
         self.start = start_token(self.vocab)
+        self.unknown: dict[str, None] = {}
+        """The distinct words read as ``<unk>`` since the last warning (word vocabularies)."""
 
     @property
     def device(self) -> Any:
         return next(self.model.parameters()).device
 
+    @property
+    def eot_token_id(self) -> int:
+        """The end-of-text token: :func:`start_token` (``<eos>``, else the newline)."""
+        return self.start
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context is read as: :func:`start_token`."""
+        return self.start
+
     # -- text to tokens ---------------------------------------------------------------------------------
 
-    def _encode(self, text: str) -> list[int]:
-        """The ids of ``text``. A word vocabulary that ends every line with ``<eos>`` ends the last line with it
-        only when the text ends with a newline, so that a context and its continuation encode as their join."""
-        ids = [int(i) for i in self.vocab.encode(text)]
-        eos = getattr(self.vocab, "eos_id", None)
-        if ids and eos is not None and getattr(self.vocab, "eos_per_line", False):
-            if ids[-1] == eos and not text.endswith("\n"):
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """The ids of ``string`` (txl's vocabularies add no special tokens). A word vocabulary that ends every
+        line with ``<eos>`` ends the last line with it only when the text ends with a newline, so that a
+        context and its continuation encode as their join. Unknown tokens: see the class."""
+        del add_special_tokens, kwargs
+        vocab = self.vocab
+        if getattr(vocab, "unknown_as_unk", False):
+            self.unknown.update(dict.fromkeys(vocab.unknown_tokens(string)))
+            ids = [int(i) for i in vocab.encode(string)]
+        else:
+            try:
+                ids = [int(i) for i in vocab.encode(string, strict=True)]
+            except ValueError as exc:
+                raise TxlError(
+                    f"the task's text has {exc}; the run has never seen them and cannot score them "
+                    "(txl generate and txl serve refuse them too): choose tasks whose text the run's "
+                    "vocabulary covers"
+                ) from None
+        eos = getattr(vocab, "eos_id", None)
+        if ids and eos is not None and getattr(vocab, "eos_per_line", False):
+            if ids[-1] == eos and not string.endswith("\n"):
                 ids.pop()
         return ids
 
-    def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """Context and continuation ids, split as the harness does: spaces at the end of the context move to
-        the continuation, the two are encoded joined and the continuation is what follows the context's ids.
-        An empty context is the start token."""
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        whole = self._encode(context + continuation)
-        head = self._encode(context)
-        if not head:
-            return [self.start], whole
-        return whole[: len(head)], whole[len(head) :]
+    def _warn_unknown(self) -> None:
+        """One :class:`UnknownTokensWarning` with the words read as ``<unk>`` since the last one."""
+        if self.unknown:
+            missing = list(self.unknown)
+            self.unknown = {}
+            warnings.warn(
+                UnknownTokensWarning(
+                    f"{len(missing)} distinct word(s) of the task's text are not in the vocabulary and were "
+                    f"read as <unk>, as the training data reads them: {describe_unknown(missing)}"
+                ),
+                stacklevel=3,
+            )
 
     # -- the three requests -----------------------------------------------------------------------------
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [self._pair(*request.args) for request in requests]
-        results: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
-        rows, keep = [], []
-        for context, continuation in pairs:
-            row = context + continuation
+    def _settings(self, *, greedy: bool = False) -> RaggedSettings:
+        return RaggedSettings(tgt_len=self.tgt_len, span=self.span, batch_size=self.batch_size, greedy=greedy)
+
+    def _loglikelihood_tokens(
+        self, requests: list[tuple[Any, list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
+        """(log-likelihood, is_greedy) of each continuation after its context, ids as ``loglikelihood`` made
+        them: ``requests`` of ((context, continuation) text or None, context ids, continuation ids)."""
+        self._warn_unknown()
+        rows = []
+        for _, context, continuation in requests:
+            row = [*context, *continuation]
             if not self.span.mem_len and len(row) > self.tgt_len + 1:
                 if len(continuation) > self.tgt_len:
                     raise TxlError(
@@ -287,18 +272,17 @@ class TxlLM(LM):
                     )
                 row = row[-(self.tgt_len + 1) :]  # the window: the context cut on the left
             rows.append(row)
-            keep.append(len(continuation))
-        for batch in _batches(rows, size=self.batch_size, length=len):
-            scores = _score_rows(
-                self.model, [rows[i] for i in batch], tgt_len=self.tgt_len, span=self.span, greedy=True
-            )
-            for i, score in zip(batch, scores, strict=True):
-                n = keep[i]
-                if n == 0:
-                    continue
-                value = (-float(score.losses[-n:].sum()), bool(score.greedy[-n:].all()))
-                results[i] = value
-                self.cache_hook.add_partial("loglikelihood", requests[i].args, value)
+        scores = score_rows(self.model, rows, self._settings(greedy=True))
+        results: list[tuple[float, bool]] = []
+        for (key, _, continuation), score in zip(requests, scores, strict=True):
+            n = len(continuation)
+            value = (0.0, True)
+            if n:
+                assert score.greedy is not None
+                value = (-float(score.loss[-n:].sum()), bool(score.greedy[-n:].all()))
+            results.append(value)
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, value)
         return results
 
     def _rolling_rows(self, ids: list[int]) -> list[tuple[list[int], int]]:
@@ -312,18 +296,19 @@ class TxlLM(LM):
         return [([*inputs, predicted[-1]], len(predicted)) for inputs, predicted in windows]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """The log-likelihood of each request's whole text, every token predicted once (see the class)."""
         rows: list[list[int]] = []
         owner: list[tuple[int, int]] = []  # (request, targets counted) of each row
         for index, request in enumerate(requests):
-            for row, counted in self._rolling_rows(self._encode(request.args[0])):
+            for row, counted in self._rolling_rows(self.tok_encode(request.args[0])):
                 rows.append(row)
                 owner.append((index, counted))
+        self._warn_unknown()
         totals = [0.0] * len(requests)
-        for batch in _batches(rows, size=self.batch_size, length=len):
-            scores = _score_rows(self.model, [rows[i] for i in batch], tgt_len=self.tgt_len, span=self.span)
-            for i, score in zip(batch, scores, strict=True):
-                index, counted = owner[i]
-                totals[index] -= float(score.losses[len(score.losses) - counted :].sum())
+        for (index, counted), score in zip(
+            owner, score_rows(self.model, rows, self._settings()), strict=True
+        ):
+            totals[index] -= float(score.loss[len(score.loss) - counted :].sum())
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
@@ -331,7 +316,8 @@ class TxlLM(LM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         results = [""] * len(requests)
         settings = [_gen_settings(request.args[1]) for request in requests]
-        prompts = [self._encode(request.args[0]) or [self.start] for request in requests]
+        prompts = [self.tok_encode(request.args[0]) or [self.start] for request in requests]
+        self._warn_unknown()
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, setting in enumerate(settings):
             groups.setdefault(setting, []).append(index)
@@ -416,28 +402,64 @@ class HarnessSettings:
 
 def run_tasks(lm: TxlLM, settings: HarnessSettings) -> dict[str, Any]:
     """Evaluate ``lm`` on the tasks of ``settings`` with ``lm_eval.simple_evaluate``; returns its results
-    (``results`` per task, ``configs``, ...), or raises TxlError naming an unknown task."""
+    (``results`` per task, ``configs``, ...; not lm-eval's git and environment record), or raises TxlError
+    naming an unknown task (:func:`~txl.harness_tasks.check_task_names`). When every task is txl's own or in
+    ``include_path`` (and none of lm-eval's has its name), lm-eval's own tasks are not indexed.
+    lm-eval's notes about txl's own task files are not shown."""
     from lm_eval import simple_evaluate
 
-    manager = task_manager(settings.include_path, metadata=settings.metadata)
-    known = {*manager.all_tasks, *manager.all_groups, *manager.all_tags}
-    unknown = [name for name in settings.tasks if name not in known]
-    if unknown:
-        raise TxlError(
-            f"--tasks: unknown task {', '.join(unknown)} (add its folder with --include-path; "
-            "txl's own: txl_wikitext_local)"
-        )
-    return simple_evaluate(
-        model=lm,
-        tasks=list(settings.tasks),
-        num_fewshot=settings.num_fewshot,
-        limit=settings.limit,
-        task_manager=manager,
-        metadata=settings.metadata,
-        log_samples=False,
-        bootstrap_iters=0,
-        random_seed=settings.seed,
-        numpy_random_seed=settings.seed,
-        torch_random_seed=settings.seed,
-        fewshot_random_seed=settings.seed,
+    names = check_task_names(settings.tasks, settings.include_path)
+    local = (
+        all(t in names.local and t not in names.builtin for t in settings.tasks) and not names.local_groups
     )
+    manager = task_manager(settings.include_path, metadata=settings.metadata, include_defaults=not local)
+    with _quiet_lm_eval():
+        return simple_evaluate(
+            model=lm,
+            tasks=list(settings.tasks),
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            task_manager=manager,
+            metadata=settings.metadata,
+            log_samples=False,
+            bootstrap_iters=0,
+            random_seed=settings.seed,
+            numpy_random_seed=settings.seed,
+            torch_random_seed=settings.seed,
+            fewshot_random_seed=settings.seed,
+        )
+
+
+_FOREIGN = ("Custom kwargs can be passed to `--metadata`",)
+"""lm-eval's log lines that txl's own task files cause (they address lm-eval's users, not txl's)."""
+
+
+class _Foreign(logging.Filter):
+    """Drops the log records of :data:`_FOREIGN`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in _FOREIGN)
+
+
+@contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """``simple_evaluate`` without what is not the user's: its git hash and environment record (a ``git``
+    subprocess that prints "not a git repository" outside one, torch's environment report, transformers'
+    import warnings; :func:`run_tasks` returns neither) and lm-eval's notes about txl's task files."""
+    from lm_eval import evaluator
+
+    saved = evaluator.get_git_commit_hash, evaluator.add_env_info
+    evaluator.get_git_commit_hash = lambda: None
+    evaluator.add_env_info = lambda storage: None
+    foreign = _Foreign()
+    loggers = [logging.getLogger(name) for name in ("lm_eval.api.task", "lm_eval.api", "lm_eval")]
+    for logger in loggers:
+        logger.addFilter(foreign)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\..*)?$")
+            yield
+    finally:
+        evaluator.get_git_commit_hash, evaluator.add_env_info = saved
+        for logger in loggers:
+            logger.removeFilter(foreign)
