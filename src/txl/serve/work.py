@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..evaluate import segment_losses
+from ..evaluate import RaggedSettings, ragged_losses
 from ..inference import GenerationSettings
 from ..inference.text import TextStream
 from ..model import Memory
@@ -39,38 +39,39 @@ class Reading:
     pending: int | None
 
 
+def _read(
+    run: LoadedRun, seq: list[int], settings: RaggedSettings, *, memory: Memory | None
+) -> Generator[Pause, None, Reading]:
+    """Read ``seq`` after ``memory`` with the ragged scorer (the harness's), one model call per slice."""
+    losses: list[float] = []
+    rows: list[Tensor] = []
+    after = memory
+    segments = ragged_losses(run.model, [seq], settings, memory=[memory])  # type: ignore[arg-type]
+    try:
+        for step in segments:
+            for segment in step:
+                losses.extend(segment.loss.tolist())
+                if segment.log_probs is not None:
+                    rows.append(segment.log_probs)  # (T, V)
+                if segment.last and settings.final_memory:
+                    after = segment.memory
+            yield PAUSE
+    finally:
+        segments.close()  # type: ignore[attr-defined]
+    return Reading(tuple(losses), torch.cat(rows) if rows else None, after, seq[-1])
+
+
 def read_tokens(
     run: LoadedRun, ids: Sequence[int], *, memory: Memory | None, pending: int | None, log_probs: bool
 ) -> Generator[Pause, None, Reading]:
     """Read ``ids`` after ``memory`` and the ``pending`` token (the context of the first), segment by segment
-    of the evaluation length with memory (``/v1/score``'s reading); one segment per slice."""
+    of the evaluation length with memory (``/v1/score``'s reading); the memory and pending token after."""
     tgt_len, span = scoring_lengths(run.config, memory=True)
     seq = ([] if pending is None else [pending]) + [int(i) for i in ids]
-    losses: list[float] = []
-    rows: list[Tensor] = []
-    if len(seq) >= 2:
-        device = next(run.model.parameters()).device
-        segments = segment_losses(
-            run.model,
-            torch.tensor(seq, device=device)[None],
-            tgt_len=tgt_len,
-            span=span,
-            batch_size=1,
-            memory=memory,
-            reuse_keys=False,
-            log_probs=log_probs,
-        )
-        try:
-            for segment in segments:
-                losses.extend(segment.loss[0].tolist())
-                if segment.log_probs is not None:
-                    rows.append(segment.log_probs[0])  # (T, V)
-                memory = segment.memory
-                yield PAUSE
-        finally:
-            segments.close()
-    joined = torch.cat(rows) if rows else None
-    return Reading(tuple(losses), joined, memory, seq[-1] if seq else pending)
+    if len(seq) < 2:  # nothing to predict: the memory stays as it was
+        return Reading((), None, memory, seq[-1] if seq else pending)
+    settings = RaggedSettings(tgt_len=tgt_len, span=span, log_probs=log_probs, final_memory=True)
+    return (yield from _read(run, seq, settings, memory=memory))
 
 
 def _top(run: LoadedRun, row: Tensor, k: int) -> dict[str, float]:
@@ -271,19 +272,11 @@ def score_work(run: LoadedRun, ids: Tensor, *, memory: bool) -> Work:
     """``/v1/score``: every token's log-probability, segments of the evaluation length with or without the
     memory of the previous ones (``txl eval``'s reading)."""
     tgt_len, span = scoring_lengths(run.config, memory=memory)
-    losses: list[float] = []
-    device = next(run.model.parameters()).device
-    segments = segment_losses(run.model, ids.to(device)[None], tgt_len=tgt_len, span=span, batch_size=1)
-    try:
-        for segment in segments:
-            losses.extend(segment.loss[0].tolist())
-            yield PAUSE
-    finally:
-        segments.close()
     id_list = ids.tolist()
+    reading = yield from _read(run, id_list, RaggedSettings(tgt_len=tgt_len, span=span), memory=None)
     pieces = token_pieces(run.vocab.decode, id_list)
-    logprobs = [None] + [-x for x in losses]
-    return ScoreResult(tuple(zip(id_list, pieces, logprobs, strict=True)), tuple(losses), tgt_len, span)
+    logprobs = [None] + [-x for x in reading.losses]
+    return ScoreResult(tuple(zip(id_list, pieces, logprobs, strict=True)), reading.losses, tgt_len, span)
 
 
 def session_read_work(run: LoadedRun, session: Session, ids: Tensor) -> Work:
