@@ -1,8 +1,6 @@
-"""``txl serve``: a local HTTP server for a trained run, with OpenAI-shaped streaming completions, the
-model's per-token surprisal of a text with and without memory, the model card, and a static page.
-
-The application is :mod:`txl.serve.app` (needs FastAPI and uvicorn: ``pip install 'txl[serve]'``); scoring,
-which needs torch only, is :mod:`txl.serve.score`. :func:`serve` loads a run, binds, says where, and runs.
+"""``txl serve``: a local HTTP server for a trained run: OpenAI-shaped completions (streamed, batched), per-token
+surprisal with and without memory, sessions, the model card and a page. :func:`serve` loads, binds and runs
+the application of :mod:`txl.serve.app` (``pip install 'txl[serve]'``); :mod:`txl.serve.score` needs torch only.
 """
 
 from __future__ import annotations

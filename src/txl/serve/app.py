@@ -1,7 +1,6 @@
-"""The HTTP routes of ``txl serve`` (FastAPI), reading what they serve from ``app.state.txl``: completions
-(streamed as Server-Sent Events), scores, sessions, the model card, health, the page. The model's thread
-(:class:`~txl.serve.scheduler.Scheduler`) starts when the application does (its lifespan), not on the first
-request. Requests are checked by :mod:`txl.serve.checks`, answered in :mod:`txl.serve.openai`'s shapes.
+"""The HTTP routes of ``txl serve`` (FastAPI), reading ``app.state.txl``; the model's thread starts with the
+application (its lifespan), not on the first request. Requests are checked by :mod:`txl.serve.checks` and
+answered in :mod:`txl.serve.openai`'s shapes.
 
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_batch=16, queue_size=4))
     # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true, "n": 2, "logprobs": 3}
@@ -54,12 +53,14 @@ router = APIRouter()
 
 @router.get("/", response_class=HTMLResponse)
 async def index() -> HTMLResponse:
+    """The page."""
     policy = "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'; img-src 'self' data:"
     return HTMLResponse(page(), headers={"Content-Security-Policy": policy})
 
 
 @router.get("/v1/model")
 async def model_route(request: Request) -> dict[str, Any]:
+    """``GET /v1/model``: the model card."""
     return state_of(request).card
 
 
@@ -69,11 +70,13 @@ def _model_entry(name: str) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
+    """``GET /v1/models``: the one model served, as OpenAI lists models."""
     return {"object": "list", "data": [_model_entry(state_of(request).name)]}
 
 
 @router.get("/v1/models/{ident}")
 async def one_model(ident: str, request: Request) -> dict[str, Any]:
+    """``GET /v1/models/{id}``: the model served, or a 404 for another name."""
     name = state_of(request).name
     if ident != name:
         raise RequestError(404, f"no model {ident!r} (this server serves {name!r})", kind="not_found_error")
@@ -82,6 +85,7 @@ async def one_model(ident: str, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/health")
 async def health(request: Request) -> dict[str, Any]:
+    """``GET /v1/health``: the queue, the rows, the sessions and the counters."""
     state = state_of(request)
     scheduler, sessions = state.model, state.store
     stats = scheduler.stats
@@ -100,7 +104,7 @@ async def health(request: Request) -> dict[str, Any]:
         "rejected": stats.rejected,
         "cancelled": stats.cancelled,
         "failed": stats.failed,
-        "tokens_generated": stats.tokens_generated,
+        "tokens_generated": scheduler.batch.generated,
         "sessions_created": sessions.counts.created,
         "sessions_expired": sessions.counts.expired,
     }
@@ -108,6 +112,7 @@ async def health(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Any:
+    """``POST /v1/completions``."""
     state = state_of(request)
     req = parse(CompletionRequest, await json_body(request, limit=state.body_limit))
     return await complete(request, state, req, session=None)
@@ -115,6 +120,7 @@ async def completions(request: Request) -> Any:
 
 @router.post("/v1/score")
 async def score(request: Request) -> Any:
+    """``POST /v1/score``: every token's log-probability, with or without memory."""
     state = state_of(request)
     req = parse(ScoreRequest, await json_body(request, limit=state.body_limit))
     check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)

@@ -1,12 +1,7 @@
 """The rows ``txl serve`` decodes at once: which job's choice each row holds, the choices parked while their
-clients catch up, and one step of them all (draw, emit, feed). The scheduler (:mod:`txl.serve.scheduler`)
-decides when; this module what a step does.
+clients catch up, and one step of them all (draw, emit, feed), on :mod:`txl.inference`'s rows.
 
 Dimensions: R rows (``--max-batch``), V vocabulary.
-
-Back-pressure: a streaming job whose client is ``stream_buffer`` events behind what the server has written to
-its connection is parked: its row's memory is kept aside and the row freed for others; it joins a row again
-when its client has caught up half of them, exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from torch import Tensor, nn
 from ..config import Span
 from ..inference import GenerationSettings, Prefilled, RowBatch, WindowRows, draw, rows_for
 from ..model import Memory
-from .jobs import JOINED, PAUSE, Cancelled, Job, JobState, Pause, Ready, RowWork, Stats, Work
+from .jobs import JOINED, PAUSE, Cancelled, Job, JobState, Pause, Ready, RowWork, Work
 
 __all__ = ["Batch"]
 
@@ -54,8 +49,13 @@ class _Parked:
 
 
 class Batch:
-    """R rows of one batch and the parked choices (``stats`` counts the tokens drawn). ``end(job, error)`` ends a job that failed or was
-    cancelled; ``follow(job, work)`` runs a job's last work once all its choices are over."""
+    """R rows of one batch and the parked choices. ``end(job, error)`` ends a job that failed or was cancelled;
+    ``follow(job, work)`` runs a job's last work once all its choices are over; ``generated`` counts the
+    tokens drawn.
+
+    Back-pressure: a streaming job whose client is ``stream_buffer`` events behind what the server has
+    written to its connection is parked: its row's memory is kept aside and the row freed for others; it
+    joins a row again when its client has caught up half of them, exactly where it stopped."""
 
     def __init__(
         self,
@@ -64,19 +64,20 @@ class Batch:
         span: Span,
         size: int,
         stream_buffer: int,
-        stats: Stats,
         end: Callable[[Job, BaseException], None],
         follow: Callable[[Job, Work], None],
     ) -> None:
         self.model, self.span, self.size, self.stream_buffer = model, span, size, stream_buffer
         self.device = next(model.parameters()).device
-        self.stats, self.end, self.follow = stats, end, follow
+        self.end, self.follow = end, follow
+        self.generated = 0
         self.slots: list[_Row | None] = [None] * size
         self.parked: list[_Parked] = []
         self.rows: RowBatch | WindowRows | None = None
 
     @property
     def in_use(self) -> int:
+        """The rows holding a choice."""
         return sum(row is not None for row in self.slots)
 
     def _rows(self) -> RowBatch | WindowRows:
@@ -158,7 +159,7 @@ class Batch:
         for r in active:
             row = self.slots[r]
             assert row is not None
-            self.stats.tokens_generated += 1
+            self.generated += 1
             if row.work.push(row.choice, tokens[r], row.log_probs[0]):
                 self._leave(r)
             elif row.job.on_event is not None and row.job.backlog >= self.stream_buffer:
@@ -202,6 +203,7 @@ class Batch:
         return any(p.job.cancelled or (free and p.job.backlog <= p.job.resume_at) for p in self.parked)
 
     def fail(self, exc: BaseException) -> None:
+        """Every choice in a row or parked fails with ``exc``; the rows are made anew."""
         for r, row in enumerate(self.slots):
             if row is not None:
                 self.slots[r] = None

@@ -1,6 +1,5 @@
 """A request's values checked against the run and the server's limits (each refusal a 400 naming its field):
-prompts and texts read as ``txl generate`` reads them, the sampling settings, OpenAI's fields accepted only
-at their no-op values.
+prompts read as ``txl generate`` reads them, sampling settings, OpenAI's fields accepted at no-op values.
 
 Dimensions: P prompt tokens.
 """
@@ -38,6 +37,7 @@ class Limits:
 
 
 def check_text(text: str, *, field_name: str, limit: int) -> None:
+    """Refuse (400 naming ``field_name``) a text longer than ``limit`` characters."""
     if len(text) > limit:
         raise RequestError(
             400,

@@ -90,6 +90,7 @@ async def complete(
 
 
 def busy(scheduler: Scheduler) -> RequestError:
+    """The 429 of a full server."""
     return RequestError(
         429,
         f"the model is busy: {scheduler.capacity} request(s) are running or waiting already "

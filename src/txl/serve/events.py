@@ -48,6 +48,8 @@ class TextEvent:
 
 @dataclass(frozen=True)
 class ChoiceResult:
+    """One choice's text, why it ended (``stop`` or ``length``), and its tokens (with log-probabilities)."""
+
     index: int
     text: str
     finish: str
@@ -56,6 +58,8 @@ class ChoiceResult:
 
 @dataclass(frozen=True)
 class CompletionResult:
+    """A completion's choices, the tokens generated, and the seconds it took."""
+
     choices: tuple[ChoiceResult, ...]
     completion_tokens: int
     seconds: float

@@ -53,7 +53,6 @@ class Stats:
     rejected: int = 0
     cancelled: int = 0
     failed: int = 0
-    tokens_generated: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,16 +127,19 @@ class Job:
         self.resume_at = 0
 
     def cancel(self) -> None:
+        """Stop the job (its client left): the scheduler ends it at its next turn."""
         self.cancel_event.set()
         if self.on_drained is not None:
             self.on_drained()
 
     @property
     def cancelled(self) -> bool:
+        """Whether the job was cancelled or the server is closing."""
         return self.cancel_event.is_set() or self._closing.is_set()
 
     @property
     def backlog(self) -> int:
+        """Events sent to the client that the server has not written to its connection yet."""
         with self._lock:
             return self._backlog
 

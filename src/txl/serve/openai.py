@@ -123,6 +123,7 @@ class RequestError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def response(self) -> JSONResponse:
+        """The error as a JSON response."""
         return error(self.status, self.message, param=self.param, kind=self.kind)
 
 
@@ -222,6 +223,7 @@ def logprobs_object(tokens: tuple[TokenInfo, ...] | None) -> dict[str, list] | N
 
 
 def choice_object(choice: ChoiceResult) -> dict[str, Any]:
+    """One choice of a completion's answer."""
     return {
         "text": choice.text,
         "index": choice.index,

@@ -1,8 +1,6 @@
-"""The model's one thread of ``txl serve``: admission into a bounded queue, the jobs' states, and the loop that
-starts waiting jobs, runs the other work (prefills, scores, session readings) in slices, and steps the rows of
-:class:`~txl.serve.batch.Batch` (continuous batching: a request joins free rows between two steps and leaves
-its row when it ends). It knows no HTTP, no wire format and no request's meaning (:mod:`txl.serve.work`).
-"""
+"""The model's one thread of ``txl serve``: admission into a bounded queue, and the loop that starts waiting jobs,
+runs their work in slices (prefills, scores, readings) and steps the rows of :class:`~txl.serve.batch.Batch`
+between them (continuous batching). It knows no HTTP, no wire format and no request's meaning."""
 
 from __future__ import annotations
 
@@ -54,7 +52,6 @@ class Scheduler:
             span=span,
             size=max_batch,
             stream_buffer=stream_buffer,
-            stats=self.stats,
             end=self._fail,
             follow=self._follow,
         )
@@ -69,18 +66,22 @@ class Scheduler:
 
     @property
     def admitted(self) -> int:
+        """Places held by admitted jobs."""
         return self._admitted
 
     @property
     def rows_in_use(self) -> int:
+        """Rows of the batch holding a choice."""
         return self.batch.in_use
 
     @property
     def waiting(self) -> int:
+        """Jobs in the queue."""
         return len(self._waiting)
 
     @property
     def parked(self) -> int:
+        """Choices parked while their clients catch up."""
         return len(self.batch.parked)
 
     def admit(
@@ -106,10 +107,12 @@ class Scheduler:
         return job.future
 
     def wake(self) -> None:
+        """Let the model's thread look again (a client caught up, a job was cancelled)."""
         with self._cond:
             self._cond.notify()
 
     def close(self) -> None:
+        """Stop the model's thread: every job ends cancelled."""
         self.closing.set()
         self.wake()
         self._thread.join(timeout=10)

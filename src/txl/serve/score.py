@@ -1,6 +1,5 @@
-"""The model's surprisal at every token of a text: per-token log-probabilities, segment by segment, with the
-memory carried from one segment to the next (as ``txl eval`` reads a split) or without it; and the text
-each token stands for, for display. Needs torch only (the HTTP layer is :mod:`txl.serve.app`).
+"""The model's surprisal at every token of a text, segment by segment with or without memory (``txl eval``'s
+reading of one stream), the lengths a run is scored with, and the text each token stands for. Torch only.
 
 Dimensions: N tokens of the text, T segment length.
 """
@@ -37,6 +36,7 @@ class Scores:
 
     @property
     def mean_loss(self) -> float:
+        """The mean loss in nats (nan with no token scored)."""
         return float(self.losses.mean()) if self.losses.numel() else float("nan")
 
 

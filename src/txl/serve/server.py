@@ -24,6 +24,7 @@ class SmallBuffers(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a small write buffer and kernel send buffer per connection."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """A new connection: its write buffer and kernel send buffer made small."""
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=WRITE_BUFFER)
         sock = transport.get_extra_info("socket")

@@ -1,6 +1,4 @@
-"""Sessions of ``txl serve``: a memory that persists across requests, and the store that bounds and expires
-them. A session is the text it has read: its memory is always what reading that text with the evaluation
-lengths gives (as ``/v1/score`` reads), whether the text came from a reading or from a completion.
+"""Sessions of ``txl serve``: a memory that persists across requests, and the store that bounds and expires them.
 
 Dimensions: M memory positions (the evaluation memory length), D model size.
 """
@@ -33,7 +31,11 @@ class SessionCounts:
 
 @dataclass
 class Session:
-    """What a session has read: its memory (batch 1, (1, M, D) per layer, or None before anything was fed),
+    """A session is the text it has read: its memory is always what reading that text with the evaluation
+    lengths gives (as ``/v1/score`` reads), whether the text came from a reading or from a completion (a
+    completion adds its prompt and the text its client received: a stop string is left out).
+
+    What it holds: its memory (batch 1, (1, M, D) per layer, or None before anything was fed),
     the last token read and not yet fed (the context of the next text's first token), and a few ids before it
     (to decode the next pieces as one text). ``busy``: a request is using it (another is refused)."""
 

@@ -34,6 +34,7 @@ router = APIRouter()
 
 
 def session_of(state: ServeState, ident: str, *, claim: bool = False) -> Session:
+    """The session ``ident`` (400 without memory, 404 unknown; ``claim``: 409 when busy)."""
     if not state.cached:
         raise RequestError(
             400, "sessions need a model with memory (this one has none: the vanilla baseline or mem_len 0)"
@@ -50,6 +51,7 @@ def session_of(state: ServeState, ident: str, *, claim: bool = False) -> Session
 
 @router.post("/v1/sessions")
 async def new_session(request: Request) -> dict[str, Any]:
+    """``POST /v1/sessions``."""
     state = state_of(request)
     if (await request.body())[:1].strip():  # a body (none is needed) must be an empty object
         parse(SessionNewRequest, await json_body(request, limit=state.body_limit))
@@ -68,12 +70,14 @@ async def new_session(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/sessions/{ident}")
 async def get_session(ident: str, request: Request) -> dict[str, Any]:
+    """``GET /v1/sessions/{id}``."""
     state = state_of(request)
     return session_of(state, ident).describe(ttl=state.settings.session_ttl)
 
 
 @router.delete("/v1/sessions/{ident}")
 async def delete_session(ident: str, request: Request) -> dict[str, Any]:
+    """``DELETE /v1/sessions/{id}`` (409 while a request uses it)."""
     state = state_of(request)
     session_of(state, ident)
     if state.store.delete(ident) is None:
@@ -83,6 +87,7 @@ async def delete_session(ident: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/sessions/{ident}/score")
 async def session_score(ident: str, request: Request) -> Any:
+    """``POST /v1/sessions/{id}/score``: read a text into the session."""
     state = state_of(request)
     req = parse(SessionScoreRequest, await json_body(request, limit=state.body_limit))
     check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)
@@ -107,6 +112,7 @@ async def session_score(ident: str, request: Request) -> Any:
 
 @router.post("/v1/sessions/{ident}/completions")
 async def session_completions(ident: str, request: Request) -> Any:
+    """``POST /v1/sessions/{id}/completions``: complete from the session's memory."""
     state = state_of(request)
     req = parse(SessionCompletionRequest, await json_body(request, limit=state.body_limit))
     session = session_of(state, ident, claim=True)

@@ -69,16 +69,19 @@ class ServeState:
 
     @property
     def model(self) -> Scheduler:
+        """The model's thread (while the application runs)."""
         assert self.scheduler is not None, "the application has not started (its lifespan runs the model)"
         return self.scheduler
 
     @property
     def store(self) -> SessionStore:
+        """The sessions (while the application runs)."""
         assert self.sessions is not None, "the application has not started"
         return self.sessions
 
     @property
     def cached(self) -> bool:
+        """Whether the model has memory (sessions need it)."""
         model = self.run.config.model
         return model.attention == "relative" and model.mem_len > 0
 

@@ -1,9 +1,8 @@
-"""What ``txl serve``'s requests do on the model's thread, as works of :mod:`txl.serve.scheduler`: a completion
-(its prompt read, its choices decoded as rows), a text scored, a text read into a session. They emit plain
-token events and return plain results; :mod:`txl.serve.openai` gives them their wire shapes.
+"""What ``txl serve``'s requests do on the model's thread: a completion (its prompts read, its choices decoded as
+rows), a text scored, a text read into a session; plain token events and results (:mod:`txl.serve.openai`
+shapes them). Readings use the evaluation lengths with memory, generation the model's memory length.
 
-Readings (scores, echoed prompts, sessions) use the evaluation lengths with memory (``txl eval``'s protocol);
-generation the model's memory length. Dimensions: N tokens read, V vocabulary, M memory positions.
+Dimensions: N tokens read, V vocabulary, M memory positions.
 """
 
 from __future__ import annotations
@@ -152,9 +151,11 @@ class Completion:
         self.start = time.perf_counter()
 
     def prompt_of(self, choice: int) -> int:
+        """Which prompt choice ``choice`` continues."""
         return self.choices[choice].prompt
 
     def generator(self, choice: int) -> torch.Generator:
+        """Choice ``choice``'s random generator (seed + its index among its prompt's choices)."""
         return self.choices[choice].generator
 
     def push(self, choice: int, token: int, log_probs: Tensor) -> bool:
@@ -178,6 +179,7 @@ class Completion:
         return len(c.ids) >= sampling.max_tokens
 
     def resume_prompt(self, choice: int) -> Tensor:
+        """(P,) what a parked choice is prefilled with: its last token (with memory) or its whole text."""
         c = self.choices[choice]
         config = self.run.config.model
         if config.attention == "relative" and config.mem_len > 0:
@@ -209,6 +211,7 @@ class Completion:
         return self.result()
 
     def result(self) -> CompletionResult:
+        """The result so far (every choice is over when it is taken)."""
         choices = []
         for c in self.choices:
             prompt = self.prompts[c.prompt]
