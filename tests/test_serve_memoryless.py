@@ -30,13 +30,13 @@ KINDS = {
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
 def served(request, tmp_path_factory):
-    """(url, loaded run) of a live server of a run without memory."""
+    """(url, app) of a live server of a run without memory, and the loaded run."""
     run_dir = train_char_run(tmp_path_factory.mktemp(request.param), steps=20, overrides=KINDS[request.param])
     run = load_run(run_dir)
     assert run.config.model.mem_len == 0
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_tokens=200))
     with live_server(app) as url:
-        yield url, run
+        yield url, app, run
 
 
 def _post(url: str, body: dict) -> dict:
@@ -60,7 +60,7 @@ def _text(result: dict) -> str:
 
 
 def test_plain_and_streamed_equal_the_library(served):
-    url, run = served
+    url, _, run = served
     greedy = _post(url, {"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
     assert greedy["choices"][0]["text"] == library_text(run, PROMPT, 30, temperature=0)
     assert greedy["usage"]["completion_tokens"] == 30
@@ -73,7 +73,7 @@ def test_plain_and_streamed_equal_the_library(served):
 
 
 def test_echo_and_logprobs_are_one_forward_pass(served):
-    url, run = served
+    url, _, run = served
     result = _post(url, {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "echo": True, "logprobs": 2})
     [choice] = result["choices"]
     generated = library_text(run, PROMPT, 10, temperature=0)
@@ -91,7 +91,7 @@ def test_echo_and_logprobs_are_one_forward_pass(served):
 
 
 def test_n_choices_are_seeded_one_by_one(served):
-    url, run = served
+    url, _, run = served
     body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "seed": 40}
     many = _post(url, {**body, "n": 3})
     texts = [c["text"] for c in many["choices"]]
@@ -113,8 +113,17 @@ REQUESTS = [
 
 
 def test_eight_concurrent_requests_each_equal_alone(served):
-    url, _ = served
+    url, app, _ = served
     alone = [_text(_post(url, body)) for body in REQUESTS]
+    batch = app.state.txl.scheduler.batch
+    most: list[int] = []
+    step = batch.step
+
+    def counting_step(flush) -> None:
+        most.append(batch.in_use)
+        step(flush)
+
+    batch.step = counting_step
     together: list[str | None] = [None] * len(REQUESTS)
     barrier = threading.Barrier(len(REQUESTS))
 
@@ -123,11 +132,15 @@ def test_eight_concurrent_requests_each_equal_alone(served):
         together[i] = _text(_post(url, REQUESTS[i]))
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(REQUESTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    finally:
+        batch.step = step
     assert together == alone
+    assert max(most) >= 4  # they shared the batch (rows of recomputed windows)
     with httpx.Client(base_url=url) as c:
         health = c.get("/v1/health").json()
     assert health["admitted"] == 0 and health["failed"] == 0
