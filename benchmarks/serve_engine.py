@@ -1,5 +1,5 @@
 """The model loop of ``txl serve`` alone (no HTTP): 16 completions of 64 greedy tokens submitted at once to an
-:class:`~txl.serve.engine.Engine` of 16 rows and to one of 1 row, alternated; tokens/s of each and whether their
+:class:`~txl.serve.scheduler.Scheduler` of 16 rows and to one of 1 row, alternated; tokens/s of each and whether their
 texts are identical. Prints one JSON object.
 
     PYTHONPATH=src python3 benchmarks/serve_engine.py --run RUN_DIR --rounds 3
@@ -16,17 +16,29 @@ from pathlib import Path
 
 import torch
 
-from txl.runs import load_run
-from txl.serve.engine import Engine, Sampling
+from txl.runs import LoadedRun, load_run
+from txl.serve.events import Sampling
+from txl.serve.scheduler import Scheduler
+from txl.serve.work import Completion, completion_work
 
 
-def submit_all(engine: Engine, ids: torch.Tensor, *, clients: int, tokens: int) -> list[str]:
+def submit_all(
+    engine: Scheduler, run: LoadedRun, ids: torch.Tensor, *, clients: int, tokens: int
+) -> list[str]:
     futures = []
     for i in range(clients):
         job = engine.admit(rows=1, weight=1)
+        assert job is not None
         sampling = Sampling(max_tokens=tokens, temperature=0, top_k=None, top_p=None, seed=i, stop=())
-        futures.append(engine.submit(job, engine.completion_work(job, ids, sampling)))
-    return [f.result()["choices"][0]["text"] for f in futures]
+        completion = Completion(run, [ids], sampling, n=1, session=None, emit=job.emit)
+        futures.append(engine.submit(job, completion_work(completion, mem_len=run.config.model.mem_len)))
+    return [f.result().choices[0].text for f in futures]
+
+
+def make(run: LoadedRun, rows: int, queue: int) -> Scheduler:
+    return Scheduler(
+        run.model, span=run.config.model.span, max_batch=rows, queue_size=queue, stream_buffer=32
+    )
 
 
 def main() -> None:
@@ -41,15 +53,15 @@ def main() -> None:
     args = parser.parse_args()
     run = load_run(args.run)
     ids = torch.as_tensor(run.vocab.encode(args.prompt), dtype=torch.long)
-    engines = {rows: Engine(run, max_batch=rows, queue_size=args.clients) for rows in (args.clients, 1)}
+    engines = {rows: make(run, rows, args.clients) for rows in (args.clients, 1)}
     for engine in engines.values():  # warm-up
-        submit_all(engine, ids, clients=args.clients, tokens=args.tokens)
+        submit_all(engine, run, ids, clients=args.clients, tokens=args.tokens)
     rates: dict[int, list[float]] = {rows: [] for rows in engines}
     texts = {}
     for _ in range(args.rounds):
         for rows, engine in engines.items():
             start = time.perf_counter()
-            texts[rows] = submit_all(engine, ids, clients=args.clients, tokens=args.tokens)
+            texts[rows] = submit_all(engine, run, ids, clients=args.clients, tokens=args.tokens)
             rates[rows].append(round(args.clients * args.tokens / (time.perf_counter() - start), 1))
     for engine in engines.values():
         engine.close()

@@ -16,8 +16,9 @@ from txl.cli import main
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
-def train_char_run(folder: Path, *, steps: int = 12) -> Path:
-    """A run trained for ``steps`` steps on two copies of textwrap.py, character vocabulary."""
+def train_char_run(folder: Path, *, steps: int = 12, overrides: tuple[str, ...] = ()) -> Path:
+    """A run trained for ``steps`` steps on two copies of textwrap.py, character vocabulary (``overrides``:
+    more ``--set`` values, e.g. ``model.mem_len=0``)."""
     corpus = folder / "corpus.txt"
     corpus.write_text((STDLIB / "textwrap.py").read_text(encoding="utf-8") * 2, encoding="utf-8")
     run_dir = folder / "run"
@@ -35,6 +36,7 @@ def train_char_run(folder: Path, *, steps: int = 12) -> Path:
             f"data.corpus={json.dumps(str(corpus))}",
             "--set",
             f"train.steps={steps}",
+            *[arg for value in overrides for arg in ("--set", value)],
         ]
     )
     assert code == 0
@@ -53,16 +55,16 @@ def sse_data(body: str) -> list[str]:
 
 @contextmanager
 def live_server(app) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
+    """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread (as ``txl serve`` runs it); yields its
+    base URL."""
     import uvicorn
 
     from txl.serve import bind
+    from txl.serve.server import server_config
 
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    )
+    server = uvicorn.Server(server_config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -82,3 +84,17 @@ def wait_for(predicate, *, timeout: float = 20.0, what: str = "a condition") -> 
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def library_text(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
+    """The library's text for a prompt and sampling settings, one generator seeded with ``seed``: what a
+    request with the same fields must give."""
+    import torch
+
+    from txl.inference import GenerationSettings
+    from txl.inference.text import generate_text
+
+    settings = GenerationSettings(max_new_tokens=n, **sampling)
+    return generate_text(
+        run.model, run.vocab, prompt, settings, generator=torch.Generator().manual_seed(seed)
+    )

@@ -29,7 +29,8 @@ from txl.data import encode_split, load_corpus  # noqa: E402
 from txl.inference import GenerationSettings  # noqa: E402
 from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
-from txl.serve.app import ServeSettings, create_app  # noqa: E402
+from txl.serve.app import create_app  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
 
 PROMPT = "def wrap(text, "
 
@@ -210,35 +211,39 @@ def test_model_card(client, run_dir):
         "max_sessions": 1000,
         "session_ttl": 600.0,
     }
-    # the page's default prompt: the first line of the training text (serve_helpers: textwrap.py, twice)
-    assert card["defaults"]["prompt"] == '"""Text wrapping and filling.'
+    assert card["defaults"]["prompt"] == "\n"  # the run has no generate.prompt
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == "run"
 
 
-def test_the_default_prompt_comes_from_the_run(run_dir, tmp_path):
+def test_the_default_prompt_comes_from_the_run_never_the_corpus(run_dir, monkeypatch):
+    """The page's default prompt is the run's ``generate.prompt`` (else a newline); starting the server never
+    reads the corpus (its loader is made to fail here, and the corpus file is gone)."""
     import dataclasses
 
-    from txl.serve.app import default_prompt
+    import txl.data
+    from txl.serve.card import default_prompt
 
     run = load_run(run_dir)
+    generate = dataclasses.replace(run.config.generate, prompt="ROMEO:")
+    prompted = dataclasses.replace(run, config=dataclasses.replace(run.config, generate=generate))
+    assert default_prompt(prompted) == "ROMEO:"
+    assert default_prompt(run) == "\n"
 
-    def with_settings(*, prompt=None, corpus=None):
-        config = run.config
-        generate = dataclasses.replace(config.generate, prompt=prompt)
-        data = dataclasses.replace(config.data, corpus=corpus or config.data.corpus)
-        return dataclasses.replace(run, config=dataclasses.replace(config, generate=generate, data=data))
+    def no_corpus(*args, **kwargs):
+        raise AssertionError("txl serve read the corpus")
 
-    assert default_prompt(with_settings(prompt="ROMEO:")) == "ROMEO:"  # the [generate] section first
-    assert default_prompt(with_settings(corpus=str(tmp_path / "gone.txt"))) == "\n"  # no corpus here
-    long = tmp_path / "long.txt"
-    long.write_text("\n  \n" + "def wrap " * 12 + "\n" + "text\n" * 200, encoding="utf-8")
-    assert (
-        default_prompt(with_settings(corpus=str(long))) == "def wrap " * 6 + "def "
-    )  # cut at a space, <= 60
-    unseen = tmp_path / "unseen.txt"
-    unseen.write_text("\u2603 snow\n" * 200, encoding="utf-8")  # a character the char vocabulary lacks
-    assert default_prompt(with_settings(corpus=str(unseen))) == "\n"
+    monkeypatch.setattr(txl.data, "load_corpus", no_corpus)
+    monkeypatch.setattr(txl.data, "encode_split", no_corpus)
+    corpus = Path(run.config.data.corpus)
+    hidden = corpus.with_suffix(".hidden")
+    corpus.rename(hidden)
+    try:
+        with TestClient(create_app(prompted, run_dir=run_dir)) as c:
+            assert c.get("/v1/model").json()["defaults"]["prompt"] == "ROMEO:"
+            assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+    finally:
+        hidden.rename(corpus)
 
 
 def test_page_is_one_offline_file(client):
@@ -259,7 +264,7 @@ BAD = [
     ("/v1/completions", {"prompt": "def", "max_tokens": 5, "frequency_penalty": 1}, "frequency_penalty"),
     ("/v1/completions", {"max_tokens": 5}, "prompt"),
     ("/v1/completions", {"prompt": 5}, "prompt"),
-    ("/v1/completions", {"prompt": ["def"]}, "prompt"),
+    ("/v1/completions", {"prompt": [["def"]]}, "prompt"),
     ("/v1/completions", {"prompt": "def", "max_tokens": "5"}, "max_tokens"),
     ("/v1/completions", {"prompt": "def", "max_tokens": 2.5}, "max_tokens"),
     ("/v1/completions", {"prompt": "def", "max_tokens": True}, "max_tokens"),

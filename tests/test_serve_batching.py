@@ -25,8 +25,9 @@ from txl.inference import GenerationSettings  # noqa: E402
 from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve import listening_note  # noqa: E402
-from txl.serve.app import ServeSettings, create_app  # noqa: E402
+from txl.serve.app import create_app  # noqa: E402
 from txl.serve.score import score_tokens, scoring_lengths  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
 
 PROMPT = "def wrap(text, "
 KEY = "sk-test-0123456789"
@@ -94,7 +95,7 @@ def _text(result: dict) -> str:
 
 def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
     url, app = server
-    engine = app.state.engine
+    engine = app.state.txl.scheduler
     alone = [_text(_completion(url, body)) for body in REQUESTS]  # one at a time: nobody else in the batch
     for body, text in zip(REQUESTS, alone, strict=True):  # and that is the library's text
         if "stop" not in body:
@@ -103,13 +104,13 @@ def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
                 run, body["prompt"], body["max_tokens"], seed=body.get("seed", 0), **settings
             )
     most = []
-    step = engine._step
+    step = engine.batch.step
 
-    def counting_step() -> None:
+    def counting_step(flush) -> None:
         most.append(engine.rows_in_use)
-        step()
+        step(flush)
 
-    engine._step = counting_step
+    engine.batch.step = counting_step
     try:
         together: list[str | None] = [None] * len(REQUESTS)
         barrier = threading.Barrier(len(REQUESTS))
@@ -124,7 +125,7 @@ def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
         for t in threads:
             t.join(timeout=120)
     finally:
-        engine._step = step
+        engine.batch.step = step
     assert together == alone
     assert max(most) >= 4  # they did share the batch
     with httpx.Client(base_url=url) as c:
@@ -134,21 +135,21 @@ def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
 
 def test_a_disconnect_frees_its_row_and_its_neighbour_goes_on(server, run):
     url, app = server
-    engine = app.state.engine
+    engine = app.state.txl.scheduler
     body = {"prompt": PROMPT, "max_tokens": 300, "temperature": 0}
     expected = _reference(run, PROMPT, 300, temperature=0)
     result = {}
     neighbour = threading.Thread(target=lambda: result.update(_completion(url, body)))
     with httpx.Client(base_url=url, timeout=60) as c:
-        step = engine._step
+        step = engine.batch.step
         slow = threading.Event()
 
-        def slowed() -> None:  # keep the rows busy long enough to see them
+        def slowed(flush) -> None:  # keep the rows busy long enough to see them
             if not slow.is_set():
                 time.sleep(0.005)
-            step()
+            step(flush)
 
-        engine._step = slowed
+        engine.batch.step = slowed
         try:
             neighbour.start()
             wait_for(lambda: engine.rows_in_use == 1, what="the neighbour to take a row")
@@ -165,7 +166,7 @@ def test_a_disconnect_frees_its_row_and_its_neighbour_goes_on(server, run):
             assert c.get("/v1/health").json()["rows_in_use"] == 1
             slow.set()
         finally:
-            engine._step = step
+            engine.batch.step = step
         neighbour.join(timeout=120)
         assert result["choices"][0]["text"] == expected
         health = c.get("/v1/health").json()

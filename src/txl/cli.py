@@ -313,7 +313,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve import require_server_packages, serve
 
     require_server_packages()
-    from .serve.app import ServeSettings
+    from .serve.state import ServeSettings
 
     _device(args.device)
     key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None

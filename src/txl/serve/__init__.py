@@ -1,8 +1,6 @@
-"""``txl serve``: a local HTTP server for a trained run, with OpenAI-shaped streaming completions, the
-model's per-token surprisal of a text with and without memory, the model card, and a static page.
-
-The application is :mod:`txl.serve.app` (needs FastAPI and uvicorn: ``pip install 'txl[serve]'``); scoring,
-which needs torch only, is :mod:`txl.serve.score`. :func:`serve` loads a run, binds, says where, and runs.
+"""``txl serve``: a local HTTP server for a trained run: OpenAI-shaped completions (streamed, batched), per-token
+surprisal with and without memory, sessions, the model card and a page. :func:`serve` loads, binds and runs
+the application of :mod:`txl.serve.app` (``pip install 'txl[serve]'``); :mod:`txl.serve.score` needs torch only.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from ..errors import TxlError
 from .score import Scores, score_tokens, scoring_lengths, token_pieces
 
 if TYPE_CHECKING:
-    from .app import ServeSettings
+    from .state import ServeSettings
 
 __all__ = [
     "serve",
@@ -110,6 +108,7 @@ def serve(
 
     from ..runs import load_run
     from .app import create_app
+    from .server import server_config
 
     out = sys.stdout if out is None else out
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
@@ -128,8 +127,7 @@ def serve(
         file=out,
         flush=True,
     )
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, log_level=log_level))
     try:
         server.run(sockets=[sock])
     except (

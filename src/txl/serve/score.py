@@ -1,6 +1,5 @@
-"""The model's surprisal at every token of a text: per-token log-probabilities, segment by segment, with the
-memory carried from one segment to the next (as ``txl eval`` reads a split) or without it; and the text
-each token stands for, for display. Needs torch only (the HTTP layer is :mod:`txl.serve.app`).
+"""The model's surprisal at every token of a text, segment by segment with or without memory (``txl eval``'s
+reading of one stream), the lengths a run is scored with, and the text each token stands for. Torch only.
 
 Dimensions: N tokens of the text, T segment length.
 """
@@ -8,15 +7,17 @@ Dimensions: N tokens of the text, T segment length.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from typing import cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
-from ..evaluate import segment_losses
+from ..evaluate import SegmentLosses, segment_losses
+from ..model import TransformerXL
 
 __all__ = ["Scores", "score_tokens", "score_segments", "scores_of", "token_pieces", "scoring_lengths"]
 
@@ -35,6 +36,7 @@ class Scores:
 
     @property
     def mean_loss(self) -> float:
+        """The mean loss in nats (nan with no token scored)."""
         return float(self.losses.mean()) if self.losses.numel() else float("nan")
 
 
@@ -52,15 +54,19 @@ def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
 
 
 def score_segments(
-    model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span, losses: list[Tensor]
-) -> Iterator[None]:
+    model: TransformerXL, ids: Tensor, *, tgt_len: int, span: Span, losses: list[Tensor]
+) -> Generator[None, None, None]:
     """:func:`score_tokens` one segment at a time: each ``next`` reads one segment and appends its losses
     (T,) to ``losses`` (so a caller can do other work between segments; closing it stops)."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
     if tgt_len < 1:
         raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
-    segments = segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1)  # txl eval's loop
+    # txl eval's loop (a generator: closed early, it restores the training flags now)
+    segments = cast(
+        Generator[SegmentLosses, None, None],
+        segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1),
+    )
     with closing(segments):  # stopped early: the generator restores the training flags now
         for segment in segments:
             losses.append(segment.loss[0].cpu())  # (T,)
@@ -75,7 +81,12 @@ def scores_of(losses: list[Tensor], *, tgt_len: int, span: Span) -> Scores:
 
 @torch.inference_mode()
 def score_tokens(
-    model: nn.Module, ids: Tensor, *, tgt_len: int, span: Span, should_stop: Callable[[], bool] | None = None
+    model: TransformerXL,
+    ids: Tensor,
+    *,
+    tgt_len: int,
+    span: Span,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Scores:
     """Per-token losses of ``ids`` (N,) int64: tokens 1..N-1 predicted segment by segment of ``tgt_len``
     targets, each segment attending over the memory of the previous ones when ``span.mem_len > 0`` and over

@@ -1,0 +1,122 @@
+"""``txl serve``'s flow to its clients: a streaming client that stops reading stops its generation after a
+bounded number of tokens and frees its row (a neighbour runs while it is parked), then gets exactly its text
+when it reads again; OpenAI's ordinary client calls (a list of prompts, ``stream_options``, the no-op values of
+penalties, ``best_of``, ``logit_bias``, ``suffix``, ``GET /v1/models/{id}``) through the official client."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("httpx", reason="the API tests need httpx")
+
+import httpx  # noqa: E402
+
+from serve_helpers import library_text, live_server, train_char_run, wait_for  # noqa: E402
+from txl.runs import load_run  # noqa: E402
+from txl.serve.app import create_app  # noqa: E402
+from txl.serve.server import SEND_BUFFER, WRITE_BUFFER  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
+
+PROMPT = "def wrap(text, "
+CLIENT_BUFFER = 4096
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return train_char_run(tmp_path_factory.mktemp("flow"), steps=20)
+
+
+def _dechunk(raw: bytes) -> str:
+    """The body of an HTTP/1.1 chunked response (after its headers)."""
+    body = raw.split(b"\r\n\r\n", 1)[1]
+    out = bytearray()
+    while body:
+        size_line, body = body.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        out += body[:size]
+        body = body[size + 2 :]
+    return out.decode("utf-8")
+
+
+def test_a_client_that_stops_reading_stops_its_generation(run_dir):
+    run = load_run(run_dir)
+    buffer = 8
+    app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_tokens=1000, stream_buffer=buffer))
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "stream": True}).encode()
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_BUFFER)
+        client.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        client.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        raw = client.recv(64)  # the status line; then the client reads nothing
+        wait_for(lambda: c.get("/v1/health").json()["parked"] == 1, what="the generation to be parked")
+        stalled = c.get("/v1/health").json()["tokens_generated"]
+        # what the buffers in between can hold (Linux doubles the sizes asked; an event is over 100 bytes)
+        in_flight = (WRITE_BUFFER + 2 * SEND_BUFFER + 2 * CLIENT_BUFFER) // 100
+        assert stalled <= buffer + in_flight < 1000
+        neighbour = c.post("/v1/completions", json={"prompt": "import ", "max_tokens": 200, "temperature": 0})
+        assert neighbour.json()["usage"]["completion_tokens"] == 200
+        health = c.get("/v1/health").json()
+        assert health["tokens_generated"] == stalled + 200  # the parked row did not step with its neighbour
+        assert health["parked"] == 1 and health["rows_in_use"] == 0
+        client.settimeout(60)
+        while b"data: [DONE]" not in raw:  # the client reads again: the generation goes on to its end
+            part = client.recv(65536)
+            assert part, "the server closed the stream early"
+            raw += part
+        client.close()
+        events = [e[6:] for e in _dechunk(raw).split("\n\n") if e.startswith("data: ")]
+        texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
+        assert "".join(texts) == library_text(run, PROMPT, 1000, temperature=0)
+        assert c.get("/v1/health").json()["tokens_generated"] == 1200
+
+
+def test_ordinary_openai_client_calls(run_dir):
+    openai = pytest.importorskip("openai", reason="needs openai: pip install 'txl[serve-test]'")
+    run = load_run(run_dir)
+    with live_server(create_app(run, run_dir=run_dir)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert client.models.retrieve("run").id == "run"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("other")
+        no_ops = {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 2, "logit_bias": {}, "suffix": ""}
+        prompts = [PROMPT, "import "]
+        many = client.completions.create(
+            model="run", prompt=prompts, max_tokens=12, temperature=1.0, seed=5, n=2, **no_ops
+        )
+        assert [c.index for c in many.choices] == [0, 1, 2, 3]
+        expected = [library_text(run, p, 12, seed=5 + j, temperature=1.0) for p in prompts for j in range(2)]
+        assert [c.text for c in many.choices] == expected
+        assert many.usage.prompt_tokens == len(PROMPT) + len("import ")
+        chunks = list(
+            client.completions.create(
+                model="run",
+                prompt=PROMPT,
+                max_tokens=10,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == library_text(
+            run, PROMPT, 10, temperature=0
+        )
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+        for field, value in [
+            ("presence_penalty", 0.5),
+            ("frequency_penalty", -1.0),
+            ("logit_bias", {"5": 10}),
+            ("suffix", "end"),
+            ("best_of", 3),
+        ]:
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.completions.create(model="run", prompt=PROMPT, max_tokens=2, n=2, **{field: value})
+            assert refused.value.body["param"] == field and field in refused.value.body["message"]
