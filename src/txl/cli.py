@@ -191,7 +191,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         read = load_run_config if under_torchrun() else load_config_to_resume
         config = apply_overrides(read(Path(args.resume)), args.set)
     else:
-        config = apply_overrides(load_config(args.config), args.set)
+        config = _new_run_config(args)
     if args.nproc is not None and args.nproc > 1 and not under_torchrun():
         for field in (
             "train.batch_size",
@@ -222,6 +222,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if group.is_main:
         print(json.dumps(summary))
     return 0
+
+
+def _new_run_config(args: argparse.Namespace) -> Any:
+    """--config with the --set overrides. A new run's model.vocab_size is its data's (set when training
+    starts), so cutoffs that do not fit are refused naming that size, not the config's placeholder."""
+    base = load_config(args.config)
+    try:
+        return apply_overrides(base, args.set)
+    except ConfigError as exc:
+        if not str(exc).startswith("model.cutoffs:"):
+            raise
+    from .data import prepare_data
+
+    loose = apply_overrides(base, ["model.vocab_size=1000000000", *args.set])
+    size = len(prepare_data(loose.data, splits=("train",)).vocab)
+    return apply_overrides(base, [f"model.vocab_size={size}", *args.set])
 
 
 def _check_training_fits(config: Any, *, group: Any) -> None:
@@ -465,17 +481,33 @@ def _cmd_data(args: argparse.Namespace) -> int:
         )
         print(folder)
     else:
-        print(
-            json.dumps(
-                {
-                    "corpora": list(CORPUS_NAMES),
-                    "generated": list(GENERATED_CORPUS_NAMES),
-                    "downloadable": sorted(DOWNLOADS),
-                    "search_dirs": [str(p) for p in data_search_dirs()],
-                },
-                indent=1,
-            )
-        )
+        from .data.corpora import corpus_location
+
+        present = {name: corpus_location(name) for name in CORPUS_NAMES}
+        if args.json:
+            record = {
+                "corpora": list(CORPUS_NAMES),
+                "generated": list(GENERATED_CORPUS_NAMES),
+                "downloadable": sorted(DOWNLOADS),
+                "search_dirs": [str(p) for p in data_search_dirs()],
+                "present": {name: None if p is None else str(p) for name, p in present.items()},
+            }
+            print(json.dumps(record, indent=1))
+            return 0
+        width = max(map(len, (*CORPUS_NAMES, *GENERATED_CORPUS_NAMES)))
+        print(f"{'corpus':<{width}}  {'here':<9}  where, or how to get it")
+        for name, folder in present.items():
+            if folder is not None:
+                print(f"{name:<{width}}  {'present':<9}  {folder}")
+            else:
+                folder = data_search_dirs()[0] / name
+                how = f"txl data download {name}" if name in DOWNLOADS else f"put its files in {folder}"
+                print(f"{name:<{width}}  {'missing':<9}  {how}")
+        for name in GENERATED_CORPUS_NAMES:
+            print(f"{name:<{width}}  {'generated':<9}  made in memory, nothing to fetch")
+        folders = ", ".join(str(p) for p in data_search_dirs())
+        print(f"\nsearch folders ($TXL_DATA_DIR, then the cache): {folders}")
+        print("any text file, folder or hf:NAME dataset is also a corpus (data.corpus=PATH)")
     return 0
 
 
@@ -1353,7 +1385,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--url", help="another address for the archive (a mirror)")
     d.add_argument("--sha256", help="the expected SHA-256 of that archive (default: the pinned one)")
     d.add_argument("--quiet", action="store_true")
-    data_sub.add_parser("list", help="known corpora and where they are looked for")
+    d = data_sub.add_parser(
+        "list", help="known corpora: which are present on this machine, where, and how to get the others"
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.set_defaults(func=_cmd_data)
 
     _add_analysis_commands(sub)

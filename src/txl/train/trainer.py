@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -49,6 +50,7 @@ from ..model import Memory, TransformerXL
 from ..runs import (
     RunPaths,
     check_new_run_dir,
+    check_run_folder,
     latest_checkpoint,
     load_run_config,
     lock_run,
@@ -755,10 +757,10 @@ def resume(
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
     folder changes before every check has passed. Under data parallelism every process calls it, on any
-    number of processes that divides train.batch_size; rank 0 holds the lock and writes."""
+    number of processes that divides train.batch_size; rank 0 holds the lock and writes, and says on stderr
+    from which step (and checkpoint) the run resumes."""
     paths = RunPaths(Path(run_dir))
-    if not paths.root.is_dir():
-        raise RunError(f"run folder not found: {paths.root}")
+    check_run_folder(paths.root)
     with lock_run(paths.root) if group.is_main else nullcontext(), _sigterm_raises(paths):
         config = _resume_config(load_run_config(paths.root), tuple(overrides))
         if group.is_main:
@@ -779,4 +781,6 @@ def resume(
         trainer.restore(folder)  # checks everything before anything in the run folder changes
         if overrides and group.is_main:
             save_run_config(paths.root, config)
+        if group.is_main:
+            print(f"resuming {paths.root} from step {done} ({folder.name})", file=sys.stderr, flush=True)
         return trainer.fit()
