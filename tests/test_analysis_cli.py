@@ -176,7 +176,7 @@ def test_analyze_memory(compared, tmp_path):
 def _eval_json(*args: str) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["eval", *args, "--quiet"]) == 0
+        assert main(["eval", *args, "--quiet", "--json"]) == 0
     return json.loads(out.getvalue())
 
 

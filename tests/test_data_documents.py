@@ -482,7 +482,7 @@ def test_cli_eval_follows_the_run_and_documents_flag_overrides(tmp_path, capsys)
     train(_docs_config(folder, "train.steps=8", "data.documents=reset"), run, progress=False)
     records = {}
     for flag in ([], ["--documents", "continue"], ["--documents", "reset"]):
-        assert main(["eval", str(run), "--quiet", "--max-tokens", "3000", *flag]) == 0
+        assert main(["eval", str(run), "--quiet", "--json", "--max-tokens", "3000", *flag]) == 0
         records[tuple(flag)] = json.loads(capsys.readouterr().out)
     assert (
         records[()]["documents"] == "reset"
@@ -524,7 +524,7 @@ def test_analyze_documents_equals_txl_eval_each_way(tmp_path, capsys):
             assert sum(b["tokens"] for b in split["buckets"]) == split["tokens"] == 4000
             assert split["buckets"][0]["start"] == 0 and split["buckets"][1]["start"] == 10
             for mode in ("continue", "reset"):
-                main(["eval", str(run), "--split", split["split"], "--max-tokens", "4000", "--quiet",
+                main(["eval", str(run), "--split", split["split"], "--max-tokens", "4000", "--quiet", "--json",
                       "--documents", mode])  # fmt: skip
                 expected = json.loads(capsys.readouterr().out)["loss"]
                 assert abs(split[f"{mode}_loss"] - expected) < 1e-9 * expected
@@ -556,6 +556,6 @@ def test_cli_eval_reset_gives_one_figure_at_batch_size_1_and_4(tmp_path, capsys)
     losses = []
     for rows in (1, 4):
         flags = ["--documents", "reset", "--batch-size", str(rows), "--max-tokens", "3000"]
-        assert main(["eval", str(run), "--quiet", *flags]) == 0
+        assert main(["eval", str(run), "--quiet", "--json", *flags]) == 0
         losses.append(json.loads(capsys.readouterr().out)["loss"])
     assert abs(losses[0] - losses[1]) < 1e-6 * losses[0], losses

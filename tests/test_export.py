@@ -191,7 +191,7 @@ def test_export_starts_from_the_settings_txl_eval_uses(exported, tmp_path, monke
     capsys.readouterr()
     assert main(["export", str(run), "--out", str(out)]) == 0, capsys.readouterr().err
     exported_record = json.loads(capsys.readouterr().out)
-    assert main(["eval", str(run), "--quiet", "--max-tokens", "100"]) == 0, capsys.readouterr().err
+    assert main(["eval", str(run), "--quiet", "--json", "--max-tokens", "100"]) == 0, capsys.readouterr().err
     eval_record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     settings = ("tgt_len", "mem_len", "clamp_len", "same_length")
     assert [exported_record[k] for k in settings] == [eval_record[k] for k in settings] == [5, 8, 3, True]

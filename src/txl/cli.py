@@ -220,8 +220,66 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         group.close()
     if group.is_main:
-        print(json.dumps(summary))
+        print(json.dumps(summary) if args.json else _train_summary(summary, Path(args.resume or args.out)))
     return 0
+
+
+def _figures(record: dict[str, Any], prefix: str = "") -> str:
+    """``loss 2.3451, ppl 10.43, bpc 1.8812`` from a record's ``{prefix}loss``, ppl and bits (bpc, bpb, or
+    bits per token where a token is neither a character nor a byte)."""
+    bits = next((name for name in ("bpc", "bpb") if f"{prefix}{name}" in record), "bits_per_token")
+    label = "bits/token" if bits == "bits_per_token" else bits
+    return (
+        f"loss {record[prefix + 'loss']:.4f}, ppl {record[prefix + 'ppl']:.2f}, "
+        f"{label} {record[prefix + bits]:.4f}"
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+_ENDED = {
+    "completed": "trained",
+    "early_stopped": "stopped early (train.patience: no better validation loss) after",
+    "time_limit": "stopped at train.time_limit after",
+}
+
+
+def _train_summary(summary: dict[str, Any], run_dir: Path) -> str:
+    """A few lines for a person at the end of ``txl train`` (``--json`` prints the record instead)."""
+    ended = _ENDED.get(summary["status"], summary["status"])
+    lines = [
+        f"{ended} {summary['steps']:,} steps in {_duration(summary['elapsed_s'])} "
+        f"({summary['tokens']:,} tokens, {summary['train_tokens_per_s']:,.0f} tokens/s), "
+        f"{summary['params']:,} parameters"
+    ]
+    if "val_loss" in summary:
+        best = summary.get("best_val_loss")
+        kept = f"; best checkpoint at loss {best:.4f}" if best is not None else ""
+        lines.append(f"valid: {_figures(summary, 'val_')} over {summary['val_tokens']:,} tokens{kept}")
+    if "test_loss" in summary:
+        lines.append(f"test:  {_figures(summary, 'test_')} over {summary['test_tokens']:,} tokens")
+    lines.append(
+        f"run folder: {run_dir} (summary.json holds these figures; metrics.jsonl every one measured)"
+    )
+    return "\n".join(lines)
+
+
+def _eval_summary(record: dict[str, Any]) -> str:
+    """Two lines for a person at the end of ``txl eval`` (``--json`` prints the record instead)."""
+    clamp = "" if record["clamp_len"] is None else f", clamp_len {record['clamp_len']}"
+    return (
+        f"{record['split']} of {record['run']} (checkpoint {record['checkpoint']}, step {record['step']}): "
+        f"{_figures(record)} over {record['tokens']:,} tokens\n"
+        f"read in segments of {record['tgt_len']} with a memory of {record['mem_len']}{clamp}, same_length "
+        f"{'on' if record['same_length'] else 'off'}, {record['batch_size']} streams, documents "
+        f"{record['documents']}"
+    )
 
 
 def _new_run_config(args: argparse.Namespace) -> Any:
@@ -273,7 +331,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
         )
-    print(json.dumps(record))
+    print(json.dumps(record) if args.json else _eval_summary(record))
     return 0
 
 
@@ -1223,6 +1281,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="end by printing the summary as one JSON line (as the run folder's summary.json) instead of "
+        "a few lines for a person",
+    )
+    p.add_argument(
         "--nproc",
         type=_positive_int,
         metavar="N",
@@ -1231,7 +1295,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
+    p = sub.add_parser(
+        "eval", help="evaluate a run over a whole split; prints the figures (--json: a record)"
+    )
     p.add_argument("run_dir")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument(
@@ -1251,6 +1317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--json", action="store_true", help="print the figures and settings as one JSON line instead"
+    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser(
