@@ -37,7 +37,7 @@ from ..train.trainer import Interrupted
 from .baseline import vanilla_baseline
 from .common import split_tokens, train_or_reuse
 from .context import sliding_losses
-from .report import format_table, new_figure
+from .report import SIGN_CONVENTION, format_table, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -104,7 +104,8 @@ class CompareResult:
             )
         note = (
             f"{self.config}: every token of each split predicted once; vanilla on disjoint segments of "
-            f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}"
+            f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}\n"
+            f"XL vs rows: (XL - vanilla) / vanilla; {SIGN_CONVENTION}"
         )
         throughput = (
             f"training throughput, XL / vanilla: {self.throughput['ratio_xl_over_vanilla']:.2f}"
