@@ -164,7 +164,10 @@ def test_resuming_a_finished_run_asks_for_more_steps(trained_run_copy, capsys):
     _fails(
         capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "model.d_model=64"], "model"
     )
-    assert main(["train", "--resume", str(trained_run_copy), "--quiet", "--json", "--set", "train.steps=12"]) == 0
+    assert (
+        main(["train", "--resume", str(trained_run_copy), "--quiet", "--json", "--set", "train.steps=12"])
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 12
     # The schedule changes under the resumed run: said in one line, not a Python warning with its source line
@@ -346,7 +349,12 @@ def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, mo
     monkeypatch.setattr(evaluate, "SegmentStream", Spy)
     records = []
     for batch in ("1000000", "500", "7"):
-        assert main(["eval", str(trained_run), "--batch-size", batch, "--max-tokens", "500", "--quiet", "--json"]) == 0
+        assert (
+            main(
+                ["eval", str(trained_run), "--batch-size", batch, "--max-tokens", "500", "--quiet", "--json"]
+            )
+            == 0
+        )
         records.append(json.loads(capsys.readouterr().out))
     assert built == [500, 500, 7]
     huge, exact, seven = records

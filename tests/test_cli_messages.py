@@ -55,7 +55,16 @@ def test_cutoffs_are_checked_against_the_vocabulary_the_data_gives(tmp_path, cap
     flags = ["--set", f"data.corpus={json.dumps(str(corpus))}", "--set", 'data.vocab="char"']
     line = _error(
         capsys,
-        ["train", "--config", "tiny", "--out", str(tmp_path / "r"), *flags, "--set", "model.cutoffs=[2000,10000]"],
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--out",
+            str(tmp_path / "r"),
+            *flags,
+            "--set",
+            "model.cutoffs=[2000,10000]",
+        ],
     )
     assert "model.cutoffs" in line and "256" not in line and "vocab_size=19" in line, line
 

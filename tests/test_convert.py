@@ -173,7 +173,9 @@ def test_convert_original_round_trip(tmp_path, capsys):
         run.model.state_dict().items(), source.state_dict().values(), strict=True
     ):
         assert torch.equal(ours, theirs), name
-    code, out, err = _run(["eval", run_dir, "--split", "valid", "--quiet", "--json", "--tgt-len", "8"], capsys)
+    code, out, err = _run(
+        ["eval", run_dir, "--split", "valid", "--quiet", "--json", "--tgt-len", "8"], capsys
+    )
     assert code == 0, err
     assert json.loads(out)["tokens"] > 0
 

@@ -13,8 +13,8 @@ import pytest
 
 import txl.demo as demo
 from txl.analysis.report import SIGN_CONVENTION
-from txl.errors import TxlError
 from txl.data import load_corpus
+from txl.errors import TxlError
 
 
 @pytest.fixture
@@ -97,11 +97,16 @@ def test_the_estimate_includes_the_evaluation_measured_here(tmp_path, small_demo
 def test_minutes_bounds_the_whole_command(tmp_path, small_demo, monkeypatch, capsys):
     costs = _fake_costs(None, None)
     # 2 min: 120 s less 10 s already spent less 60 s of evaluation leaves 50 s: steps of 0.75 s x 1.15
-    assert demo.plan_minutes(2.0, costs, spent=10.0) == (57, {"transformer-xl": 50 * 2 / 3, "vanilla": 50 / 3})
+    assert demo.plan_minutes(2.0, costs, spent=10.0) == (
+        57,
+        {"transformer-xl": 50 * 2 / 3, "vanilla": 50 / 3},
+    )
     with pytest.raises(TxlError, match=r"--minutes 1: evaluating both models .* 1.0 min .* --minutes 1.3"):
         demo.plan_minutes(1.0, costs, spent=1.0)
     monkeypatch.setattr(demo, "measure_costs", _fake_costs)
-    monkeypatch.setattr(demo, "plan_minutes", lambda minutes, costs, spent: (4, {"transformer-xl": 0.3, "vanilla": 0.2}))
+    monkeypatch.setattr(
+        demo, "plan_minutes", lambda minutes, costs, spent: (4, {"transformer-xl": 0.3, "vanilla": 0.2})
+    )
     report = demo.run_demo(tmp_path / "demo", minutes=3, progress=False)
     out = capsys.readouterr().out
     assert "this machine's speed" in out and "--steps" in out and "whole command" in out

@@ -653,7 +653,10 @@ def test_checkpoints_are_found_by_name_and_only_complete_ones_are_read(tmp_path,
     for name in (".tmp-step-00000009-123", str(checkpoints / ".tmp-step-00000009-123")):
         with pytest.raises(CheckpointError, match="no checkpoint"):
             load_run(run, checkpoint=name)
-    assert main(["eval", str(run), "--checkpoint", "step-00000003", "--max-tokens", "200", "--quiet", "--json"]) == 0
+    assert (
+        main(["eval", str(run), "--checkpoint", "step-00000003", "--max-tokens", "200", "--quiet", "--json"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["step"] == 3
 
 
