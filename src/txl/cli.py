@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
-from .errors import TxlError, TxlWarning
+from .errors import OutputPathError, TxlError, TxlWarning
 from .files import OutputKind, check_output
 from .threads import at_launch
 
@@ -614,17 +615,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     _device(args.device)
     _check_export_fits(args)
-    result = export_onnx(
-        Path(args.run_dir),
-        Path(args.out),
-        tgt_len=args.tgt_len,
-        mem_len=args.mem_len,
-        clamp_len=args.clamp_len,
-        same_length=args.same_length,
-        checkpoint=args.checkpoint,
-        opset=args.opset,
-        check=not args.no_check,
-    )
+    try:
+        result = export_onnx(
+            Path(args.run_dir),
+            Path(args.out),
+            tgt_len=args.tgt_len,
+            mem_len=args.mem_len,
+            clamp_len=args.clamp_len,
+            same_length=args.same_length,
+            checkpoint=args.checkpoint,
+            opset=args.opset,
+            check=not args.no_check,
+            progress=True,
+        )
+    except OSError as exc:  # writing the file failed (a full disk): one line naming the flag
+        if exc.filename != str(Path(args.out)):
+            raise
+        reason = (exc.strerror or str(exc)).lower()
+        advice = "; free some space or give --out on another disk" if exc.errno == errno.ENOSPC else ""
+        raise OutputPathError(
+            f"--out {args.out}: {reason} while writing the ONNX file (nothing was left there){advice}"
+        ) from None
     print(json.dumps(result))
     return 0
 
