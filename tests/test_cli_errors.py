@@ -174,7 +174,7 @@ def test_resuming_a_finished_run_asks_for_more_steps(trained_run_copy, capsys):
     assert captured.err.startswith(
         "txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate"
     )
-    assert len(captured.err.splitlines()) == 1
+    assert captured.err.splitlines()[1:] == [f"resuming {trained_run_copy} from step 10 (step-00000010)"]
     finals = [json.loads(line) for line in (trained_run_copy / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
 

@@ -221,7 +221,8 @@ def test_cli_eval_with_longer_memory_prints_one_json_line(trained_run, capsys):
     memory, and asking for the memory it already has changes nothing."""
 
     def evaluate(*flags: str) -> dict:
-        assert main(["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
+        argv = ["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", "--json", *flags]
+        assert main(argv) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert len(lines) == 1
         return json.loads(lines[0])
