@@ -555,12 +555,12 @@ def _cmd_data(args: argparse.Namespace) -> int:
             return 0
         width = max(map(len, (*CORPUS_NAMES, *GENERATED_CORPUS_NAMES)))
         print(f"{'corpus':<{width}}  {'here':<9}  where, or how to get it")
-        for name, folder in present.items():
-            if folder is not None:
-                print(f"{name:<{width}}  {'present':<9}  {folder}")
+        for name, where in present.items():
+            if where is not None:
+                print(f"{name:<{width}}  {'present':<9}  {where}")
             else:
-                folder = data_search_dirs()[0] / name
-                how = f"txl data download {name}" if name in DOWNLOADS else f"put its files in {folder}"
+                place = data_search_dirs()[0] / name
+                how = f"txl data download {name}" if name in DOWNLOADS else f"put its files in {place}"
                 print(f"{name:<{width}}  {'missing':<9}  {how}")
         for name in GENERATED_CORPUS_NAMES:
             print(f"{name:<{width}}  {'generated':<9}  made in memory, nothing to fetch")
