@@ -106,7 +106,7 @@ def demo_config(steps: int) -> RunConfig:
 
 
 def _step_seconds(config: RunConfig) -> float:
-    """The median time of a bare training step of ``config``'s model here (10 timed after one warm-up)."""
+    """The median time of a bare training step of ``config``'s model here (3 timed after one warm-up)."""
     from .model import TransformerXL
     from .train.optim import configure_optimizer
 
@@ -117,7 +117,7 @@ def _step_seconds(config: RunConfig) -> float:
     tokens = torch.randint(0, config.model.vocab_size, (b, t + 1))
     memory = None
     times = []
-    for _ in range(11):
+    for _ in range(4):
         start = time.perf_counter()
         out = model(tokens[:, :-1], memory=memory, targets=tokens[:, 1:])
         out.loss.mean().backward()
