@@ -8,6 +8,8 @@ import builtins
 import importlib.util
 import io
 import json
+import re
+import shutil
 import sysconfig
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -98,7 +100,7 @@ def test_compare_reports_the_three_rows_side_by_side(compared):
     assert results["throughput"]["ratio_xl_over_vanilla"] == pytest.approx(
         xl["train_tokens_per_s"] / vanilla["train_tokens_per_s"]
     )
-    assert (sliding["window"], sliding["stride"]) == (16, 1)
+    assert (sliding["window"], sliding["stride"]) == (16, 4)  # the default: a quarter of the window
     assert xl["eval"]["tgt_len"] == 64 and vanilla["eval"] == {
         "tgt_len": 16,
         "mem_len": 0,
@@ -175,7 +177,7 @@ def test_analyze_memory(compared, tmp_path):
 def _eval_json(*args: str) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["eval", *args, "--quiet"]) == 0
+        assert main(["eval", *args, "--quiet", "--json"]) == 0
     return json.loads(out.getvalue())
 
 
@@ -435,3 +437,25 @@ def test_recl_refuses_an_r_outside_the_fractions(tmp_path, capsys, r):
     assert main(["analyze", "recl", str(tmp_path / "missing"), "--r", r, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("txl: error: --r:") and "\n" not in err
+
+
+def test_compare_estimates_its_sliding_evaluation_with_a_default_one_can_wait_for(
+    compared, corpus, tmp_path, capsys
+):
+    out = Path(shutil.copytree(compared, tmp_path / "again"))
+    argv = ["compare", "--config", "tiny", *_overrides(corpus), "--out", str(out), "--quiet",
+            *NO_PLOTS, "--sample-tokens", "0"]  # fmt: skip
+    estimates = {}
+    for stride in (None, 1):
+        assert main(argv + ([] if stride is None else ["--stride", str(stride)])) == 0
+        captured = capsys.readouterr()
+        line = next(x for x in captured.err.splitlines() if x.startswith("vanilla sliding evaluation:"))
+        estimates[stride] = int(re.search(r"([\d,]+) windows", line).group(1).replace(",", ""))
+        assert "about" in line and "--stride" in line
+        assert _results(out)["vanilla_sliding"]["stride"] == (4 if stride is None else 1)  # a quarter of 16
+    tokens = _results(out)["vanilla_sliding"]["val_tokens"] + _results(out)["vanilla_sliding"]["test_tokens"]
+    assert estimates[1] >= tokens - 2 * 16 and 3.5 * estimates[None] <= estimates[1] <= 4.5 * estimates[None]
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "default: a quarter of the training segment" in help_text and "at least 3/4" in help_text

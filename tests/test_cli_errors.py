@@ -164,14 +164,17 @@ def test_resuming_a_finished_run_asks_for_more_steps(trained_run_copy, capsys):
     _fails(
         capsys, ["train", "--resume", str(trained_run_copy), "--quiet", "--set", "model.d_model=64"], "model"
     )
-    assert main(["train", "--resume", str(trained_run_copy), "--quiet", "--set", "train.steps=12"]) == 0
+    assert (
+        main(["train", "--resume", str(trained_run_copy), "--quiet", "--json", "--set", "train.steps=12"])
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 12
     # The schedule changes under the resumed run: said in one line, not a Python warning with its source line
     assert captured.err.startswith(
         "txl: warning: resuming at step 10 with train.steps 10 -> 12: the learning rate"
     )
-    assert len(captured.err.splitlines()) == 1
+    assert captured.err.splitlines()[1:] == [f"resuming {trained_run_copy} from step 10 (step-00000010)"]
     finals = [json.loads(line) for line in (trained_run_copy / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in finals if r.get("final") and r["split"] == "valid"] == [12]
 
@@ -240,12 +243,12 @@ def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, caps
         == 0
     )
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0"]) == 0
+    assert main(["eval", str(run_dir), "--quiet", "--json", "--mem-len", "0"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "txl: note: --mem-len 0: same_length turned off (it needs a memory)\n"
     record = json.loads(captured.out)
     assert record["mem_len"] == 0 and record["same_length"] is False and math.isfinite(record["loss"])
-    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "0", "--no-same-length"]) == 0
+    assert main(["eval", str(run_dir), "--quiet", "--json", "--mem-len", "0", "--no-same-length"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and json.loads(captured.out)["loss"] == record["loss"]
     _fails(
@@ -346,7 +349,12 @@ def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, mo
     monkeypatch.setattr(evaluate, "SegmentStream", Spy)
     records = []
     for batch in ("1000000", "500", "7"):
-        assert main(["eval", str(trained_run), "--batch-size", batch, "--max-tokens", "500", "--quiet"]) == 0
+        assert (
+            main(
+                ["eval", str(trained_run), "--batch-size", batch, "--max-tokens", "500", "--quiet", "--json"]
+            )
+            == 0
+        )
         records.append(json.loads(capsys.readouterr().out))
     assert built == [500, 500, 7]
     huge, exact, seven = records

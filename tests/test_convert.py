@@ -107,7 +107,7 @@ def test_convert_hf_evaluates_and_generates(tmp_path, hf_folder, capsys):
         got = run.model(tokens, memory=Memory(tuple(z.transpose(0, 1) for z in zeros))).log_probs
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
-    code, out, err = _run(["eval", run_dir, "--split", "test", "--quiet"], capsys)
+    code, out, err = _run(["eval", run_dir, "--split", "test", "--quiet", "--json"], capsys)
     assert code == 0, err
     record = json.loads(out)
     assert record["tgt_len"] == 16 and record["mem_len"] == 8 and record["same_length"] is True
@@ -173,7 +173,9 @@ def test_convert_original_round_trip(tmp_path, capsys):
         run.model.state_dict().items(), source.state_dict().values(), strict=True
     ):
         assert torch.equal(ours, theirs), name
-    code, out, err = _run(["eval", run_dir, "--split", "valid", "--quiet", "--tgt-len", "8"], capsys)
+    code, out, err = _run(
+        ["eval", run_dir, "--split", "valid", "--quiet", "--json", "--tgt-len", "8"], capsys
+    )
     assert code == 0, err
     assert json.loads(out)["tokens"] > 0
 

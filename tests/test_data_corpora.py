@@ -211,7 +211,7 @@ def test_non_utf8_text_names_file_and_offset(tmp_path):
 def test_data_list_names_every_corpus_a_config_accepts(capsys):
     from txl.cli import main
 
-    assert main(["data", "list"]) == 0
+    assert main(["data", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["corpora"] == list(CORPUS_NAMES)
     assert listed["generated"] == ["synthetic-recall"]

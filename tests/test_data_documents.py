@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import STDLIB, run_config, shared_data_dirs, train_losses, write_documents_corpus
+from txl.analysis.documents import token_losses
 from txl.cli import main
 from txl.config import (
     ConfigError,
@@ -279,12 +279,11 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     n, b = 1003, 3
     rng = np.random.default_rng(1)
     starts = np.unique(np.concatenate([[0], rng.integers(1, n, 60)]))
-    tokens = np.arange(n) % 250
+    tokens = np.arange(n)  # each token its own index: an input says where it stands
     stream = SegmentStream(
         tokens, batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last, starts=starts
     )
-    row = n // b if drop_last else math.ceil((n - 1) / b)
-    limit = row if drop_last else row + 1
+    row = n // b
     seen = set()
     batches = []
     pos = 0
@@ -292,12 +291,26 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
         batches.append(batch)
         assert batch.starts.dtype == torch.bool and batch.starts.shape == batch.inputs.shape
         t = batch.inputs.shape[1]
+        real = torch.ones_like(batch.starts) if batch.mask is None else batch.mask  # (B, T)
         for r in range(b):
-            expected = _naive_marks(set(starts.tolist()), r * row, pos, t, limit)
+            if drop_last:
+                expected = _naive_marks(set(starts.tolist()), r * row, pos, t, row)
+            else:  # streams cut at document starts: a start is marked wherever it is read
+                expected = [
+                    bool(real[r, i]) and int(batch.inputs[r, i]) in set(starts.tolist()) for i in range(t)
+                ]
             assert batch.starts[r].tolist() == expected
-            seen.update(r * row + pos + i for i in range(t) if expected[i])
+            seen.update(int(batch.inputs[r, i]) for i in range(t) if expected[i])
         pos += t
-    reachable = {s for s in starts.tolist() if (s % row) < (row - 1 if drop_last else row) and s < b * row}
+    if drop_last:
+        reachable = {s for s in starts.tolist() if (s % row) < row - 1 and s < b * row}
+    else:
+        reachable = {s for s in starts.tolist() if s < n - 1}  # every token but the last is an input
+        inputs = torch.cat([x.inputs for x in batches], dim=1)  # (B, L)
+        masks = [torch.ones_like(x.starts) if x.mask is None else x.mask for x in batches]
+        real = torch.cat(masks, dim=1)  # (B, L): rows padded in front and behind
+        firsts = [int(inputs[r][real[r]][0]) for r in range(b)]
+        assert all(f in set(starts.tolist()) for f in firsts)  # each row begins with a document
     assert seen == reachable  # every start an input of some batch is marked, once
     # resumed from a state_dict halfway, the same marks follow
     again = SegmentStream(
@@ -371,21 +384,46 @@ def test_reset_evaluation_gives_each_document_its_losses_alone(reuse_keys):
     assert abs(result.loss - together.mean()) < 1e-12 and result.tokens == len(tokens) - 1
 
 
-def test_reset_evaluation_in_several_streams_matches_documents_inside_them():
+def _each_document_alone(model, docs) -> np.ndarray:
+    """The reference, independent of the segment reader: each document in one pass of its own (no memory,
+    no starts), its inputs every token and its targets the next ones, the last the next document's first
+    token (what a document's end predicts): (N - 1,) losses in token order."""
+    out = []
+    with torch.no_grad():
+        for index, doc in enumerate(docs):
+            follow = [int(docs[index + 1][0])] if index + 1 < len(docs) else []
+            ids = torch.as_tensor(np.concatenate([doc, follow]), dtype=torch.long)[None]  # (1, n + 1)
+            loss = model(ids[:, :-1], targets=ids[:, 1:], span=Span(mem_len=0)).loss[0]
+            out.append(loss.numpy())
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("reuse_keys", [True, False], ids=["cache", "memory"])
+def test_reset_evaluation_reads_each_document_alone_in_any_number_of_streams(reuse_keys):
+    """In B streams each document is read alone, as one pass over it computes (the reference above): the
+    figure and every token's loss, whatever B; with a memory shorter than the documents (where alignment in
+    segments matters) the figure still does not depend on B."""
     model = _float64_model()
     tokens, starts, docs = _doc_tokens()
-    span = Span(mem_len=80)
-    per_row = []
-    for s in segment_losses(model, tokens, batch_size=2, tgt_len=12, span=span, starts=starts):
-        per_row.append(s.loss)
-    losses = torch.cat(per_row, dim=1)  # (2, L)
-    length = losses.shape[1]
-    flat = losses.reshape(-1).numpy()[: len(tokens) - 1]
-    for begin, doc in zip(starts, docs, strict=True):
-        if begin // length != (begin + len(doc) - 1) // length or begin % length == 0 and begin:
-            continue  # cut by the stream boundary (or beginning one): not read alone
-        alone = _per_token(model, doc, span=span)
-        assert np.abs(flat[begin : begin + len(doc) - 1] - alone).max() < 1e-12
+    reference = _each_document_alone(model, docs)
+    assert len(reference) == len(tokens) - 1
+    for rows in (1, 2, 3, 4, 5, 8, 32):
+        result = evaluate(
+            model, tokens, batch_size=rows, tgt_len=12, span=Span(mem_len=80), starts=starts,
+            reuse_keys=reuse_keys,
+        )  # fmt: skip
+        assert abs(result.loss - reference.mean()) < 1e-12 and result.tokens == len(tokens) - 1, rows
+        losses = token_losses(
+            model, tokens, starts=starts, batch_size=rows, tgt_len=12, span=Span(mem_len=80)
+        )
+        assert np.abs(losses - reference).max() < 1e-12, rows
+    short = [
+        evaluate(model, tokens, batch_size=rows, tgt_len=12, span=Span(mem_len=8), starts=starts,
+                 reuse_keys=reuse_keys).loss
+        for rows in (1, 2, 4, 7)
+    ]  # fmt: skip
+    assert max(short) - min(short) < 1e-12, short
+    assert abs(short[0] - reference.mean()) > 1e-8  # a short memory reads less: the check is not vacuous
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -444,7 +482,7 @@ def test_cli_eval_follows_the_run_and_documents_flag_overrides(tmp_path, capsys)
     train(_docs_config(folder, "train.steps=8", "data.documents=reset"), run, progress=False)
     records = {}
     for flag in ([], ["--documents", "continue"], ["--documents", "reset"]):
-        assert main(["eval", str(run), "--quiet", "--max-tokens", "3000", *flag]) == 0
+        assert main(["eval", str(run), "--quiet", "--json", "--max-tokens", "3000", *flag]) == 0
         records[tuple(flag)] = json.loads(capsys.readouterr().out)
     assert (
         records[()]["documents"] == "reset"
@@ -486,7 +524,7 @@ def test_analyze_documents_equals_txl_eval_each_way(tmp_path, capsys):
             assert sum(b["tokens"] for b in split["buckets"]) == split["tokens"] == 4000
             assert split["buckets"][0]["start"] == 0 and split["buckets"][1]["start"] == 10
             for mode in ("continue", "reset"):
-                main(["eval", str(run), "--split", split["split"], "--max-tokens", "4000", "--quiet",
+                main(["eval", str(run), "--split", split["split"], "--max-tokens", "4000", "--quiet", "--json",
                       "--documents", mode])  # fmt: skip
                 expected = json.loads(capsys.readouterr().out)["loss"]
                 assert abs(split[f"{mode}_loss"] - expected) < 1e-9 * expected
@@ -508,3 +546,16 @@ def test_reset_with_accumulation_gives_each_chunk_its_rows_starts(tmp_path):
     train(_docs_config(folder, *common, "train.accum_steps=2"), tmp_path / "two", progress=False)
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert max(abs(one[k] - two[k]) / one[k] for k in one) < 1e-5  # float32 sums in another order
+
+
+def test_cli_eval_reset_gives_one_figure_at_batch_size_1_and_4(tmp_path, capsys):
+    """``txl eval --documents reset``: the batch size changes the streams, not the figure."""
+    folder = write_documents_corpus(tmp_path / "docs")
+    run = tmp_path / "run"
+    train(_docs_config(folder, "train.steps=60", "data.documents=reset"), run, progress=False)
+    losses = []
+    for rows in (1, 4):
+        flags = ["--documents", "reset", "--batch-size", str(rows), "--max-tokens", "3000"]
+        assert main(["eval", str(run), "--quiet", "--json", *flags]) == 0
+        losses.append(json.loads(capsys.readouterr().out)["loss"])
+    assert abs(losses[0] - losses[1]) < 1e-6 * losses[0], losses

@@ -96,7 +96,7 @@ def test_train_and_eval_on_an_hf_disk_corpus(tmp_path, capsys):
     )
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--split", "test", "--quiet"]) == 0
+    assert main(["eval", str(run_dir), "--split", "test", "--quiet", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
 
 

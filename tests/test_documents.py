@@ -409,3 +409,21 @@ def test_a_checkpoint_keeps_the_memory_reach(tmp_path):
             assert back.reach is None
         else:
             assert back.reach.tolist() == saved.reach.tolist() == [1, 6, 2]
+
+
+def test_starts_after_a_memory_read_without_them_see_all_of_it():
+    """A segment with starts after a memory read without any (no reach: every remembered position belongs to
+    the row's current document): the tokens before the row's first start see the whole memory, as one pass
+    over both segments with the same starts computes (a full recomputation, no memory)."""
+    model = _model()
+    tokens, starts = _rows()
+    first, second = tokens[:, :12], tokens[:, 12:24]  # 12 positions remembered (mem_len 16)
+    marks = starts[:, 12:24].clone()
+    marks[:, :3] = False  # every row reads 3 tokens of the remembered document before a start
+    with torch.no_grad():
+        memory = model(first).memory
+        assert memory.reach is None and memory.length == 12
+        got = model(second, memory=memory, starts=marks).log_probs
+        whole = torch.cat([torch.zeros_like(first, dtype=torch.bool), marks], dim=1)
+        want = model(tokens[:, :24], starts=whole, span=Span(mem_len=24)).log_probs[:, 12:]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)

@@ -191,7 +191,7 @@ def test_export_starts_from_the_settings_txl_eval_uses(exported, tmp_path, monke
     capsys.readouterr()
     assert main(["export", str(run), "--out", str(out)]) == 0, capsys.readouterr().err
     exported_record = json.loads(capsys.readouterr().out)
-    assert main(["eval", str(run), "--quiet", "--max-tokens", "100"]) == 0, capsys.readouterr().err
+    assert main(["eval", str(run), "--quiet", "--json", "--max-tokens", "100"]) == 0, capsys.readouterr().err
     eval_record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     settings = ("tgt_len", "mem_len", "clamp_len", "same_length")
     assert [exported_record[k] for k in settings] == [eval_record[k] for k in settings] == [5, 8, 3, True]
@@ -203,3 +203,44 @@ def test_export_starts_from_the_settings_txl_eval_uses(exported, tmp_path, monke
     # the flags are txl eval's
     assert main(["export", str(run), "--out", str(out), "--no-same-length", "--clamp-len", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["same_length"] is False
+
+
+def test_export_says_what_it_does_and_passes_on_no_foreign_warnings(trained_run, tmp_path):
+    import os
+    import subprocess
+
+    out = tmp_path / "tiny.onnx"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "txl", "export", str(trained_run), "--out", str(out), "--no-check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "torchvision" not in proc.stderr and "W1" not in proc.stderr, proc.stderr
+    stages = [line for line in proc.stderr.splitlines() if line.startswith("txl export:")]
+    assert len(stages) >= 3 and "tracing" in proc.stderr and str(out) in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["out"] == str(out) and out.is_file()
+
+
+def test_export_on_a_full_disk_fails_in_one_line_naming_out(trained_run, tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full(model, args, path, **kwargs):
+        with open(path, "wb") as fh:
+            fh.write(b"partial")
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:  # as the exporter passes a failed write on: wrapped, without the path
+            raise RuntimeError("Failed to save the ONNX program") from exc
+
+    monkeypatch.setattr(torch.onnx, "export", full)
+    out = tmp_path / "full" / "model.onnx"
+    out.parent.mkdir()
+    code = main(["export", str(trained_run), "--out", str(out), "--no-check"])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("txl export: ")]
+    assert code == 2 and len(err) == 1, err  # the stages said, then one error line
+    assert err[0].startswith(f"txl: error: --out {out}: no space left on device"), err
+    assert list(out.parent.iterdir()) == []  # nothing half written is left

@@ -221,7 +221,8 @@ def test_cli_eval_with_longer_memory_prints_one_json_line(trained_run, capsys):
     memory, and asking for the memory it already has changes nothing."""
 
     def evaluate(*flags: str) -> dict:
-        assert main(["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", *flags]) == 0
+        argv = ["eval", str(trained_run), "--split", "test", "--tgt-len", "8", "--quiet", "--json", *flags]
+        assert main(argv) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert len(lines) == 1
         return json.loads(lines[0])
@@ -254,6 +255,7 @@ def test_vanilla_baseline_trains_from_the_cli(tmp_path, text_corpus, capsys):
                 "--out",
                 str(run_dir),
                 "--quiet",
+                "--json",
                 "--set",
                 f"data.corpus={json.dumps(str(text_corpus))}",
                 "--set",
@@ -304,6 +306,7 @@ def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_corpus, capsys):
                 "--out",
                 str(run_dir),
                 "--quiet",
+                "--json",
                 "--set",
                 "data.corpus=tinyshakespeare",
                 "--set",
@@ -321,7 +324,7 @@ def test_cli_end_to_end_on_tiny_shakespeare(tmp_path, shared_corpus, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["vocab_size"] == 66 and summary["val_tokens"] == 111_539 and "test_loss" not in summary
     assert summary["val_loss"] < math.log(66) - 1.0  # well below a uniform guess over the 66 symbols
-    assert main(["eval", str(run_dir), "--split", "valid", "--mem-len", "64", "--quiet"]) == 0
+    assert main(["eval", str(run_dir), "--split", "valid", "--mem-len", "64", "--quiet", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["tokens"] == 111_539 and record["loss"] < math.log(66) - 1.0
 
@@ -349,6 +352,7 @@ def test_cli_eval_defaults_to_the_runs_eval_settings(tmp_path, text_corpus, caps
                 "--out",
                 str(run_dir),
                 "--quiet",
+                "--json",
                 "--set",
                 f"data.corpus={json.dumps(str(text_corpus))}",
                 "--set",
@@ -362,11 +366,11 @@ def test_cli_eval_defaults_to_the_runs_eval_settings(tmp_path, text_corpus, caps
         == 0
     )
     summary = json.loads(capsys.readouterr().out)
-    assert main(["eval", str(run_dir), "--quiet"]) == 0
+    assert main(["eval", str(run_dir), "--quiet", "--json"]) == 0
     saved = json.loads(capsys.readouterr().out)
     assert (saved["mem_len"], saved["same_length"]) == (40, True)
     assert saved["loss"] == pytest.approx(summary["val_loss"], abs=1e-12)  # what training reported
-    assert main(["eval", str(run_dir), "--quiet", "--mem-len", "8", "--no-same-length"]) == 0
+    assert main(["eval", str(run_dir), "--quiet", "--json", "--mem-len", "8", "--no-same-length"]) == 0
     chosen = json.loads(capsys.readouterr().out)
     assert (chosen["mem_len"], chosen["same_length"]) == (8, False)
 
@@ -650,7 +654,10 @@ def test_checkpoints_are_found_by_name_and_only_complete_ones_are_read(tmp_path,
     for name in (".tmp-step-00000009-123", str(checkpoints / ".tmp-step-00000009-123")):
         with pytest.raises(CheckpointError, match="no checkpoint"):
             load_run(run, checkpoint=name)
-    assert main(["eval", str(run), "--checkpoint", "step-00000003", "--max-tokens", "200", "--quiet"]) == 0
+    assert (
+        main(["eval", str(run), "--checkpoint", "step-00000003", "--max-tokens", "200", "--quiet", "--json"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["step"] == 3
 
 
@@ -730,7 +737,7 @@ def test_bits_are_named_for_what_a_token_is(tmp_path, text_corpus, capsys, vocab
     run = tmp_path / "run"
     config = run_config(text_corpus, f'data.vocab="{vocab}"', "train.steps=2", "train.eval_every=1")
     summary = train(config, run, progress=False)
-    assert main(["eval", str(run), "--quiet"]) == 0
+    assert main(["eval", str(run), "--quiet", "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["split"] for r in records} == {"train", "valid"}

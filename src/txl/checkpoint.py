@@ -272,8 +272,19 @@ def read_checkpoint_meta(folder: Path) -> dict[str, Any]:
     except FileNotFoundError:  # replaced while being read
         raise DamagedCheckpoint(f"{folder}: not a checkpoint (no {META_FILE})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unknown checkpoint format")
+        raise CheckpointError(f"{path}: {_format_problem(document)}")
     return document
+
+
+def _format_problem(document: Any) -> str:
+    """Why a checkpoint's JSON document is not one this version reads: its format, named."""
+    found = document.get("format") if isinstance(document, dict) else None
+    reads = f"this version of txl reads format {FORMAT_VERSION}"
+    if isinstance(found, int) and not isinstance(found, bool) and found > FORMAT_VERSION:
+        return f"checkpoint format {found}, written by a newer txl; {reads}: upgrade txl to read it"
+    if found is None:
+        return f"not a txl checkpoint document (no format field); {reads}"
+    return f"unknown checkpoint format {found!r}; {reads}"
 
 
 def checkpoint_step(folder: Path) -> int:

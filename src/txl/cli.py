@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .config import ConfigError, apply_overrides, load_config, preset_names
-from .errors import TxlError, TxlWarning
+from .errors import OutputPathError, TxlError, TxlWarning
 from .files import OutputKind, check_output
 from .threads import at_launch
 
@@ -191,7 +192,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         read = load_run_config if under_torchrun() else load_config_to_resume
         config = apply_overrides(read(Path(args.resume)), args.set)
     else:
-        config = apply_overrides(load_config(args.config), args.set)
+        config = _new_run_config(args)
     if args.nproc is not None and args.nproc > 1 and not under_torchrun():
         for field in (
             "train.batch_size",
@@ -220,8 +221,82 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         group.close()
     if group.is_main:
-        print(json.dumps(summary))
+        print(json.dumps(summary) if args.json else _train_summary(summary, Path(args.resume or args.out)))
     return 0
+
+
+def _figures(record: dict[str, Any], prefix: str = "") -> str:
+    """``loss 2.3451, ppl 10.43, bpc 1.8812`` from a record's ``{prefix}loss``, ppl and bits (bpc, bpb, or
+    bits per token where a token is neither a character nor a byte)."""
+    bits = next((name for name in ("bpc", "bpb") if f"{prefix}{name}" in record), "bits_per_token")
+    label = "bits/token" if bits == "bits_per_token" else bits
+    return (
+        f"loss {record[prefix + 'loss']:.4f}, ppl {record[prefix + 'ppl']:.2f}, "
+        f"{label} {record[prefix + bits]:.4f}"
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+_ENDED = {
+    "completed": "trained",
+    "early_stopped": "stopped early (train.patience: no better validation loss) after",
+    "time_limit": "stopped at train.time_limit after",
+}
+
+
+def _train_summary(summary: dict[str, Any], run_dir: Path) -> str:
+    """A few lines for a person at the end of ``txl train`` (``--json`` prints the record instead)."""
+    ended = _ENDED.get(summary["status"], summary["status"])
+    lines = [
+        f"{ended} {summary['steps']:,} steps in {_duration(summary['elapsed_s'])} "
+        f"({summary['tokens']:,} tokens, {summary['train_tokens_per_s']:,.0f} tokens/s), "
+        f"{summary['params']:,} parameters"
+    ]
+    if "val_loss" in summary:
+        best = summary.get("best_val_loss")
+        kept = f"; best checkpoint at loss {best:.4f}" if best is not None else ""
+        lines.append(f"valid: {_figures(summary, 'val_')} over {summary['val_tokens']:,} tokens{kept}")
+    if "test_loss" in summary:
+        lines.append(f"test:  {_figures(summary, 'test_')} over {summary['test_tokens']:,} tokens")
+    lines.append(
+        f"run folder: {run_dir} (summary.json holds these figures; metrics.jsonl every one measured)"
+    )
+    return "\n".join(lines)
+
+
+def _eval_summary(record: dict[str, Any]) -> str:
+    """Two lines for a person at the end of ``txl eval`` (``--json`` prints the record instead)."""
+    clamp = "" if record["clamp_len"] is None else f", clamp_len {record['clamp_len']}"
+    return (
+        f"{record['split']} of {record['run']} (checkpoint {record['checkpoint']}, step {record['step']}): "
+        f"{_figures(record)} over {record['tokens']:,} tokens\n"
+        f"read in segments of {record['tgt_len']} with a memory of {record['mem_len']}{clamp}, same_length "
+        f"{'on' if record['same_length'] else 'off'}, {record['batch_size']} streams, documents "
+        f"{record['documents']}"
+    )
+
+
+def _new_run_config(args: argparse.Namespace) -> Any:
+    """--config with the --set overrides. A new run's model.vocab_size is its data's (set when training
+    starts), so cutoffs that do not fit are refused naming that size, not the config's placeholder."""
+    base = load_config(args.config)
+    try:
+        return apply_overrides(base, args.set)
+    except ConfigError as exc:
+        if not str(exc).startswith("model.cutoffs:"):
+            raise
+    from .data import prepare_data
+
+    loose = apply_overrides(base, ["model.vocab_size=1000000000", *args.set])
+    size = len(prepare_data(loose.data, splits=("train",)).vocab)
+    return apply_overrides(base, [f"model.vocab_size={size}", *args.set])
 
 
 def _check_training_fits(config: Any, *, group: Any) -> None:
@@ -257,7 +332,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
         )
-    print(json.dumps(record))
+    print(json.dumps(record) if args.json else _eval_summary(record))
     return 0
 
 
@@ -497,17 +572,33 @@ def _cmd_data(args: argparse.Namespace) -> int:
         )
         print(folder)
     else:
-        print(
-            json.dumps(
-                {
-                    "corpora": list(CORPUS_NAMES),
-                    "generated": list(GENERATED_CORPUS_NAMES),
-                    "downloadable": sorted(DOWNLOADS),
-                    "search_dirs": [str(p) for p in data_search_dirs()],
-                },
-                indent=1,
-            )
-        )
+        from .data.corpora import corpus_location
+
+        present = {name: corpus_location(name) for name in CORPUS_NAMES}
+        if args.json:
+            record = {
+                "corpora": list(CORPUS_NAMES),
+                "generated": list(GENERATED_CORPUS_NAMES),
+                "downloadable": sorted(DOWNLOADS),
+                "search_dirs": [str(p) for p in data_search_dirs()],
+                "present": {name: None if p is None else str(p) for name, p in present.items()},
+            }
+            print(json.dumps(record, indent=1))
+            return 0
+        width = max(map(len, (*CORPUS_NAMES, *GENERATED_CORPUS_NAMES)))
+        print(f"{'corpus':<{width}}  {'here':<9}  where, or how to get it")
+        for name, where in present.items():
+            if where is not None:
+                print(f"{name:<{width}}  {'present':<9}  {where}")
+            else:
+                place = data_search_dirs()[0] / name
+                how = f"txl data download {name}" if name in DOWNLOADS else f"put its files in {place}"
+                print(f"{name:<{width}}  {'missing':<9}  {how}")
+        for name in GENERATED_CORPUS_NAMES:
+            print(f"{name:<{width}}  {'generated':<9}  made in memory, nothing to fetch")
+        folders = ", ".join(str(p) for p in data_search_dirs())
+        print(f"\nsearch folders ($TXL_DATA_DIR, then the cache): {folders}")
+        print("any text file, folder or hf:NAME dataset is also a corpus (data.corpus=PATH)")
     return 0
 
 
@@ -556,17 +647,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     _device(args.device)
     _check_export_fits(args)
-    result = export_onnx(
-        Path(args.run_dir),
-        Path(args.out),
-        tgt_len=args.tgt_len,
-        mem_len=args.mem_len,
-        clamp_len=args.clamp_len,
-        same_length=args.same_length,
-        checkpoint=args.checkpoint,
-        opset=args.opset,
-        check=not args.no_check,
-    )
+    try:
+        result = export_onnx(
+            Path(args.run_dir),
+            Path(args.out),
+            tgt_len=args.tgt_len,
+            mem_len=args.mem_len,
+            clamp_len=args.clamp_len,
+            same_length=args.same_length,
+            checkpoint=args.checkpoint,
+            opset=args.opset,
+            check=not args.no_check,
+            progress=True,
+        )
+    except OSError as exc:  # writing the file failed (a full disk): one line naming the flag
+        if exc.filename != str(Path(args.out)):
+            raise
+        reason = (exc.strerror or str(exc)).lower()
+        advice = "; free some space or give --out on another disk" if exc.errno == errno.ENOSPC else ""
+        raise OutputPathError(
+            f"--out {args.out}: {reason} while writing the ONNX file (nothing was left there){advice}"
+        ) from None
     print(json.dumps(result))
     return 0
 
@@ -942,7 +1043,9 @@ validation and test loss, perplexity (and bits per character for character and b
 relative difference, and each model's training throughput. Every token of a split is predicted once.
 The vanilla model is evaluated two ways: 'vanilla' on disjoint segments of its training length, as it
 was trained, and 'vanilla_sliding' with the paper's sliding window (every prediction from a window of its
-training length; with --stride s each window predicts its last s tokens; 1 is the paper's protocol).
+training length; with --stride s each window predicts its last s tokens; 1 is the paper's protocol, the
+default a quarter of the window: each prediction from at least 3/4 of a window, a figure a little higher,
+in about 4/window of the time; the windows and the time they take here are said before it starts).
 Writes OUT/results.json, OUT/samples.md (200 tokens from each model after the same prompts) and the
 figures valid_curves.png and train_curves.png. Run it again after an interruption: unfinished runs
 continue from their last checkpoint, finished ones are reused."""
@@ -1050,9 +1153,11 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--stride",
-        type=int,
-        default=1,
-        help="vanilla sliding window: predictions per window (1: the paper's protocol; larger is faster)",
+        type=_positive_int,
+        help="vanilla sliding window: predictions per window (default: a quarter of the training segment, "
+        "so that each prediction sees at least 3/4 of a window; 1 is the paper's protocol, every prediction "
+        "from a whole window, a lower figure at about window/4 times the time); the time it will take is "
+        "said before it starts",
     )
     p.add_argument(
         "--prompt",
@@ -1229,6 +1334,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="end by printing the summary as one JSON line (as the run folder's summary.json) instead of "
+        "a few lines for a person",
+    )
+    p.add_argument(
         "--nproc",
         type=_positive_int,
         metavar="N",
@@ -1237,7 +1348,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a run over a whole split; prints one JSON line")
+    p = sub.add_parser(
+        "eval", help="evaluate a run over a whole split; prints the figures (--json: a record)"
+    )
     p.add_argument("run_dir")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     p.add_argument(
@@ -1257,6 +1370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--json", action="store_true", help="print the figures and settings as one JSON line instead"
+    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser(
@@ -1415,7 +1531,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--url", help="another address for the archive (a mirror)")
     d.add_argument("--sha256", help="the expected SHA-256 of that archive (default: the pinned one)")
     d.add_argument("--quiet", action="store_true")
-    data_sub.add_parser("list", help="known corpora and where they are looked for")
+    d = data_sub.add_parser(
+        "list", help="known corpora: which are present on this machine, where, and how to get the others"
+    )
+    d.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.set_defaults(func=_cmd_data)
 
     _add_analysis_commands(sub)

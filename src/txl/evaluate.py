@@ -203,7 +203,10 @@ def segment_losses(
     ``log_probs``: also the (B, T, V) log-probabilities (the losses are then read from them) and the memory.
     ``starts``: the token indices of the (N,) array where documents begin (:attr:`PreparedData.starts`): each
     segment's ``Batch.starts`` are passed to the model, so that a document attends to nothing before it (a
-    memory long enough, and each document's losses are those it has read alone). None: read across them.
+    memory long enough, and each document's losses are those it has read alone). The streams are then cut at
+    document starts, each token kept at its offset in the segment (:class:`~txl.data.SegmentStream`), so that
+    every document is read whole in one stream and the losses do not depend on ``batch_size`` (to rounding).
+    None: read across them.
 
     Runs in evaluation mode (restored after) without gradients; ``precision`` "bf16" runs under autocast.
     ``name`` names the array in errors (a split)."""

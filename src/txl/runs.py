@@ -49,6 +49,7 @@ from .model import TransformerXL
 __all__ = [
     "RunPaths",
     "check_new_run_dir",
+    "check_run_folder",
     "clear_run",
     "lock_run",
     "new_run_folder",
@@ -125,18 +126,30 @@ class RunPaths:
         return self.config.exists() or self.checkpoints.exists() or self.metrics.exists()
 
 
-def check_new_run_dir(out: Path, *, overwrite: bool) -> RunPaths:
+def check_new_run_dir(out: Path, *, overwrite: bool, resumable: bool = True) -> RunPaths:
     """Refuse a run folder that is not a folder, or that already holds a run unless ``overwrite``. Writes
-    nothing: the run's files are cleared (:func:`clear_run`) only once its data has been checked."""
+    nothing: the run's files are cleared (:func:`clear_run`) only once its data has been checked.
+    ``resumable``: the refusal may advise resuming the run there (training does; a conversion does not)."""
     paths = RunPaths(Path(out))
     if paths.root.exists() and not paths.root.is_dir():
         raise RunError(f"{paths.root} exists and is not a folder")
     if paths.holds_run() and not overwrite:
-        raise RunError(
-            f"{paths.root} already holds a run; use 'txl train --resume {paths.root}' to continue "
-            "it or --overwrite to replace it"
-        )
+        resume = f"use 'txl train --resume {paths.root}' to continue it or " if resumable else "give "
+        other = "" if resumable else "another folder, or "
+        raise RunError(f"{paths.root} already holds a run; {resume}{other}--overwrite to replace it")
     return paths
+
+
+def check_run_folder(root: Path) -> None:
+    """Refuse (RunError, one line) a run folder that does not exist, or is a file."""
+    if root.is_dir():
+        return
+    if root.exists():
+        raise RunError(
+            f"{root} is a file, not a run folder (a folder that txl train made, with config.json, "
+            "vocab.json and checkpoints/)"
+        )
+    raise RunError(f"run folder not found: {root}")
 
 
 def clear_run(paths: RunPaths) -> None:
@@ -343,8 +356,7 @@ def new_run_folder(paths: RunPaths, *, overwrite: bool) -> Iterator[None]:
 def load_run_config(run_dir: Path) -> RunConfig:
     """The RunConfig saved in a run folder."""
     paths = RunPaths(Path(run_dir))
-    if not paths.root.is_dir():
-        raise RunError(f"run folder not found: {paths.root}")
+    check_run_folder(paths.root)
     if not paths.config.is_file():
         raise RunError(f"{paths.root} holds no run (no config.json)")
     try:
@@ -362,8 +374,7 @@ def load_config_to_resume(run_dir: Path) -> RunConfig:
     it wrote config.json left (its lock, a half-written file: :func:`recover_run`) is cleared, not left
     behind, before RunError says the folder holds no run."""
     paths = RunPaths(Path(run_dir))
-    if not paths.root.is_dir():
-        raise RunError(f"run folder not found: {paths.root}")
+    check_run_folder(paths.root)
     with lock_run(paths.root):
         recover_run(paths.root)
         return load_run_config(paths.root)

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import Span, eval_span, first_set
-from ..data import check_documents, prepare_data
+from ..data import SegmentStream, check_documents, prepare_data
 from ..evaluate import eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
@@ -182,18 +182,21 @@ def token_losses(
     (the rows the data fills, memory carried, with ``starts`` each document alone)."""
     n = len(tokens)
     rows = eval_rows(n, batch_size)
-    length = -(-(n - 1) // rows)  # targets per stream
-    out = np.zeros((rows, length), dtype=np.float64)  # (B, L)
+    where = SegmentStream(
+        tokens, batch_size=rows, tgt_len=tgt_len, drop_last=False, starts=starts
+    ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
+    out = np.zeros(n - 1, dtype=np.float64)
     position = 0
     segments = segment_losses(
         model, tokens, tgt_len=tgt_len, span=span, batch_size=rows, device=device, starts=starts, name=desc
     )
-    total = -(-length // tgt_len)
+    total = -(-where.shape[1] // tgt_len)
     for segment in tqdm(segments, total=total, desc=desc, disable=not progress, leave=False):
         t = segment.loss.shape[1]
-        out[:, position : position + t] = segment.loss.cpu().numpy()
+        index = where[:, position : position + t]  # (B, T)
+        out[index[index >= 0] - 1] = segment.loss.cpu().numpy()[index >= 0]
         position += t
-    return out.reshape(-1)[: n - 1]  # row b holds targets b*L + 1 ... b*L + L
+    return out
 
 
 def document_positions(n_tokens: int, starts: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "SIGN_CONVENTION",
     "PlotsUnavailable",
     "Reportable",
     "new_figure",
@@ -30,6 +31,12 @@ __all__ = [
 ]
 
 PLOTS_HINT = "pip install 'txl[plots]'"
+
+SIGN_CONVENTION = (
+    "differences are the Transformer-XL's figure minus the vanilla model's: negative means the "
+    "Transformer-XL is lower, i.e. better"
+)
+"""The one sign of the comparisons of ``txl compare`` and ``txl demo``, stated in the header of both tables."""
 
 
 class PlotsUnavailable(TxlError):

@@ -37,6 +37,7 @@ __all__ = [
     "jsonl_records",
     "cache_root",
     "data_search_dirs",
+    "corpus_location",
     "strip_gutenberg",
     "stdlib_files",
     "load_corpus",
@@ -369,6 +370,18 @@ def _find_folder(name: str, search: list[Path]) -> Path:
         f"corpus '{name}' not found: looked for {expected} in {looked}; {hint} "
         "or point $TXL_DATA_DIR at the folder that contains it"
     )
+
+
+def corpus_location(name: str) -> Path | None:
+    """Where the named corpus ``name`` (one of :data:`CORPUS_NAMES`) is on this machine: the folder it is
+    read from (the standard library's for ``python-stdlib``), or None when it is not in any of
+    :func:`data_search_dirs`."""
+    if name == "python-stdlib":
+        return Path(sysconfig.get_paths()["stdlib"])
+    try:
+        return _find_folder(name, data_search_dirs())
+    except CorpusError:
+        return None
 
 
 def _load_named(name: str, search: list[Path]) -> Corpus:

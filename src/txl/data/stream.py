@@ -20,6 +20,7 @@ import torch
 __all__ = [
     "Batch",
     "SegmentStream",
+    "document_cuts",
     "VARLEN_STD",
     "VARLEN_MIN",
     "VARLEN_MAX_DEV",
@@ -28,6 +29,26 @@ __all__ = [
 VARLEN_STD = 5.0  # as the original Transformer-XL: std of the segment length
 VARLEN_MIN = 5  # shortest variable segment
 VARLEN_MAX_DEV = 3  # longest variable segment is tgt_len + VARLEN_MAX_DEV * VARLEN_STD
+
+
+def document_cuts(n_tokens: int, starts: np.ndarray, *, batch_size: int) -> np.ndarray:
+    """Where B evaluation streams over ``n_tokens`` tokens begin when each document must be read whole in one
+    stream: (R,) increasing token indices, R <= B, the first 0 and the others document ``starts``, each the
+    start nearest to b (N - 1) / B (so that the streams are as even as the documents allow; fewer than B when
+    there are fewer documents, or when one is longer than a share)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    inside = starts[(starts > 0) & (starts < n_tokens - 1)]  # a cut leaves a stream at least one target
+    cuts = [0]
+    for b in range(1, batch_size):
+        if not inside.size:
+            break
+        ideal = b * (n_tokens - 1) / batch_size
+        right = int(np.searchsorted(inside, ideal))
+        near = [inside[i] for i in (right - 1, right) if 0 <= i < inside.size]
+        cut = int(min(near, key=lambda s: abs(s - ideal)))
+        if cut > cuts[-1]:
+            cuts.append(cut)
+    return np.asarray(cuts, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -87,8 +108,12 @@ class SegmentStream:
     One iteration at a time: the stream holds the position, iterators share it.
 
     starts: the token indices where documents begin (1-D, increasing; :attr:`PreparedData.starts`): each batch
-    then carries ``Batch.starts``, True at those tokens of its inputs (a document split between two streams
-    begins only where it begins; the second stream's first token is not marked).
+    then carries ``Batch.starts``, True at those tokens of its inputs. In training (drop_last=True) a document
+    split between two streams begins only where it begins (the second stream's first token is not marked).
+    In evaluation (drop_last=False) the streams are cut at document starts instead (:func:`document_cuts`),
+    so that every document is read whole in one stream; each stream is padded in front to keep every token
+    at its offset in the segment (its index modulo T) that one stream gives it, so that the memory each token
+    reads, hence every loss, does not depend on B (to float rounding).
     """
 
     def __init__(
@@ -113,6 +138,13 @@ class SegmentStream:
         n = int(tokens.shape[0])
         self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
         self.drop_last, self.name, self.n_tokens = drop_last, name, n
+        self._starts: np.ndarray | None = None
+        if starts is not None:
+            starts = np.asarray(starts, dtype=np.int64)
+            if starts.ndim != 1 or (starts.size and (np.any(np.diff(starts) <= 0) or starts[0] < 0)):
+                raise ValueError(f"{name}: document starts must be increasing token indices (1-D)")
+            self._starts = starts
+        self._row_first = np.zeros(batch_size, dtype=np.int64)  # (B,) each row's first real input
         if drop_last:
             length = n // batch_size
             if length < tgt_len + 1:
@@ -124,9 +156,14 @@ class SegmentStream:
             self._rows = tokens[: batch_size * length].reshape(batch_size, length)  # (B, L), a view
             self._row_len = np.full(batch_size, length)
             self._n_steps = length - 1
+            self._row_start = (
+                np.arange(batch_size, dtype=np.int64) * length
+            )  # token index of each row's first
+        elif n < 2:
+            raise ValueError(f"split '{name}' has {n} tokens; evaluation needs at least 2")
+        elif self._starts is not None:
+            self._cut_at_documents(tokens)
         else:
-            if n < 2:
-                raise ValueError(f"split '{name}' has {n} tokens; evaluation needs at least 2")
             length = math.ceil((n - 1) / batch_size)
             rows = np.zeros((batch_size, length + 1), dtype=tokens.dtype)  # (B, L+1), padded
             row_len = np.zeros(batch_size, dtype=np.int64)
@@ -135,16 +172,32 @@ class SegmentStream:
                 rows[b, : len(piece)] = piece
                 row_len[b] = len(piece)
             self._rows, self._row_len, self._n_steps = rows, row_len, length
-        self._row_start = np.arange(batch_size, dtype=np.int64) * length  # token index of each row's first
-        self._starts = None
-        if starts is not None:
-            starts = np.asarray(starts, dtype=np.int64)
-            if starts.ndim != 1 or (starts.size and (np.any(np.diff(starts) <= 0) or starts[0] < 0)):
-                raise ValueError(f"{name}: document starts must be increasing token indices (1-D)")
-            self._starts = starts
+            self._row_start = np.arange(batch_size, dtype=np.int64) * length
+        self._reset_position()
+
+    def _cut_at_documents(self, tokens: np.ndarray) -> None:
+        """Evaluation streams cut at document starts (:func:`document_cuts`), row b the tokens c_b .. c_(b+1)
+        (the next row's first token is this row's last target) after c_b mod T positions of padding."""
+        assert self._starts is not None
+        n, t = len(tokens), self.tgt_len
+        cuts = document_cuts(n, self._starts, batch_size=self.batch_size)  # (R,) R <= B rows used
+        ends = np.append(cuts[1:], n - 1)  # (R,) each row's last token
+        first = cuts % t  # (R,) padding in front: the offset in the segment that one stream gives c_b
+        row_len = np.zeros(self.batch_size, dtype=np.int64)
+        row_len[: len(cuts)] = first + ends - cuts + 1
+        length = int(row_len.max()) - 1
+        rows = np.zeros((self.batch_size, length + 1), dtype=tokens.dtype)  # (B, L+1), padded
+        for b, (cut, end, pad) in enumerate(zip(cuts, ends, first, strict=True)):
+            rows[b, pad : pad + end - cut + 1] = tokens[cut : end + 1]
+        self._rows, self._row_len, self._n_steps = rows, row_len, length
+        self._row_first[: len(cuts)] = first
+        self._row_start = np.zeros(self.batch_size, dtype=np.int64)
+        self._row_start[: len(cuts)] = cuts - first  # token index a row's position 0 stands for
+
+    def _reset_position(self) -> None:
         self._pos = 0
         self._epoch = 0
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(self.seed)
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -156,7 +209,20 @@ class SegmentStream:
     @property
     def tokens_per_epoch(self) -> int:
         """Targets predicted per epoch (B*(L-1) for training, N-1 for evaluation)."""
-        return int(np.clip(self._row_len - 1, 0, None).sum())
+        return int(np.clip(self._row_len - 1 - self._row_first, 0, None).sum())
+
+    def target_indices(self) -> np.ndarray:
+        """(B, L) int64: the token index of the target at each stream position over an epoch, -1 where there
+        is none (padding); in evaluation every index 1 .. N - 1 appears once. What puts losses read in streams
+        back into token order."""
+        positions = np.arange(self._n_steps)  # (L,) input positions
+        index = self._row_start[:, None] + positions[None, :] + 1  # (B, L)
+        return np.where(self._real(positions), index, -1)
+
+    def _real(self, positions: np.ndarray) -> np.ndarray:
+        """(B, T) bool: whether the target after input position ``positions`` (T,) of each row is a token."""
+        after = positions[None, :] + 1 < self._row_len[:, None]  # (B, T): not past the row's end
+        return after & (positions[None, :] >= self._row_first[:, None])  # nor in its padding in front
 
     @property
     def position(self) -> int:
@@ -182,7 +248,7 @@ class SegmentStream:
         targets = np.asarray(self._rows[:, pos + 1 : pos + 1 + seq_len], dtype=np.int64)  # (B, T)
         mask = None
         if not self.drop_last:
-            real = (pos + 1 + np.arange(seq_len))[None, :] < self._row_len[:, None]  # (B, T)
+            real = self._real(pos + np.arange(seq_len))  # (B, T)
             if not real.all():
                 mask = torch.from_numpy(real)
         starts = None if self._starts is None else torch.from_numpy(self._marks(pos, inputs.shape[1]))
@@ -194,8 +260,10 @@ class SegmentStream:
         """(B, T) bool: True where input ``pos + t`` of row b is a document's first token."""
         marks = np.zeros((self.batch_size, seq_len), dtype=bool)  # (B, T)
         first = self._row_start + pos  # (B,) token index of each row's input 0
-        lo = np.searchsorted(self._starts, first)
-        hi = np.searchsorted(self._starts, first + np.minimum(seq_len, np.maximum(self._row_len - pos, 0)))
+        lo = np.searchsorted(self._starts, first + np.maximum(self._row_first - pos, 0))  # not in padding
+        hi = np.searchsorted(
+            self._starts, first + np.clip(self._row_len - 1 - pos, 0, seq_len)
+        )  # inputs only
         for b in range(self.batch_size):
             marks[b, self._starts[lo[b] : hi[b]] - first[b]] = True
         return marks

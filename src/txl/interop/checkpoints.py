@@ -14,6 +14,7 @@ Writing a txl run folder from either is :mod:`txl.interop.convert`'s job.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -230,9 +231,7 @@ def load_original(
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise CheckpointError(
-            f"{path}: not a readable torch state_dict ({type(exc).__name__}: {_first_line(exc)})"
-        ) from None
+        raise CheckpointError(f"{path}: not a readable torch state_dict ({_load_problem(exc)})") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     state = {k.removeprefix("module."): v for k, v in state.items()}
@@ -274,6 +273,18 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _load_problem(exc: BaseException) -> str:
+    """Why ``torch.load(..., weights_only=True)`` refused a file, in txl's words: a file that holds Python
+    objects besides tensors is never unpickled (PyTorch's advice to load it without ``weights_only`` is not
+    passed on: it would run code from the file)."""
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+        return (
+            "it holds Python objects besides tensors, and txl does not unpickle those; give a plain "
+            "state_dict of tensors (torch.save(model.state_dict(), path)) or a .safetensors file"
+        )
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
 def _read_weight_file(path: Path) -> dict[str, Tensor]:
     try:
         if path.suffix == ".safetensors":
@@ -282,9 +293,7 @@ def _read_weight_file(path: Path) -> dict[str, Tensor]:
             return load_file(str(path), device="cpu")
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise CheckpointError(
-            f"{path}: not readable weights ({type(exc).__name__}: {_first_line(exc)})"
-        ) from None
+        raise CheckpointError(f"{path}: not readable weights ({_load_problem(exc)})") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     return dict(state)

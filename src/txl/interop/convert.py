@@ -93,7 +93,7 @@ def convert(
         raise CheckpointError(f"checkpoint not found: {src}")
     _refuse_txl_run(src)
     source = source or detect_source(src)
-    paths = check_new_run_dir(dst, overwrite=overwrite)
+    paths = check_new_run_dir(dst, overwrite=overwrite, resumable=False)
     if source == "original" and mem_len is None:
         raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
     try:

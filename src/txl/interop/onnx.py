@@ -16,9 +16,13 @@ extra ``export``) is here.
 from __future__ import annotations
 
 import io
+import logging
 import os
+import sys
+import time
 import warnings
-from contextlib import redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +111,8 @@ def export_model(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp.onnx")
-    with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()):
+    quiet = _exporter_quiet()
+    with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), redirect_stdout(io.StringIO()), quiet:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
@@ -127,9 +132,37 @@ def export_model(
                 raise ExportError(
                     f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
                 ) from None
+            failed = _os_error_in(exc)
+            if failed is not None:  # the exporter's failed write (a full disk), named by the file it was for
+                raise OSError(failed.errno, failed.strerror or str(failed), str(out)) from None
             raise
     os.replace(partial, out)
     return out
+
+
+@contextmanager
+def _exporter_quiet() -> Iterator[None]:
+    """PyTorch's ONNX exporter logs what it skips on this machine (operators of packages not installed,
+    such as torchvision's) as warnings: none of them concern a txl model. Only its errors are shown."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The operating-system error (one with an errno) that ``exc`` is, or was raised from, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def onnxruntime_session(path: str | Path) -> Any:
@@ -218,19 +251,34 @@ def export_onnx(
     checkpoint: str = "best",
     opset: int = 18,
     check: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """``txl export``: the run's model as ONNX in ``out``; with ``check`` the file is run by onnxruntime over
     3 segments against txl. The settings left as None start from the same place as ``txl eval``'s: the run's
     ``[eval]`` section, else its training segment length and its model's lengths (:func:`~txl.config.eval_span`).
+    ``progress``: say each stage on stderr (loading, tracing and writing, checking) as it starts.
     Returns what was written (a JSON-able record)."""
     from ..runs import load_run
 
+    started = time.perf_counter()
+
+    def say(message: str) -> None:
+        if progress:
+            print(
+                f"txl export: {message} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True
+            )
+
+    say(f"loading {run_dir} (checkpoint {checkpoint})")
     run = load_run(Path(run_dir), checkpoint=checkpoint)
     config = run.config
     tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
     span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
     if span.mem_len <= 0:
         raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
+    say(
+        f"tracing the model (segments of {tgt_len} after a memory of {span.mem_len}) and writing {out}; "
+        "tracing takes a while"
+    )
     path = export_model(run.model, out, tgt_len=tgt_len, span=span, opset=opset)
     record: dict[str, Any] = {
         "out": str(path),
@@ -245,5 +293,7 @@ def export_onnx(
         "opset": opset,
     }
     if check:
+        say(f"checking {path} with onnxruntime against txl over 3 segments")
         record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, span=span)
+    say(f"wrote {path}")
     return record

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -43,12 +44,13 @@ from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, 
 from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
-from ..evaluate import EvalResult, evaluate, metrics_from_loss
+from ..evaluate import EvalResult, bits_name, evaluate, metrics_from_loss
 from ..files import atomic_write_text
 from ..model import Memory, TransformerXL
 from ..runs import (
     RunPaths,
     check_new_run_dir,
+    check_run_folder,
     latest_checkpoint,
     load_run_config,
     lock_run,
@@ -244,6 +246,7 @@ class Trainer:
         self.state = TrainingState()
         self.tb = None  # opened when training starts, so a refused resume leaves the folder untouched
         self._bar: tqdm | None = None
+        self._shown: dict[str, str] = {}  # what the progress display shows after the bar: the last figures
         self._clock = 0.0  # perf_counter() at the run's (resumed) start, minus the time already trained
         self._window_tokens, self._window_seconds = 0, 0.0  # of optimizer steps since the last train record
 
@@ -537,7 +540,7 @@ class Trainer:
                 "elapsed_s": self.state.elapsed,
             }
             self._log(record)
-            self._bar.set_postfix(
+            self._show(
                 loss=f"{loss:.3f}",
                 bits=f"{record['bits_per_token']:.3f}",
                 ppl=f"{record['ppl']:.1f}",
@@ -545,6 +548,21 @@ class Trainer:
                 lr=f"{lr:.2e}",
             )
         self._bar.update(1)
+
+    def _show(self, **figures: str) -> None:
+        """Update the figures after the progress bar (the last training ones, the last validation ones)."""
+        self._shown.update(figures)
+        if self._bar is not None:
+            self._bar.set_postfix(self._shown, refresh=True)
+
+    def _show_valid(self, result: EvalResult) -> None:
+        """The validation figures just measured, in the progress display."""
+        bits = bits_name(self.vocab_kind) or "bits"
+        self._show(
+            val_loss=f"{result.loss:.3f}",
+            val_ppl=f"{result.ppl:.1f}",
+            **{f"val_{bits}": f"{result.bits_per_token:.3f}"},
+        )
 
     def evaluate(self, split: str, *, max_tokens: int | None = None) -> EvalResult | None:
         """Loss over ``split`` (its first ``max_tokens``) with the run's evaluation span (and its documents'
@@ -586,6 +604,7 @@ class Trainer:
         if result is None:
             return False
         self._log({"step": self.state.step, "split": "valid", **result.as_dict(kind=self.vocab_kind)})
+        self._show_valid(result)
         self.state.bad_evals = 0 if self._keep_if_best(result.loss) else self.state.bad_evals + 1
         return tc.patience is not None and self.state.bad_evals >= tc.patience
 
@@ -755,10 +774,10 @@ def resume(
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
     RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
     folder changes before every check has passed. Under data parallelism every process calls it, on any
-    number of processes that divides train.batch_size; rank 0 holds the lock and writes."""
+    number of processes that divides train.batch_size; rank 0 holds the lock and writes, and says on stderr
+    from which step (and checkpoint) the run resumes."""
     paths = RunPaths(Path(run_dir))
-    if not paths.root.is_dir():
-        raise RunError(f"run folder not found: {paths.root}")
+    check_run_folder(paths.root)
     with lock_run(paths.root) if group.is_main else nullcontext(), _sigterm_raises(paths):
         config = _resume_config(load_run_config(paths.root), tuple(overrides))
         if group.is_main:
@@ -779,4 +798,6 @@ def resume(
         trainer.restore(folder)  # checks everything before anything in the run folder changes
         if overrides and group.is_main:
             save_run_config(paths.root, config)
+        if group.is_main:
+            print(f"resuming {paths.root} from step {done} ({folder.name})", file=sys.stderr, flush=True)
         return trainer.fit()
