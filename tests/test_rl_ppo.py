@@ -85,3 +85,21 @@ def test_the_tasks(task, shape):
         ended |= bool(np.any(terminated | truncated))
     assert ended
     envs.close()
+
+
+def test_plot_and_final_return_from_the_logs(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install 'txl[plots]'")
+    from txl.rl.plot import final_return, plot_curves, read_runs
+
+    header = "task,agent,seed,update,global_step,episodes,return_mean\n"
+    for agent, values in (("xl", [0.1, 0.5, 0.9]), ("mlp", [-0.5, float("nan"), -0.4])):
+        lines = [f"T,{agent},1,{i + 1},{(i + 1) * 100},3,{v}\n" for i, v in enumerate(values)]
+        (tmp_path / f"T_{agent}_s1.csv").write_text(header + "".join(lines))
+    paths = sorted(tmp_path.glob("*.csv"))
+    runs = read_runs(paths)
+    steps, returns = runs[("T", "xl")][0]
+    assert final_return(steps, returns, last=2) == pytest.approx(0.7)
+    assert final_return(steps, returns, at=200, last=1) == pytest.approx(0.5)
+    assert final_return(*runs[("T", "mlp")][0]) == pytest.approx(-0.45)
+    (png,) = plot_curves(paths, tmp_path / "png")
+    assert png.name == "rl_T.png" and png.stat().st_size > 1000

@@ -21,12 +21,12 @@ class GRUCore(nn.Module):
     def __init__(self, obs_dim: int, d_model: int = 64) -> None:
         super().__init__()
         self.d_model = d_model
-        self.input = nn.Sequential(nn.Linear(obs_dim, d_model), nn.ReLU())
+        self.input = nn.Linear(obs_dim, d_model)
         self.cell = nn.GRUCell(d_model, d_model)
 
     def initial_state(self, n_envs: int) -> RecurrentState:
         """A zero hidden state (E, D)."""
-        return RecurrentState(self.input[0].weight.new_zeros(n_envs, self.d_model))
+        return RecurrentState(self.input.weight.new_zeros(n_envs, self.d_model))
 
     def step(
         self, obs: Tensor, state: RecurrentState, episode_start: Tensor
@@ -37,7 +37,7 @@ class GRUCore(nn.Module):
 
     def window(self, obs: Tensor, state0: RecurrentState, starts: Tensor) -> tuple[Tensor, RecurrentState]:
         """obs (E, T, D_obs), starts (E, T) bool -> features (E, T, D), the state after (detached)."""
-        x = self.input(obs)  # (E, T, D)
+        x = torch.relu(self.input(obs))  # (E, T, D)
         h = state0.hidden  # (E, D)
         out = []
         for t in range(obs.shape[1]):
@@ -51,13 +51,12 @@ class MLPCore(nn.Module):
 
     def __init__(self, obs_dim: int, d_model: int = 64) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim, d_model), nn.ReLU(), nn.Linear(d_model, d_model), nn.ReLU()
-        )
+        self.input = nn.Linear(obs_dim, d_model)
+        self.net = nn.Sequential(self.input, nn.ReLU(), nn.Linear(d_model, d_model), nn.ReLU())
 
     def initial_state(self, n_envs: int) -> RecurrentState:
         """An empty state (E, 0)."""
-        return RecurrentState(self.net[0].weight.new_zeros(n_envs, 0))
+        return RecurrentState(self.input.weight.new_zeros(n_envs, 0))
 
     def step(
         self, obs: Tensor, state: RecurrentState, episode_start: Tensor

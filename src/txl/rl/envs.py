@@ -26,20 +26,24 @@ def _gym() -> Any:
     return gymnasium
 
 
-def make_env(task: Task) -> Any:
-    """One environment of ``task`` with a flat float32 observation."""
+def make_env(task: str) -> Any:
+    """One environment of ``task`` (a name of :data:`Task`) with a flat float32 observation."""
     gym = _gym()
-    if task not in typing.get_args(Task):
-        raise ValueError(f"task must be one of {', '.join(typing.get_args(Task))}, got {task!r}")
+    _check_task(task)
     if task == "CartPoleNoVelocity":
         return _keep(gym.make("CartPole-v1"), indices=(0, 2))  # cart position, pole angle
     try:
-        from popgym.envs.repeat_first import RepeatFirstEasy
-        from popgym.envs.repeat_previous import RepeatPreviousEasy
+        from popgym.envs.repeat_first import RepeatFirstEasy  # type: ignore[import-untyped]
+        from popgym.envs.repeat_previous import RepeatPreviousEasy  # type: ignore[import-untyped]
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError(f"{task} needs popgym: pip install 'txl[rl]'") from error
     env = RepeatPreviousEasy() if task == "RepeatPreviousEasy" else RepeatFirstEasy()
     return gym.wrappers.TimeLimit(_one_hot(env), max_episode_steps=env.max_episode_length + 1)
+
+
+def _check_task(task: str) -> None:
+    if task not in typing.get_args(Task):
+        raise ValueError(f"task must be one of {', '.join(typing.get_args(Task))}, got {task!r}")
 
 
 def _keep(env: Any, *, indices: tuple[int, ...]) -> Any:
@@ -58,11 +62,16 @@ def _one_hot(env: Any) -> Any:
     return gym.wrappers.TransformObservation(env, lambda obs: np.eye(n, dtype=np.float32)[int(obs)], space)
 
 
-def make_vector_env(task: Task | Callable[[], Any], n_envs: int) -> Any:
+def make_vector_env(task: str | Callable[[], Any], n_envs: int) -> Any:
     """``n_envs`` copies of ``task`` (a task name, or a function that makes one environment) stepped in this
     process, each resetting in the step where it ends."""
     gym = _gym()
-    factory = task if callable(task) else lambda: make_env(task)
+    if isinstance(task, str):
+        _check_task(task)
+        name = task
+        factory: Callable[[], Any] = lambda: make_env(name)  # noqa: E731
+    else:
+        factory = task
     return gym.vector.SyncVectorEnv(
         [factory for _ in range(n_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )

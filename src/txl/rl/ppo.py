@@ -22,7 +22,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from .core import MemoryCore
 from .envs import make_vector_env
 from .state import TensorState
 
-__all__ = ["AgentKind", "PPOConfig", "Agent", "train", "main"]
+__all__ = ["AgentKind", "PPOConfig", "Core", "Agent", "gae", "train", "main"]
 
 AgentKind = Literal["xl", "gru", "mlp"]
 
@@ -89,12 +89,23 @@ class PPOConfig:
         _check(windows % self.n_minibatches == 0, "n_minibatches", f"must divide the {windows} windows")
 
 
+class Core(Protocol):
+    """What PPO needs of a core (:class:`~txl.rl.MemoryCore`, ``GRUCore``, ``MLPCore``); states are
+    :class:`~txl.rl.state.TensorState` values."""
+
+    def initial_state(self, n_envs: int) -> Any: ...
+
+    def step(self, obs: Tensor, state: Any, episode_start: Tensor) -> tuple[Tensor, Any]: ...
+
+    def window(self, obs: Tensor, state0: Any, starts: Tensor) -> tuple[Tensor, Any]: ...
+
+
 class Agent(nn.Module):
     """A core (XL, GRU or MLP) with a policy head and a value head on its features."""
 
     def __init__(self, kind: AgentKind, obs_dim: int, n_actions: int, core: CoreConfig) -> None:
         super().__init__()
-        self.core: MemoryCore | GRUCore | MLPCore
+        self.core: Core
         if kind == "xl":
             self.core = MemoryCore(obs_dim, core)
         elif kind == "gru":
@@ -133,7 +144,7 @@ def train(
     """Run PPO; returns one row per rollout (also written to ``out/{task}_{agent}_s{seed}.csv``). ``envs``:
     a gymnasium vector environment of ``n_envs`` that resets in the step where an episode ends (default: the
     task's, :func:`txl.rl.envs.make_vector_env`)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     torch.manual_seed(config.seed)
     e, s = config.n_envs, config.seq_len
