@@ -1,6 +1,7 @@
 """What a step of txl.rl's MemoryCore costs deep into one unbounded episode: the state after step 100 and the
 state after step 10,000 of the same episode are kept, and rounds alternate a block of steps from each in one
-process; prints one JSON line with the median per-step time of each and their ratio (10,000 / 100).
+process; prints one JSON line with the median wall-clock and CPU time per step of each and their ratios
+(10,000 / 100).
 
     PYTHONPATH=src python3 benchmarks/rl_step_cost.py --rounds 21
 
@@ -48,18 +49,20 @@ def main() -> None:
     episode_s = time.perf_counter() - start
     obs = torch.randn(args.block, E, OBS)
 
-    def block(state: CoreState) -> float:
-        begin = time.perf_counter()
+    def block(state: CoreState) -> tuple[float, float]:
+        """Wall-clock and CPU seconds per step of a block of steps from ``state``."""
+        begin, cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             for t in range(args.block):
                 _, state = core.step(obs[t], state, no_start)
-        return (time.perf_counter() - begin) / args.block
+        return (time.perf_counter() - begin) / args.block, (time.process_time() - cpu) / args.block
 
-    times: dict[int, list[float]] = {100: [], args.far: []}
+    times: dict[int, list[tuple[float, float]]] = {100: [], args.far: []}
     for _ in range(args.rounds):
         for at in times:
             times[at].append(block(saved[at]))
-    near, far = statistics.median(times[100]), statistics.median(times[args.far])
+    near, far = (statistics.median(w for w, _ in times[at]) for at in (100, args.far))
+    near_cpu, far_cpu = (statistics.median(c for _, c in times[at]) for at in (100, args.far))
     print(
         json.dumps(
             {
@@ -69,6 +72,9 @@ def main() -> None:
                 "step_100_ms": round(near * 1e3, 4),
                 f"step_{args.far}_ms": round(far * 1e3, 4),
                 "ratio": round(far / near, 4),
+                "step_100_cpu_ms": round(near_cpu * 1e3, 4),
+                f"step_{args.far}_cpu_ms": round(far_cpu * 1e3, 4),
+                "cpu_ratio": round(far_cpu / near_cpu, 4),
                 "reach": [int(saved[100].reach[0]), int(saved[args.far].reach[0])],
                 "episode_s": round(episode_s, 2),
                 "rounds": args.rounds,
