@@ -595,7 +595,7 @@ def _cmd_harness(args: argparse.Namespace) -> int:
 def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "harness",
-        help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'txl[harness]'); "
+        help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'transformer-xl[harness]'); "
         "prints one JSON line",
     )
     p.add_argument("run_dir")

@@ -29,7 +29,7 @@ __all__ = [
     "write_report",
 ]
 
-PLOTS_HINT = "pip install 'txl[plots]'"
+PLOTS_HINT = "pip install 'transformer-xl[plots]'"
 
 
 class PlotsUnavailable(TxlError):

@@ -1,7 +1,7 @@
 """``txl serve``: a local HTTP server for a trained run, with OpenAI-shaped streaming completions, the
 model's per-token surprisal of a text with and without memory, the model card, and a static page.
 
-The application is :mod:`txl.serve.app` (needs FastAPI and uvicorn: ``pip install 'txl[serve]'``); scoring,
+The application is :mod:`txl.serve.app` (needs FastAPI and uvicorn: ``pip install 'transformer-xl[serve]'``); scoring,
 which needs torch only, is :mod:`txl.serve.score`. :func:`serve` loads a run, binds, says where, and runs.
 """
 
@@ -30,7 +30,7 @@ __all__ = [
     "INSTALL_HINT",
 ]
 
-INSTALL_HINT = "pip install 'txl[serve]'"
+INSTALL_HINT = "pip install 'transformer-xl[serve]'"
 
 
 def require_server_packages() -> None:
