@@ -1160,6 +1160,7 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``txl`` command, its flags and their help."""
     from .demo import DEFAULT_STEPS
 
     parser = _Parser(prog="txl", description="Transformer-XL language modelling.")
@@ -1425,6 +1426,7 @@ def _os_error_line(exc: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``txl ARGV`` (default: the process's arguments) and return its exit status; errors are one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     at_launch(argv)  # the command's thread policy, before torch is imported (this module must not import it)
     parser = build_parser()
