@@ -1,9 +1,10 @@
-"""Generation at memory 64, two decoding loops alternated in one process: another tree's ``generate.py``
-(loaded as ``txl._old_generate``, its relative imports resolved against this tree's ``txl``) against this
-tree's ``txl.generate``; same model, same prompt, greedy, one thread. Prints one JSON line. For a change that
-touches only the loop module (its model, cache and decoder stay this tree's).
+"""Generation at memory 64, two decoding loops alternated in one process: another tree's
+``inference/loop.py`` (loaded as ``txl.inference._old_loop``, its relative imports resolved against this
+tree's ``txl.inference``) against this tree's ``txl.inference.loop``; same model, same prompt, greedy, one
+thread. Prints one JSON line. For a change that touches only the loop module (its rows, model, cache and
+decoder stay this tree's).
 
-    PYTHONPATH=src python3 benchmarks/generate_ab.py OLD_TREE/src/txl/generate.py 25
+    PYTHONPATH=src python3 benchmarks/generate_ab.py OLD_TREE/src/txl/inference/loop.py 25
 """
 
 import importlib.util
@@ -18,9 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import generate as bench  # noqa: E402  (benchmarks/generate.py: the sizes and the model)
 
-import txl.generate as new  # noqa: E402
+import txl.inference.loop as new  # noqa: E402
+from txl.inference import GenerationSettings  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("txl._old_generate", sys.argv[1])
+spec = importlib.util.spec_from_file_location("txl.inference._old_loop", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = old
 spec.loader.exec_module(old)
@@ -30,12 +32,12 @@ mem = 64
 prompt = torch.randint(0, bench.SIZES["vocab"], (1, bench.SIZES["prompt"]))
 model = bench.txl_model(mem)
 memory = bench.full_memory(model, mem)
-span = bench.Span(mem_len=mem)
+settings = GenerationSettings(max_new_tokens=200, temperature=0, span=bench.Span(mem_len=mem))
 
 
 def run(mod, memory):
     start = time.perf_counter()
-    out = mod.generate(model, prompt, max_new_tokens=200, temperature=0, span=span, memory=memory).new_tokens
+    out = mod.generate(model, prompt, settings, memory=memory).new_tokens
     return time.perf_counter() - start, out
 
 

@@ -105,7 +105,7 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     else:
         from generate import SIZES, full_memory, txl_model
 
-        from txl.generate import generate
+        from txl.inference import GenerationSettings, generate
 
         torch.manual_seed(0)
         model = txl_model(64)
@@ -115,7 +115,12 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
         )
 
         def chunk(new: int = args.gen_tokens) -> None:
-            generate(model, prompt, max_new_tokens=new, temperature=0, span=Span(mem_len=64), memory=memory)
+            generate(
+                model,
+                prompt,
+                GenerationSettings(max_new_tokens=new, temperature=0, span=Span(mem_len=64)),
+                memory=memory,
+            )
 
         chunk(4)  # warm-up: decoding tables, first calls
         rate, timed = _median_rate(

@@ -25,7 +25,6 @@ from txl.analysis import (
     speed_benchmark,
     stream_losses,
     stream_predictions,
-    vanilla_baseline,
 )
 from txl.analysis.common import parse_ints
 from txl.analysis.context import absolute_hidden
@@ -33,7 +32,7 @@ from txl.analysis.recall import recall_accuracy
 from txl.analysis.recl import context_losses, default_recl_lengths
 from txl.analysis.report import format_table, plain
 from txl.analysis.speed import time_vanilla, time_xl
-from txl.config import ConfigError, EvalConfig, RunConfig, TrainConfig, load_config
+from txl.config import ConfigError, EvalConfig, RunConfig, TrainConfig, load_config, vanilla_baseline
 from txl.data.corpora import (
     RECALL_ALPHABET,
     CorpusError,

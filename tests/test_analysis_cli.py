@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from txl.analysis import vanilla_baseline
 from txl.cli import main
-from txl.config import apply_overrides, load_config
+from txl.config import apply_overrides, load_config, vanilla_baseline
 from txl.data import encode_split, load_corpus, load_vocab
 from txl.evaluate import evaluate
 from txl.runs import latest_checkpoint, load_run

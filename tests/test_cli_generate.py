@@ -19,7 +19,8 @@ import torch
 
 from txl.cli import main
 from txl.data.vocab import ByteVocab
-from txl.generate import TextStream, generate_text
+from txl.inference import GenerationSettings
+from txl.inference.text import TextStream, generate_text
 from txl.runs import load_run
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -78,12 +79,18 @@ def _generate(capsys, monkeypatch, run: Path, *flags: str) -> tuple[str, list[st
 
 
 def _reference(run: Path, prompt: str, n: int, *, samples: int = 1, seed: int = 0, **sampling) -> list[str]:
-    """The library, without the CLI: samples drawn one after the other from one seeded generator."""
+    """The library, without the CLI: sample i of the prompt alone, drawn from a generator seeded with
+    seed + i (what each row of ``txl generate``'s batch draws)."""
     loaded = load_run(run)
-    generator = torch.Generator().manual_seed(seed)
     return [
-        generate_text(loaded.model, loaded.vocab, prompt, max_new_tokens=n, generator=generator, **sampling)
-        for _ in range(samples)
+        generate_text(
+            loaded.model,
+            loaded.vocab,
+            prompt,
+            GenerationSettings(max_new_tokens=n, **sampling),
+            generator=torch.Generator().manual_seed(seed + i),
+        )
+        for i in range(samples)
     ]
 
 
@@ -183,7 +190,7 @@ def test_prompt_file_equals_the_same_prompt_inline(char_run, capsys, monkeypatch
     assert from_file == prompt + _reference(char_run, prompt, 25, temperature=0)[0] + "\n"
 
 
-def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
+def test_several_samples_each_from_its_own_seed(char_run, capsys, monkeypatch):
     flags = [
         "--prompt",
         "import ",
@@ -209,7 +216,8 @@ def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
     ("flags", "fragments"),
     [
         (["--prompt", "snow \u2603 and \u00e6"], ["\u2603", "\u00e6"]),
-        (["--prompt", "x", "--prompt-file", "p.txt"], ["--prompt-file"]),
+        (["--prompt-file", "p.jsonl"], ["--prompt-file", "line 2", "not JSON"]),
+        (["--prompt-file", "q.jsonl"], ["--prompt-file", "line 1", '"prompt" string']),
         (["--prompt-file", "missing.txt"], ["missing.txt"]),
         (["--greedy", "--temperature", "0.7"], ["greedy", "0.7"]),
         (["--num-samples", "0"], ["--num-samples"]),
@@ -218,7 +226,9 @@ def test_several_samples_one_after_the_other(char_run, capsys, monkeypatch):
 )
 def test_bad_generate_flags_give_one_line(char_run, capsys, tmp_path, flags, fragments):
     (tmp_path / "p.txt").write_text("x", encoding="utf-8")
-    flags = [str(tmp_path / f) if f.endswith(".txt") else f for f in flags]
+    (tmp_path / "p.jsonl").write_text('"x"\n{oops\n', encoding="utf-8")
+    (tmp_path / "q.jsonl").write_text('{"text": "x"}\n', encoding="utf-8")
+    flags = [str(tmp_path / f) if f.endswith((".txt", ".jsonl")) else f for f in flags]
     code = main(["generate", str(char_run), *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("txl: error: ")
@@ -270,7 +280,7 @@ def test_an_interrupted_generate_prints_what_it_had_made(char_run, capsys, monke
     """The signal arrives after the second sample's 25th piece (sent by the process to itself, so the moment
     does not depend on the machine's speed): the first sample and what exists of the second are printed,
     then the note, and the exit status says which signal it was."""
-    import txl.text as generate  # generate_from_run lives in txl.text
+    import txl.inference.text as generate  # generate_from_run lives in txl.inference.text
 
     real = generate.generate_from_run
 
@@ -293,5 +303,33 @@ def test_an_interrupted_generate_prints_what_it_had_made(char_run, capsys, monke
     monkeypatch.undo()
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 128 + signum and err == ["txl: interrupted"], err
-    first, second = _reference(char_run, "import ", 30, samples=2, seed=3)  # a char vocab: a piece per token
-    assert out.getvalue() == f"=== sample 1/3 ===\nimport {first}\n=== sample 2/3 ===\nimport {second[:25]}\n"
+    # the rows run in lockstep, a piece per token (a char vocab): rows 1 and 2 had 25, row 3 24
+    first, second, third = _reference(char_run, "import ", 30, samples=3, seed=3)
+    assert out.getvalue() == (
+        f"=== sample 1/3 ===\nimport {first[:25]}\n=== sample 2/3 ===\nimport {second[:25]}\n"
+        f"=== sample 3/3 ===\nimport {third[:24]}\n"
+    )
+
+
+def test_several_prompts_run_as_one_batch_each_labelled(char_run, capsys, monkeypatch, tmp_path):
+    """Two --prompt flags and a .jsonl file of two more (one with a newline): four prompts of different
+    lengths, two samples each, as one batch; each sample is labelled, none is dropped, and each equals its
+    prompt generated alone with its row's seed."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('"class "\n\n{"prompt": "    def fill(self, text):\\n        "}\n', encoding="utf-8")
+    prompts = ["import ", "def wrap(", "class ", "    def fill(self, text):\n        "]
+    flags = ["--prompt", prompts[0], "--prompt-file", str(path), "--prompt", prompts[1]]
+    flags += ["--num-samples", "2", "--max-new-tokens", "12", "--seed", "4", "--top-k", "20"]
+    out, _, err = _generate(capsys, monkeypatch, char_run, *flags)
+    order = [prompts[0], prompts[2], prompts[3], prompts[1]]  # in the order given
+    expected = ""
+    for p, prompt in enumerate(order):
+        texts = _reference(char_run, prompt, 12, samples=2, seed=4 + 2 * p, top_k=20)
+        for s, text in enumerate(texts):
+            expected += f"=== prompt {p + 1}/4, sample {s + 1}/2 ===\n{prompt}{text}\n"
+    assert out == expected
+    assert int(RATE.match(err.strip().splitlines()[-1]).group(1)) == 8 * 12
+    streamed, pieces, _ = _generate(capsys, monkeypatch, char_run, *flags, "--stream")
+    assert streamed == out and len(pieces) > 12  # the first sample flushed as it was produced
+    one, _, _ = _generate(capsys, monkeypatch, char_run, "--prompt", "import ", "--max-new-tokens", "12")
+    assert one == "import " + _reference(char_run, "import ", 12)[0] + "\n"  # one prompt: no label

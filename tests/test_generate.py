@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
-from txl.generate import Generation, filter_logits, generate, generate_text, sample_next
+from txl.inference import Generation, GenerationSettings, filter_logits, generate, sample_next
+from txl.inference.text import encode_prompt, generate_text
 
 V = 37
 
@@ -80,7 +81,9 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
     model = _model(cutoffs=cutoffs, mem_len=16)  # P + N = 13 <= mem_len: nothing is forgotten
     prompt, n = _prompt(), 8
     spy = Spy(model)
-    gen = generate(spy, prompt, max_new_tokens=n, temperature=0, prompt_chunk=prompt_chunk)
+    gen = generate(
+        spy, prompt, GenerationSettings(max_new_tokens=n, temperature=0, prompt_chunk=prompt_chunk)
+    )
     ref_tokens, ref_logits = _greedy_recompute(model, prompt, n)
 
     assert torch.equal(gen.tokens, ref_tokens)
@@ -104,9 +107,11 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
 def test_chunked_prompt_gives_identical_generation():
     model = _model(mem_len=20)
     prompt = _prompt(p=7)
-    whole = generate(model, prompt, max_new_tokens=6, temperature=0)
+    whole = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
     for chunk in (1, 3, 7, 100):
-        chunked = generate(model, prompt, max_new_tokens=6, temperature=0, prompt_chunk=chunk)
+        chunked = generate(
+            model, prompt, GenerationSettings(max_new_tokens=6, temperature=0, prompt_chunk=chunk)
+        )
         assert torch.equal(chunked.tokens, whole.tokens)
 
 
@@ -114,19 +119,23 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
     model = _model(mem_len=4)
     prompt = _prompt(p=6)
     spy = Spy(model)
-    one = generate(spy, prompt, max_new_tokens=10, temperature=0)
+    one = generate(spy, prompt, GenerationSettings(max_new_tokens=10, temperature=0))
     assert all(out.memory.length <= 4 for _, _, out in spy.calls)
     assert all(memory is None or memory.length <= 4 for _, memory, _ in spy.calls)
     assert one.memory.length == 4
 
-    first = generate(model, prompt, max_new_tokens=5, temperature=0)
-    second = generate(model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=5, temperature=0)
+    first = generate(model, prompt, GenerationSettings(max_new_tokens=5, temperature=0))
+    second = generate(
+        model, first.tokens[:, -1:], GenerationSettings(max_new_tokens=5, temperature=0), memory=first.memory
+    )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], dim=1), one.new_tokens)
     for a, b in zip(second.memory.states, one.memory.states, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
     # a view with a longer memory (shared weights) remembers everything again
-    longer = generate(model, prompt, max_new_tokens=10, temperature=0, span=Span(mem_len=16))
+    longer = generate(
+        model, prompt, GenerationSettings(max_new_tokens=10, temperature=0, span=Span(mem_len=16))
+    )
     assert torch.equal(longer.tokens, _greedy_recompute(model, prompt, 10)[0])
 
     # with a memory this short, the cache forgets: the result is not a full recomputation (the test can fail)
@@ -137,11 +146,20 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
 def test_sampled_continuation_equals_one_sampled_call():
     model = _model(mem_len=8)
     prompt = _prompt(p=3)
-    one = generate(model, prompt, max_new_tokens=12, generator=torch.Generator().manual_seed(5), top_p=0.9)
+    one = generate(
+        model,
+        prompt,
+        GenerationSettings(max_new_tokens=12, top_p=0.9),
+        generator=torch.Generator().manual_seed(5),
+    )
     g = torch.Generator().manual_seed(5)
-    first = generate(model, prompt, max_new_tokens=7, generator=g, top_p=0.9)
+    first = generate(model, prompt, GenerationSettings(max_new_tokens=7, top_p=0.9), generator=g)
     second = generate(
-        model, first.tokens[:, -1:], memory=first.memory, max_new_tokens=5, generator=g, top_p=0.9
+        model,
+        first.tokens[:, -1:],
+        GenerationSettings(max_new_tokens=5, top_p=0.9),
+        memory=first.memory,
+        generator=g,
     )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], dim=1), one.new_tokens)
 
@@ -152,7 +170,7 @@ def test_restores_training_flags_and_runs_without_dropout_or_grad():
     model.train()
     model.layers[0].eval()  # a mixed state is restored exactly
     before = {name: m.training for name, m in model.named_modules()}
-    gen = generate(model, prompt, max_new_tokens=6, temperature=0)
+    gen = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
     assert {name: m.training for name, m in model.named_modules()} == before
     model.eval()
     ref_tokens, _ = _greedy_recompute(model, prompt, 6)
@@ -162,11 +180,11 @@ def test_restores_training_flags_and_runs_without_dropout_or_grad():
 
 def test_one_dimensional_prompt_is_one_row():
     model = _model()
-    gen = generate(model, torch.tensor([3, 1, 4]), max_new_tokens=4, temperature=0)
+    gen = generate(model, torch.tensor([3, 1, 4]), GenerationSettings(max_new_tokens=4, temperature=0))
     assert isinstance(gen, Generation)
     assert gen.tokens.shape == (1, 7) and gen.new_tokens.shape == (1, 4)
     assert gen.tokens.dtype == torch.int64
-    ref = generate(model, torch.tensor([[3, 1, 4]]), max_new_tokens=4, temperature=0)
+    ref = generate(model, torch.tensor([[3, 1, 4]]), GenerationSettings(max_new_tokens=4, temperature=0))
     assert torch.equal(gen.tokens, ref.tokens)
 
 
@@ -180,26 +198,32 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
         generate(
             model,
             prompt,
-            max_new_tokens=10,
-            temperature=1.3,
-            top_k=10,
+            GenerationSettings(max_new_tokens=10, temperature=1.3, top_k=10),
             generator=torch.Generator().manual_seed(7),
         ).tokens
         for _ in range(2)
     ]
     assert torch.equal(runs[0], runs[1])
-    greedy = generate(model, prompt, max_new_tokens=10, temperature=0).tokens
+    greedy = generate(model, prompt, GenerationSettings(max_new_tokens=10, temperature=0)).tokens
     assert torch.equal(greedy, _greedy_recompute(model, prompt, 10)[0])
     top1 = generate(
-        model, prompt, max_new_tokens=10, top_k=1, generator=torch.Generator().manual_seed(3)
+        model,
+        prompt,
+        GenerationSettings(max_new_tokens=10, top_k=1),
+        generator=torch.Generator().manual_seed(3),
     ).tokens
     assert torch.equal(top1, greedy)
     tiny_p = generate(
-        model, prompt, max_new_tokens=10, top_p=1e-9, generator=torch.Generator().manual_seed(3)
+        model,
+        prompt,
+        GenerationSettings(max_new_tokens=10, top_p=1e-9),
+        generator=torch.Generator().manual_seed(3),
     ).tokens
     assert torch.equal(tiny_p, greedy)
     sampled = [
-        generate(model, prompt, max_new_tokens=10, generator=torch.Generator().manual_seed(s)).tokens
+        generate(
+            model, prompt, GenerationSettings(max_new_tokens=10), generator=torch.Generator().manual_seed(s)
+        ).tokens
         for s in range(3)
     ]
     assert any(not torch.equal(s, greedy) for s in sampled)  # sampling is not secretly greedy
@@ -235,7 +259,9 @@ def test_filters_break_ties_by_lower_id_and_compose():
         [False, True, False, False]
     ]
     assert torch.equal(filter_logits(logits, top_k=10), logits)
-    assert sample_next(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), temperature=0).tolist() == [1]
+    assert sample_next(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), GenerationSettings(temperature=0)).tolist() == [
+        1
+    ]
 
 
 def test_sample_next_draws_from_the_filtered_distribution():
@@ -244,16 +270,21 @@ def test_sample_next_draws_from_the_filtered_distribution():
     g = torch.Generator().manual_seed(0)
     counts = torch.bincount(sample_next(logits, generator=g), minlength=4).double() / 4000
     torch.testing.assert_close(counts, probs, atol=0.03, rtol=0)
-    nucleus = sample_next(logits, top_p=0.45, generator=g)
+    nucleus = sample_next(logits, GenerationSettings(top_p=0.45), generator=g)
     assert set(nucleus.tolist()) == {1, 3}
     share_1 = (nucleus == 1).double().mean().item()
     assert abs(share_1 - 0.4 / 0.7) < 0.03
     # a high temperature flattens, temperature 0 is argmax
-    hot = torch.bincount(sample_next(logits, temperature=100.0, generator=g), minlength=4).double() / 4000
+    hot = (
+        torch.bincount(
+            sample_next(logits, GenerationSettings(temperature=100.0), generator=g), minlength=4
+        ).double()
+        / 4000
+    )
     torch.testing.assert_close(hot, torch.full((4,), 0.25, dtype=torch.float64), atol=0.03, rtol=0)
-    assert sample_next(logits[:3], temperature=0).tolist() == [1, 1, 1]
+    assert sample_next(logits[:3], GenerationSettings(temperature=0)).tolist() == [1, 1, 1]
     # temperature applies before the nucleus: at 0.1 token 1 alone holds 94% > 0.9 of the mass
-    cold = sample_next(logits, temperature=0.1, top_p=0.9, generator=g)
+    cold = sample_next(logits, GenerationSettings(temperature=0.1, top_p=0.9), generator=g)
     assert set(cold.tolist()) == {1}
     again = sample_next(logits[:50], generator=torch.Generator().manual_seed(9))
     assert torch.equal(again, sample_next(logits[:50], generator=torch.Generator().manual_seed(9)))
@@ -267,7 +298,7 @@ def test_absolute_baseline_generates_with_a_sliding_window(context):
     model = _model(attention="absolute")
     prompt, n = _prompt(p=3), 7
     spy = Spy(model)
-    gen = generate(spy, prompt, max_new_tokens=n, temperature=0, context=context)
+    gen = generate(spy, prompt, GenerationSettings(max_new_tokens=n, temperature=0, context=context))
     ref_tokens, ref_logits = _greedy_recompute(model, prompt, n, context=context)
     assert torch.equal(gen.tokens, ref_tokens)
     assert gen.memory is None
@@ -281,8 +312,8 @@ def test_absolute_baseline_generates_with_a_sliding_window(context):
 def test_window_matters_for_the_baseline():
     model = _model(attention="absolute")
     prompt = _prompt(p=6)
-    full = generate(model, prompt, max_new_tokens=6, temperature=0)
-    short = generate(model, prompt, max_new_tokens=6, temperature=0, context=2)
+    full = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
+    short = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0, context=2))
     assert not torch.equal(full.tokens, short.tokens)
 
 
@@ -290,13 +321,13 @@ def test_memoryless_models_refuse_memory():
     memory = _model().forward(_prompt()).memory
     for model in (_model(attention="absolute"), _model(mem_len=0)):
         with pytest.raises(ValueError, match="memory"):
-            generate(model, _prompt(), max_new_tokens=2, memory=memory)
+            generate(model, _prompt(), GenerationSettings(max_new_tokens=2), memory=memory)
 
 
 def test_mem_len_zero_recomputes():
     model = _model(mem_len=0)
     prompt = _prompt()
-    gen = generate(model, prompt, max_new_tokens=5, temperature=0)
+    gen = generate(model, prompt, GenerationSettings(max_new_tokens=5, temperature=0))
     assert gen.memory is None
     assert torch.equal(gen.tokens, _greedy_recompute(model, prompt, 5)[0])
 
@@ -330,23 +361,25 @@ SYMBOLS = "abcdefghijklmnopqrstuvwxyz0123456789\n"  # 37 = V
 def test_generate_text_returns_the_new_text():
     model = _model()
     vocab = CharVocab(SYMBOLS)
-    text = generate_text(model, vocab, "hello", max_new_tokens=9, temperature=0)
+    text = generate_text(model, vocab, "hello", GenerationSettings(max_new_tokens=9, temperature=0))
     assert isinstance(text, str) and len(text) == 9
     ids = torch.as_tensor(vocab.encode("hello"))
-    assert text == vocab.decode(generate(model, ids, max_new_tokens=9, temperature=0).new_tokens[0])
+    assert text == vocab.decode(
+        generate(model, ids, GenerationSettings(max_new_tokens=9, temperature=0)).new_tokens[0]
+    )
 
 
 def test_generate_text_unknown_token_and_empty_prompt():
     model = _model()
     with pytest.raises(ValueError, match="Z"):
-        generate_text(model, CharVocab(SYMBOLS), "heZlo", max_new_tokens=3)
+        generate_text(model, CharVocab(SYMBOLS), "heZlo", GenerationSettings(max_new_tokens=3))
     with pytest.raises(ValueError, match="empty"):
-        generate_text(model, CharVocab(SYMBOLS), "", max_new_tokens=3)
+        generate_text(model, CharVocab(SYMBOLS), "", GenerationSettings(max_new_tokens=3))
     with_eos = CharVocab(SYMBOLS, eos_id=36)
-    text = generate_text(model, with_eos, "", max_new_tokens=4, temperature=0)
-    assert text == generate_text(model, with_eos, "\n", max_new_tokens=4, temperature=0)
+    text = generate_text(model, with_eos, "", GenerationSettings(max_new_tokens=4, temperature=0))
+    assert text == generate_text(model, with_eos, "\n", GenerationSettings(max_new_tokens=4, temperature=0))
     with pytest.raises(ValueError, match="vocab_size"):
-        generate_text(model, CharVocab(SYMBOLS[:-1]), "ab", max_new_tokens=3)
+        generate_text(model, CharVocab(SYMBOLS[:-1]), "ab", GenerationSettings(max_new_tokens=3))
 
 
 # -- validation --------------------------------------------------------------------------------------------
@@ -375,51 +408,53 @@ def test_generate_text_unknown_token_and_empty_prompt():
 def test_invalid_inputs_raise(prompt, kwargs, match):
     kwargs = {"max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        generate(_model(), prompt, **kwargs)
+        generate(_model(), prompt, GenerationSettings(**kwargs))
 
 
 def test_memory_batch_mismatch_and_helper_validation():
     model = _model()
     memory = model(_prompt(b=3)).memory
     with pytest.raises(ValueError, match="batch rows"):
-        generate(model, _prompt(b=2), max_new_tokens=2, memory=memory)
+        generate(model, _prompt(b=2), GenerationSettings(max_new_tokens=2), memory=memory)
     with pytest.raises(ValueError, match="top_k"):
         filter_logits(torch.zeros(4), top_k=-1)
     with pytest.raises(ValueError, match="top_p"):
         filter_logits(torch.zeros(4), top_p=2)
     with pytest.raises(ValueError, match="temperature"):
-        sample_next(torch.zeros(1, 4), temperature=-1)
+        sample_next(torch.zeros(1, 4), GenerationSettings(temperature=-1))
     with pytest.raises(ValueError, match="batch, vocab"):
         sample_next(torch.zeros(4))
 
 
 def test_generate_text_reads_unknown_words_as_unk_with_a_warning():
     from txl.data import WordVocab
-    from txl.generate import UnknownTokensWarning
+    from txl.inference.text import UnknownTokensWarning
 
     words = [f"w{i}" for i in range(V - 2)]
     vocab = WordVocab.build(" ".join(words))  # <unk>, <eos> and 35 words: V symbols
     model = _model()
     with pytest.warns(UnknownTokensWarning, match=r"2 prompt word\(s\).*'foo', 'bar'"):
         text = generate_text(
-            model, vocab, "w1 foo w2 bar foo", max_new_tokens=3, temperature=0, include_prompt=True
+            model, vocab, "w1 foo w2 bar foo", GenerationSettings(max_new_tokens=3, temperature=0)
         )
-    assert text.startswith("w1 <unk> w2 <unk> <unk> ")
-    unk = generate_text(model, vocab, "w1 <unk> w2 <unk> <unk>", max_new_tokens=3, temperature=0)
-    assert text.endswith(unk)  # the same continuation as the prompt written with <unk>
+        read = encode_prompt(vocab, "w1 foo w2 bar foo")
+    assert vocab.decode(read.tolist()) == "w1 <unk> w2 <unk> <unk>"
+    unk = generate_text(
+        model, vocab, "w1 <unk> w2 <unk> <unk>", GenerationSettings(max_new_tokens=3, temperature=0)
+    )
+    assert text == unk  # the same continuation as the prompt written with <unk>
     with pytest.raises(ValueError, match="'foo'"):
-        generate_text(model, vocab, "w1 foo", max_new_tokens=3, unknown="error")
+        encode_prompt(vocab, "w1 foo", unknown="error")
     with pytest.raises(ValueError, match="unknown must be"):
-        generate_text(model, vocab, "w1", max_new_tokens=3, unknown="ignore")
+        encode_prompt(vocab, "w1", unknown="ignore")
 
 
 def test_generate_text_with_no_new_tokens_returns_the_prompt():
     vocab = CharVocab(SYMBOLS)
     model = _model()
-    assert generate_text(model, vocab, "hello", max_new_tokens=0) == ""
-    assert generate_text(model, vocab, "hello", max_new_tokens=0, include_prompt=True) == "hello"
+    assert generate_text(model, vocab, "hello", GenerationSettings(max_new_tokens=0)) == ""
     with pytest.raises(ValueError, match="Z"):  # the prompt is still checked
-        generate_text(model, vocab, "heZlo", max_new_tokens=0)
+        generate_text(model, vocab, "heZlo", GenerationSettings(max_new_tokens=0))
 
 
 @pytest.mark.parametrize(
@@ -438,5 +473,5 @@ def test_sampling_settings_are_checked_by_one_rule_in_config_and_generate(settin
     with pytest.raises(ValueError) as from_config:
         GenerateConfig(**settings)
     with pytest.raises(ValueError) as from_generate:
-        generate(_model(), _prompt(), max_new_tokens=2, **settings)
+        generate(_model(), _prompt(), GenerationSettings(max_new_tokens=2, **settings))
     assert str(from_config.value) == str(from_generate.value) == message

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from txl import TransformerXL, TransformerXLConfig
-from txl.generate import PAD_ID, generate, stream
+from txl.inference import PAD_ID, GenerationSettings, generate, stream
 from txl.model.decode import Decoder
 
 V = 43
@@ -36,12 +36,18 @@ def _seeds(n, base=100):
 def _assert_rows_as_alone(model, rows, *, seeds=None, **settings):
     """generate(rows) as one batch against each row alone (a fresh generator in the same state per row)."""
     gen = generate(
-        model, rows, generator=None if seeds is None else _seeds(len(rows)), return_scores=True, **settings
+        model,
+        rows,
+        GenerationSettings(**settings),
+        generator=None if seeds is None else _seeds(len(rows)),
+        return_scores=True,
     )
     width = max(len(row) for row in rows)
     for r, row in enumerate(rows):
         generator = None if seeds is None else _seeds(len(rows))[r]
-        alone = generate(model, [row], generator=generator, return_scores=True, **settings)
+        alone = generate(
+            model, [row], GenerationSettings(**settings), generator=generator, return_scores=True
+        )
         assert torch.equal(gen.new_tokens[r], alone.new_tokens[0]), (r, settings)
         torch.testing.assert_close(gen.scores[r], alone.scores[0], atol=1e-12, rtol=0)
         assert (gen.tokens[r, : width - len(row)] == PAD_ID).all() and torch.equal(
@@ -64,7 +70,12 @@ def test_two_prompts_of_different_lengths_in_every_sampling_mode(settings):
     gen = _assert_rows_as_alone(model, rows, seeds=True, max_new_tokens=15, **settings)
     assert gen.new_tokens.shape == (2, 15) and gen.memory.reach.tolist() == [12, 12]  # mem_len 12
     shared = [
-        generate(model, rows, max_new_tokens=6, generator=torch.Generator().manual_seed(4), **settings)
+        generate(
+            model,
+            rows,
+            GenerationSettings(max_new_tokens=6, **settings),
+            generator=torch.Generator().manual_seed(4),
+        )
         for _ in "ab"
     ]
     assert shared[0].new_tokens.shape == (2, 6) and torch.equal(shared[0].new_tokens, shared[1].new_tokens)
@@ -76,27 +87,29 @@ def test_eight_lengths_run_as_one_batch_in_lockstep(monkeypatch):
     model = _model(mem_len=16)
     rows = _rows([1, 2, 3, 5, 8, 11, 13, 16])
     calls = []
-    prefill, step = Decoder.prefill, Decoder.step
+    forward, step = TransformerXL.forward, Decoder.step
     monkeypatch.setattr(
-        Decoder,
-        "prefill",
-        lambda self, tokens, **kw: calls.append(("prefill", tokens.shape)) or prefill(self, tokens, **kw),
+        TransformerXL,
+        "forward",
+        lambda self, tokens, **kw: calls.append(("prefill", tokens.shape)) or forward(self, tokens, **kw),
     )
     monkeypatch.setattr(
         Decoder,
         "step",
         lambda self, token, **kw: calls.append(("step", token.shape)) or step(self, token, **kw),
     )
-    gen = generate(model, rows, max_new_tokens=10, temperature=0)
+    gen = generate(model, rows, GenerationSettings(max_new_tokens=10, temperature=0))
     assert calls == [("prefill", (8, 16))] + [("step", (8,))] * 9
     monkeypatch.undo()
     _assert_rows_as_alone(model, rows, max_new_tokens=10, temperature=0)
     assert gen.memory.length == 16 and gen.memory.reach.tolist() == [
         min(n + 9, 16) for n in (1, 2, 3, 5, 8, 11, 13, 16)
     ]
-    more = generate(model, gen.tokens[:, -1:], memory=gen.memory, max_new_tokens=4, temperature=0)
+    more = generate(
+        model, gen.tokens[:, -1:], GenerationSettings(max_new_tokens=4, temperature=0), memory=gen.memory
+    )
     for r, row in enumerate(rows):
-        alone = generate(model, [row], max_new_tokens=14, temperature=0)
+        alone = generate(model, [row], GenerationSettings(max_new_tokens=14, temperature=0))
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 10:])
 
 
@@ -108,10 +121,16 @@ def test_prompts_longer_than_a_chunk_and_after_a_memory(variant):
     rows = _rows([2, 9, 4, 22])  # 22 > mem_len + chunk: chunks that fall elsewhere would change it
     _assert_rows_as_alone(model, rows, seeds=True, max_new_tokens=12, prompt_chunk=4, top_k=6)
     memory = model(torch.randint(0, V, (4, 7), generator=torch.Generator().manual_seed(3))).memory
-    gen = generate(model, rows, memory=memory, max_new_tokens=12, temperature=0, return_scores=True)
+    gen = generate(
+        model, rows, GenerationSettings(max_new_tokens=12, temperature=0), memory=memory, return_scores=True
+    )
     for r, row in enumerate(rows):
         alone = generate(
-            model, [row], memory=memory.select([r]), max_new_tokens=12, temperature=0, return_scores=True
+            model,
+            [row],
+            GenerationSettings(max_new_tokens=12, temperature=0),
+            memory=memory.select([r]),
+            return_scores=True,
         )
         assert torch.equal(gen.new_tokens[r], alone.new_tokens[0])
         torch.testing.assert_close(gen.scores[r], alone.scores[0], atol=1e-12, rtol=0)
@@ -132,23 +151,28 @@ def test_the_window_path_takes_ragged_rows(changes):
 def test_stop_ids_and_stream_with_ragged_rows():
     model = _model()
     rows = _rows([5, 1, 3])
-    first = generate(model, rows, max_new_tokens=12, temperature=0)
+    first = generate(model, rows, GenerationSettings(max_new_tokens=12, temperature=0))
     stop = int(first.new_tokens[1, 2])
-    gen = generate(model, rows, max_new_tokens=12, temperature=0, stop_ids=[stop])
+    gen = generate(model, rows, GenerationSettings(max_new_tokens=12, temperature=0, stop_ids=[stop]))
     for r, row in enumerate(rows):
-        alone = generate(model, [row], max_new_tokens=12, temperature=0, stop_ids=[stop])
+        alone = generate(model, [row], GenerationSettings(max_new_tokens=12, temperature=0, stop_ids=[stop]))
         n = int(alone.lengths[0])
         assert int(gen.lengths[r]) == n and torch.equal(gen.new_tokens[r, :n], alone.new_tokens[0, :n])
-    steps = list(stream(model, rows, max_new_tokens=12, generator=_seeds(3), top_p=0.9))
+    steps = [
+        s.tokens
+        for s in stream(model, rows, GenerationSettings(max_new_tokens=12, top_p=0.9), generator=_seeds(3))
+    ]
     assert torch.equal(
         torch.stack(steps, 1),
-        generate(model, rows, max_new_tokens=12, generator=_seeds(3), top_p=0.9).new_tokens,
+        generate(
+            model, rows, GenerationSettings(max_new_tokens=12, top_p=0.9), generator=_seeds(3)
+        ).new_tokens,
     )
 
 
 def test_a_list_of_generators_must_have_one_per_row():
     model = _model()
     with pytest.raises(ValueError, match="one per row"):
-        generate(model, _rows([2, 3]), max_new_tokens=2, generator=_seeds(3))
+        generate(model, _rows([2, 3]), GenerationSettings(max_new_tokens=2), generator=_seeds(3))
     with pytest.raises(ValueError, match="generator"):
-        generate(model, _rows([2, 3]), max_new_tokens=2, generator=7)
+        generate(model, _rows([2, 3]), GenerationSettings(max_new_tokens=2), generator=7)

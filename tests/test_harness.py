@@ -141,7 +141,7 @@ def test_loglikelihood_equals_scoring_context_and_continuation(trained_run):
 
 
 def test_generate_until_stops_at_until_and_max_gen_toks(trained_run):
-    from txl.generate import generate
+    from txl.inference import GenerationSettings, generate
 
     lm = TxlLM(run=str(trained_run), batch_size=2)
     prompts = ["def f(x):\n", "import "]
@@ -153,7 +153,11 @@ def test_generate_until_stops_at_until_and_max_gen_toks(trained_run):
     )
     for prompt, text in zip(prompts, free, strict=True):  # greedy, as txl's own generation
         ids = torch.tensor(lm.vocab.encode(prompt).tolist())
-        own = generate(lm.model, ids, max_new_tokens=12, temperature=0).new_tokens[0].tolist()
+        own = (
+            generate(lm.model, ids, GenerationSettings(max_new_tokens=12, temperature=0))
+            .new_tokens[0]
+            .tolist()
+        )
         assert text == lm.vocab.decode(own)
         assert len(text.encode()) <= 12
     cut = free[0][3:5]  # a string the greedy text holds

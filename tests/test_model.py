@@ -663,9 +663,8 @@ def test_targets_outside_the_vocabulary_are_an_error(tiny_config, extra, bad):
         model(tokens, targets=targets, cache=cache)
 
 
-def test_log_probs_field_and_its_deprecated_alias(tiny_config):
+def test_log_probs_field_is_normalised_and_has_no_alias(tiny_config):
     model = _model(tiny_config)
     out = model(torch.randint(0, 37, (2, 5)))
     torch.testing.assert_close(out.log_probs.exp().sum(-1), torch.ones(2, 5, dtype=torch.float64))
-    with pytest.warns(DeprecationWarning, match="log_probs"):
-        assert out.logits is out.log_probs
+    assert not hasattr(out, "logits")

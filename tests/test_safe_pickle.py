@@ -14,7 +14,7 @@ import torch
 
 from txl.data.vocab import WordVocab, load_vocab
 from txl.interop import CheckpointError, load_hf_vocab
-from txl.safe_pickle import UnsafePickleError, safe_load_file, safe_loads
+from txl.interop.safe_pickle import UnsafePickleError, safe_load_file, safe_loads
 
 
 class _Exploit:

@@ -26,7 +26,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from serve_helpers import live_server, sse_data, train_char_run, wait_for  # noqa: E402
 from txl.cli import main  # noqa: E402
 from txl.data import encode_split, load_corpus  # noqa: E402
-from txl.generate import generate_text  # noqa: E402
+from txl.inference import GenerationSettings  # noqa: E402
+from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve.app import ServeSettings, create_app  # noqa: E402
 
@@ -54,9 +55,8 @@ def _reference(run_dir: Path, prompt: str, n: int, *, seed: int = 0, **sampling)
         run.model,
         run.vocab,
         prompt,
-        max_new_tokens=n,
+        GenerationSettings(max_new_tokens=n, **sampling),
         generator=torch.Generator().manual_seed(seed),
-        **sampling,
     )
 
 

@@ -1,6 +1,6 @@
-"""Text around the decoding loop (``txl.text``): a run's samples are the exact decoding of what was generated
-(not the pieces a stream printed), the prompt is decoded once, ``txl serve`` reads prompts as ``txl generate``
-does; and the settings travel as one checked value (``GenerationSettings``, ``SamplingSettings``)."""
+"""Text around the decoding loop (``txl.inference.text``): a run's samples are the exact decoding of what was
+generated (not the pieces a stream printed), the prompt is decoded once, ``txl serve`` reads prompts as ``txl
+generate`` does; and the settings travel as one checked value (``GenerationSettings``)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,20 @@ import numpy as np
 import pytest
 import torch
 
-import txl.generate
-import txl.sampling
-import txl.text
+import txl
+import txl.inference
 from txl.config import RunConfig, TransformerXLConfig
 from txl.data.vocab import WordVocab
-from txl.generate import GenerationSettings, generate, stream
+from txl.inference import GenerationSettings, generate, stream
+from txl.inference.text import (
+    UnknownTokensWarning,
+    encode_prompt,
+    generate_from_run,
+    generate_text,
+    run_settings,
+)
 from txl.model import TransformerXL
 from txl.runs import LoadedRun
-from txl.sampling import SamplingSettings
-from txl.text import UnknownTokensWarning, encode_prompt, generate_from_run, generate_text
 
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz0123456789\n"
 
@@ -72,15 +76,14 @@ def test_run_samples_are_the_exact_decoding_not_the_printed_pieces():
     run = _run(vocab)
     n, prompt = 6, "hello"
     ids = torch.tensor([SYMBOLS.index(c) for c in prompt])
-    new = generate(run.model, ids, max_new_tokens=n, temperature=0).new_tokens[0].tolist()
+    new = generate(run.model, ids, GenerationSettings(max_new_tokens=n, temperature=0)).new_tokens[0].tolist()
     expected = "".join(SYMBOLS[i] for i in new) + "!"  # decode(prompt + new) after the prompt's characters
     printed: list[str] = []
-    streamed = generate_from_run(
-        run, prompt, max_new_tokens=n, greedy=True, on_text=lambda i, piece: printed.append(piece)
-    )
-    collected = generate_from_run(run, prompt, max_new_tokens=n, greedy=True)
+    greedy = GenerationSettings(max_new_tokens=n, temperature=0)
+    streamed = generate_from_run(run, prompt, greedy, on_text=lambda i, piece: printed.append(piece))
+    collected = generate_from_run(run, prompt, greedy)
     assert streamed.texts == collected.texts == [expected]
-    assert streamed.prompt_text == "hello!" and streamed.new_tokens == collected.new_tokens == n
+    assert streamed.prompt_texts == ["hello!"] and streamed.new_tokens == collected.new_tokens == n
     assert "".join(printed) != expected  # what a stream can print falls short here: the result does not
 
 
@@ -90,23 +93,30 @@ def test_the_prompt_is_decoded_once_for_all_samples():
     ids = [SYMBOLS.index(c) for c in "abc"]
     for on_text in (None, lambda i, piece: None):
         vocab.decoded.clear()
-        result = generate_from_run(run, "abc", max_new_tokens=3, seed=1, num_samples=3, on_text=on_text)
+        settings = GenerationSettings(max_new_tokens=3, seed=1)
+        result = generate_from_run(run, "abc", settings, num_samples=3, on_text=on_text)
         assert len(result.texts) == 3
         assert vocab.decoded.count(ids) == 1
 
 
-def test_seeded_samples_equal_generate_with_one_generator():
-    """The run-level API with its [generate] defaults draws what generate draws from one seeded generator."""
+def test_seeded_samples_equal_generate_alone_with_their_own_seed():
+    """The run-level API with its [generate] defaults: row r (prompt r // num_samples) draws what generate
+    draws alone from a generator seeded with seed + r, though all rows run as one batch."""
     vocab = SuffixVocab()
     run = _run(vocab, temperature=0.9, top_k=5)
-    ids = torch.tensor([SYMBOLS.index(c) for c in "ab"])
-    generator = torch.Generator().manual_seed(3)
-    expected = [
-        "".join(SYMBOLS[i] for i in generate(run.model, ids, max_new_tokens=4, temperature=0.9, top_k=5,
-                                             generator=generator).new_tokens[0].tolist()) + "!"
-        for _ in range(2)
-    ]  # fmt: skip
-    assert generate_from_run(run, "ab", max_new_tokens=4, seed=3, num_samples=2).texts == expected
+    settings = dataclasses.replace(run_settings(run), max_new_tokens=4, seed=3)
+    assert (settings.temperature, settings.top_k) == (0.9, 5)
+    prompts = ["ab", "hello", "z"]
+    expected = []
+    for r in range(6):
+        ids = torch.tensor([SYMBOLS.index(c) for c in prompts[r // 2]])
+        generator = torch.Generator().manual_seed(3 + r)
+        new = generate(run.model, ids, settings, generator=generator).new_tokens[0].tolist()
+        expected.append("".join(SYMBOLS[i] for i in new) + "!")
+    result = generate_from_run(run, prompts, settings, num_samples=2)
+    assert result.texts == expected
+    assert result.prompts == ["ab", "ab", "hello", "hello", "z", "z"]
+    assert len(set(expected)) > 1  # the rows really differ
 
 
 def test_serve_reads_prompts_as_generate_does():
@@ -132,38 +142,101 @@ def test_settings_are_one_checked_value():
         TransformerXLConfig(vocab_size=11, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=8)
     )
     prompt = torch.tensor([[1, 2, 3]])
-    settings = GenerationSettings(
-        max_new_tokens=5, sampling=SamplingSettings(temperature=0.8, top_p=0.9), stop_ids=torch.tensor([4])
-    )
+    settings = GenerationSettings(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=torch.tensor([4]))
     assert settings.stop_ids == (4,)
-    by_keywords = generate(
-        model, prompt, max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=[4],
-        generator=torch.Generator().manual_seed(7),
-    )  # fmt: skip
-    by_value = generate(model, prompt, settings=settings, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(by_keywords.tokens, by_value.tokens)
-    streamed = list(stream(model, prompt, settings=settings, generator=torch.Generator().manual_seed(7)))
-    assert torch.equal(torch.stack(streamed, dim=1), by_value.new_tokens)
+    assert settings == GenerationSettings(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=[4])
+    by_value = generate(model, prompt, settings, generator=torch.Generator().manual_seed(7))
+    seeded = generate(model, prompt, dataclasses.replace(settings, seed=7))
+    assert torch.equal(seeded.tokens, by_value.tokens)
+    streamed = list(stream(model, prompt, settings, generator=torch.Generator().manual_seed(7)))
+    assert torch.equal(torch.stack([s.tokens for s in streamed], dim=1), by_value.new_tokens)
+    assert torch.equal(torch.cat([s.log_probs for s in streamed]), generate(model, prompt, settings, generator=torch.Generator().manual_seed(7), return_scores=True).scores[0])  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.max_new_tokens = 6
-    with pytest.raises(ValueError, match="not both"):
-        generate(model, prompt, settings=settings, temperature=0.5)
-    with pytest.raises(ValueError, match="not both"):
-        generate_text(_run(SuffixVocab()).model, SuffixVocab(), "abc", settings=settings, max_new_tokens=2)
-    with pytest.raises(ValueError, match="top_p must be in"):
-        SamplingSettings(top_p=0)
-    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
-        GenerationSettings(max_new_tokens=0)
+        settings.max_new_tokens = 6  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        generate(model, prompt, settings, temperature=0.5)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="settings must be a GenerationSettings"):
+        generate(model, prompt, {"max_new_tokens": 3})  # type: ignore[arg-type]
+    for field, value, message in [
+        ("top_p", 0, "top_p must be in"),
+        ("temperature", -1, "temperature must be"),
+        ("top_k", 0, "top_k must be"),
+        ("max_new_tokens", -1, "max_new_tokens must be an integer >= 0"),
+        ("stop_ids", [], "stop_ids must be a non-empty"),
+        ("stop_ids", [1.5], "stop_ids must be a non-empty"),
+        ("stop_ids", [-2], "stop_ids must be token ids >= 0"),
+        ("stop", "ab", "stop must be a list"),
+        ("stop", [""], "stop must be a list"),
+        ("seed", -1, "seed must be"),
+        ("prompt_chunk", 0, "prompt_chunk must be a positive integer"),
+        ("context", True, "context must be a positive integer"),
+        ("span", 3, "span must be a txl Span"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            GenerationSettings(**{field: value})
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
+        generate(model, prompt, GenerationSettings(max_new_tokens=0))
+    with pytest.raises(ValueError, match="stop strings need a vocabulary"):
+        stream(model, prompt, GenerationSettings(stop=("x",)))
+    with pytest.raises(ValueError, match=r"stop_ids must be token ids in \[0, 11\)"):
+        generate(model, prompt, GenerationSettings(stop_ids=[11]))
 
 
-def test_moved_names_still_resolve_from_txl_generate():
-    for name in ("generate_text", "TextStream", "generate_from_run", "TextSamples", "UnknownTokensWarning",
-                 "encode_prompt", "MAX_NEW_TOKENS"):  # fmt: skip
-        assert getattr(txl.generate, name) is getattr(txl.text, name)
-    for name in ("filter_logits", "sample_next", "SamplingSettings"):
-        assert getattr(txl.generate, name) is getattr(txl.sampling, name)
-    namespace: dict = {}
-    exec("from txl.generate import *", namespace)
-    assert set(txl.generate.__all__) <= set(namespace)
-    with pytest.raises(AttributeError, match="no_such_name"):
-        txl.generate.no_such_name  # noqa: B018
+def test_the_decoding_core_has_one_address():
+    """The root's decoding names are the functions and classes of txl.inference; the old modules are gone."""
+    import importlib.util
+
+    assert txl.generate is txl.inference.generate and callable(txl.generate)
+    assert txl.stream is txl.inference.stream
+    assert txl.GenerationSettings is txl.inference.GenerationSettings and txl.Step is txl.inference.Step
+    for old in ("txl.generate", "txl.text", "txl.sampling", "txl.safe_pickle", "txl.analysis.baseline"):
+        assert importlib.util.find_spec(old) is None, old
+
+
+class CharVocab:
+    """Plain characters, one token each."""
+
+    def __len__(self) -> int:
+        return len(SYMBOLS)
+
+    def encode(self, text: str, *, strict: bool = False) -> np.ndarray:
+        return np.array([SYMBOLS.index(c) for c in text], dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return "".join(SYMBOLS[int(i)] for i in ids)
+
+
+def _naive_cut(text: str, stop: list[str]) -> str:
+    """The text before the first position at which any stop string begins (a scan, position by position)."""
+    for i in range(len(text)):
+        if any(text.startswith(s, i) for s in stop):
+            return text[:i]
+    return text
+
+
+def test_two_stop_strings_completing_on_one_token_cut_at_the_earlier():
+    """Stop strings "xy" and "y" both complete on the token y: the text ends before x (where the first
+    stop string begins), whichever of the two is listed first; through generate_text, the run-level API with
+    its streamed pieces, and TextStream itself."""
+    vocab = CharVocab()
+    run = _run(vocab)
+    settings = GenerationSettings(max_new_tokens=40, seed=11)
+    text = generate_text(run.model, vocab, "the\n", settings)
+    assert len(text) == 40
+    # the first token that completes both a two-character and a one-character stop string for the first time
+    j = next(
+        j for j in range(1, len(text)) if text[j] not in text[:j] and text[j - 1 : j + 1] not in text[:j]
+    )
+    for stop in ([text[j - 1 : j + 1], text[j]], [text[j], text[j - 1 : j + 1]]):
+        expected = _naive_cut(text, stop)
+        assert expected == text[: j - 1]
+        stopped = dataclasses.replace(settings, stop=tuple(stop))
+        assert generate_text(run.model, vocab, "the\n", stopped) == expected
+        printed: list[str] = []
+        result = generate_from_run(
+            run, "the\n", stopped, on_text=lambda i, piece, out=printed: out.append(piece)
+        )
+        assert result.texts == [expected] and "".join(printed) == expected
+        pieces = txl.inference.text.TextStream(vocab, vocab.encode("the\n"), stop=stop)
+        shown = "".join(pieces.push(int(i)) for i in vocab.encode(text[: j + 1]))
+        assert pieces.stopped and pieces.text == shown == expected

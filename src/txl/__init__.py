@@ -6,10 +6,15 @@ out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
 out = model(next_tokens, memory=out.memory, targets=next_targets)
 
 The names below are imported when first used (PEP 562), so ``import txl`` does not import torch: txl's entry
-points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool. ``txl.evaluate``,
-``txl.generate`` and ``txl.interop`` are the modules (``txl.evaluate.evaluate(...)``,
-``txl.generate.generate(...)``, ``txl.interop.load_hf(folder)``): a function could not keep a module's name, as
-importing ``txl.generate`` anywhere binds the module to it.
+points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool. ``txl.generate``,
+``txl.stream``, ``txl.GenerationSettings`` and ``txl.Step`` are the decoding core's (:mod:`txl.inference`):
+
+settings = txl.GenerationSettings(max_new_tokens=50, temperature=0.8, top_p=0.9, seed=0)
+gen = txl.generate(model, prompt, settings)      # gen.new_tokens (B, N), gen.memory
+for step in txl.stream(model, prompt, settings): # step.tokens (B,), step.log_probs (B, V)
+    ...
+
+``txl.evaluate`` and ``txl.interop`` are modules (``txl.evaluate.evaluate(...)``, ``txl.interop.load_hf(folder)``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import installed_version
 
 if TYPE_CHECKING:
-    from . import evaluate, generate, interop
+    from . import evaluate, interop
     from .config import (
         ConfigError,
         DataConfig,
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
         load_config,
     )
     from .evaluate import segment_losses
+    from .inference import GenerationSettings, Step, generate, stream
     from .model import KVCache, Memory, ModelOutput, TransformerXL, update_memory
     from .threads import configure_threads
 
@@ -56,7 +62,10 @@ _EXPORTS = {  # public name -> the module that defines it (a module's own name: 
     "KVCache": ".model",
     "evaluate": ".evaluate",
     "segment_losses": ".evaluate",
-    "generate": ".generate",
+    "generate": ".inference",
+    "stream": ".inference",
+    "GenerationSettings": ".inference",
+    "Step": ".inference",
     "interop": ".interop",
     "configure_threads": ".threads",
 }
@@ -79,6 +88,9 @@ __all__ = [  # the names of _EXPORTS (a literal list, for linters and type check
     "evaluate",
     "segment_losses",
     "generate",
+    "stream",
+    "GenerationSettings",
+    "Step",
     "interop",
     "configure_threads",
 ]

@@ -261,19 +261,52 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate_prompt(args: argparse.Namespace) -> str | None:
-    """The prompt text: --prompt, or the contents of --prompt-file, or None (the run's generate.prompt, else a
-    newline)."""
-    if args.prompt_file is None:
-        return args.prompt
-    if args.prompt is not None:
-        raise ConfigError("give --prompt or --prompt-file, not both")
+def _read_prompt_file(name: str) -> list[str]:
+    """The prompts of ``--prompt-file``: a ``.jsonl`` file holds one per line (a JSON string, or an object
+    with a "prompt" string; blank lines skipped), any other file is one prompt (its whole UTF-8 text)."""
     try:
-        return Path(args.prompt_file).read_text(encoding="utf-8")
+        text = Path(name).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"--prompt-file {args.prompt_file}: no such file") from None
+        raise ConfigError(f"--prompt-file {name}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text ({exc})") from None
+        raise ConfigError(f"--prompt-file {name}: cannot read it as UTF-8 text ({exc})") from None
+    if not name.endswith(".jsonl"):
+        return [text]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--prompt-file {name}: line {number} is not JSON ({exc.msg})") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else record
+        if not isinstance(prompt, str):
+            raise ConfigError(
+                f'--prompt-file {name}: line {number} must be a JSON string or an object with a "prompt" string'
+            )
+        prompts.append(prompt)
+    if not prompts:
+        raise ConfigError(f"--prompt-file {name}: no prompt in it (one JSON string per line)")
+    return prompts
+
+
+def _generate_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of every --prompt and --prompt-file, in the order given (none: the run's)."""
+    prompts: list[str] = []
+    for kind, value in args.prompts or ():
+        prompts.extend([value] if kind == "text" else _read_prompt_file(value))
+    return prompts
+
+
+class _PromptFlag(argparse.Action):
+    """--prompt TEXT and --prompt-file FILE append to one list, in the order given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        kind = "file" if option_string == "--prompt-file" else "text"
+        items = list(getattr(namespace, self.dest) or [])
+        items.append((kind, values))
+        setattr(namespace, self.dest, items)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -333,59 +366,59 @@ def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .runs import load_run
-    from .text import generate_from_run
+    from dataclasses import replace
 
-    prompt = _generate_prompt(args)
+    from .inference.text import generate_from_run, run_settings
+    from .runs import load_run
+
+    prompts = _generate_prompts(args)
+    if args.greedy and args.temperature not in (None, 0):
+        raise ConfigError(f"--greedy decoding has temperature 0, not {args.temperature}")
     _device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     _check_generation_fits(args, run)
-    if prompt is None:
-        prompt = "\n" if run.config.generate.prompt is None else run.config.generate.prompt
-    shown = -1  # the sample being streamed
-    made: dict[int, list[str]] = {}  # each sample's prompt as read, then its pieces: printed if interrupted
+    if not prompts:
+        prompts = ["\n" if run.config.generate.prompt is None else run.config.generate.prompt]
+    rows = len(prompts) * args.num_samples
+    shown = 0 if args.stream else -1  # the row printed as it is produced (the others when all are done)
+    made: dict[int, list[str]] = {}  # each row's prompt as read, then its pieces: printed if interrupted
 
-    def header(index: int) -> None:
-        if args.num_samples > 1:
-            print(f"=== sample {index + 1}/{args.num_samples} ===")
+    def header(row: int) -> None:
+        prompt, sample = divmod(row, args.num_samples)
+        parts = [f"prompt {prompt + 1}/{len(prompts)}"] if len(prompts) > 1 else []
+        parts += [f"sample {sample + 1}/{args.num_samples}"] if args.num_samples > 1 else []
+        if parts:
+            print(f"=== {', '.join(parts)} ===")
 
-    def start(
-        index: int, prompt_text: str
-    ) -> None:  # --stream: the prompt as the model reads it, then pieces
-        nonlocal shown
-        made[index] = [prompt_text]
-        if not args.stream:
-            return
-        if shown >= 0:
-            print()
-        header(index)
-        print(prompt_text, end="", flush=True)
-        shown = index
+    def start(row: int, prompt_text: str) -> None:
+        made[row] = [prompt_text]
+        if row == shown:  # --stream: the prompt as the model reads it, then the pieces
+            header(row)
+            print(prompt_text, end="", flush=True)
 
-    def show(index: int, piece: str) -> None:
-        made[index].append(piece)
-        if args.stream:
+    def show(row: int, piece: str) -> None:
+        made[row].append(piece)
+        if row == shown:
             print(piece, end="", flush=True)
 
     try:
         with _library_warnings(args), _signals_stop():
-            result = generate_from_run(
-                run,
-                prompt,
-                greedy=args.greedy,
+            settings = replace(
+                run_settings(run, mem_len=args.mem_len),
+                **_given(args, "max_new_tokens", "temperature", "top_k", "top_p"),
+                **({"temperature": 0.0} if args.greedy else {}),
+                stop=tuple(args.stop),
                 seed=args.seed,
-                stop=args.stop,
-                num_samples=args.num_samples,
-                unknown="unk",
-                on_start=start,
-                on_text=show,
-                **_given(args, "max_new_tokens", "temperature", "top_k", "top_p", "mem_len"),
+            )
+            result = generate_from_run(
+                run, prompts, settings, num_samples=args.num_samples, on_start=start, on_text=show
             )
     except _Stopped as stop:  # Ctrl-C or SIGTERM: what exists is printed, then the usual note
-        if args.stream:
-            print()  # the text is on screen already
-        for index, pieces in made.items() if not args.stream else ():
-            header(index)
+        for row, pieces in made.items():
+            if row == shown:
+                print()  # the text is on screen already
+                continue
+            header(row)
             print("".join(pieces))
         print("txl: interrupted", file=sys.stderr)
         return 128 + stop.signum
@@ -393,13 +426,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         ValueError
     ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
         raise TxlError(f"generate: {exc}") from None
-    for index, text in enumerate(result.texts):
-        if args.stream and index <= shown:
+    for row in range(rows):
+        if row == shown:
+            print()
             continue
-        header(index)
-        print(result.prompt_text + text)
-    if args.stream and shown >= 0:
-        print()
+        header(row)
+        print(result.prompt_texts[row] + result.texts[row])
     if result.new_tokens:
         print(
             f"txl: {result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)",
@@ -1226,8 +1258,22 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="sample text from a trained run, with a key/value cache of the memory"
     )
     p.add_argument("run_dir")
-    p.add_argument("--prompt", help="text to continue (default: the run's generate.prompt, else a newline)")
-    p.add_argument("--prompt-file", metavar="FILE", help="continue the text of this UTF-8 file")
+    p.add_argument(
+        "--prompt",
+        dest="prompts",
+        action=_PromptFlag,
+        metavar="TEXT",
+        help="text to continue (repeatable: the prompts run as one batch; default: the run's "
+        "generate.prompt, else a newline)",
+    )
+    p.add_argument(
+        "--prompt-file",
+        dest="prompts",
+        action=_PromptFlag,
+        metavar="FILE",
+        help="continue the text of this UTF-8 file; a .jsonl file holds many prompts, one JSON string (or "
+        '{"prompt": ...}) per line (repeatable, with --prompt, in the order given)',
+    )
     p.add_argument(
         "--max-new-tokens",
         type=_non_negative_int,
@@ -1247,13 +1293,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="end a sample when its new text contains TEXT, cut before it (repeatable)",
     )
     p.add_argument(
-        "--num-samples", type=_positive_int, default=1, metavar="N", help="samples, one after the other"
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="samples of each prompt (row i draws with seed + i)",
     )
-    p.add_argument("--stream", action="store_true", help="print the text as it is produced")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="print the text as it is produced (the first sample; the others when all are done)",
+    )
     p.add_argument(
         "--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="sampling seed of the first sample (default 0)"
+    )
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
     p.set_defaults(func=_cmd_generate)

@@ -20,8 +20,9 @@ import torch
 from .config import DataConfig, EvalConfig, RunConfig, TrainConfig, TransformerXLConfig, vanilla_baseline
 from .data import prepare_data
 from .files import atomic_write_text
+from .inference import GenerationSettings
+from .inference.text import generate_text
 from .runs import load_run
-from .text import generate_text
 from .train.trainer import train
 
 __all__ = ["DEFAULT_STEPS", "demo_config", "choose_steps", "run_demo"]
@@ -173,9 +174,8 @@ def run_demo(
     run = load_run(out / "transformer-xl")
     generator = torch.Generator().manual_seed(0)
     prompt = "def "
-    sample = generate_text(
-        run.model, run.vocab, prompt, max_new_tokens=300, temperature=0.8, top_k=40, generator=generator
-    )
+    settings = GenerationSettings(max_new_tokens=300, temperature=0.8, top_k=40)
+    sample = generate_text(run.model, run.vocab, prompt, settings, generator=generator)
     print("\nsample from the Transformer-XL (prompt 'def ', temperature 0.8, top-k 40):\n")
     print(prompt + sample)
     report = {"steps": steps, "results": results, "sample": prompt + sample}

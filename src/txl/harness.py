@@ -25,10 +25,10 @@ from torch import nn
 
 from .config import ConfigError, Span, eval_span, first_set
 from .errors import TxlError
-from .generate import PAD_ID, stream
+from .inference import PAD_ID, GenerationSettings, stream
+from .inference.text import TextStream
 from .model import KVCache
 from .runs import load_run
-from .text import TextStream
 
 
 class HarnessMissing(TxlError, ImportError):
@@ -357,18 +357,15 @@ class TxlLM(LM):
     ) -> list[str]:
         """Continue the rows together until each has met an ``until`` string or ``max_gen_toks`` tokens."""
         pieces = [TextStream(self.vocab, prompt, stop=until) for prompt in prompts]
-        tokens = stream(
-            self.model,
-            [torch.tensor(p, dtype=torch.long) for p in prompts],
-            max_new_tokens=max_gen_toks,
-            temperature=temperature,
-            generator=generator,
-            span=self.span,
-            context=self.tgt_len,
+        settings = GenerationSettings(
+            max_new_tokens=max_gen_toks, temperature=temperature, span=self.span, context=self.tgt_len
         )
-        for step, token in enumerate(tokens):  # (B,)
+        tokens = stream(
+            self.model, [torch.tensor(p, dtype=torch.long) for p in prompts], settings, generator=generator
+        )
+        for step, token in enumerate(tokens):
             last = step == max_gen_toks - 1
-            for piece, token_id in zip(pieces, token.tolist(), strict=True):
+            for piece, token_id in zip(pieces, token.tokens.tolist(), strict=True):
                 if token_id != PAD_ID:
                     piece.push(token_id, final=last)
             if all(piece.stopped for piece in pieces):

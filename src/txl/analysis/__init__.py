@@ -10,12 +10,11 @@ and ``txl analyze`` commands are thin wrappers.
     attention     attention probability by distance and memory share, per layer
     documents     loss reading across documents or starting each anew, and by position in a document
 
-Shared: :func:`vanilla_baseline` (the baseline recipe), :mod:`.context` (per-token losses with a
+Shared: :mod:`.context` (per-token losses with a
 controlled context: streams with memory, sliding windows), :mod:`.report` (results.json, tables, PNGs).
 """
 
 from .attention import AttentionResult, analyze_attention, attention_statistics
-from .baseline import vanilla_baseline
 from .compare import CompareResult, compare
 from .context import sliding_losses, sliding_predictions, stream_losses, stream_predictions
 from .documents import DocumentsResult, analyze_documents
@@ -26,7 +25,6 @@ from .report import PlotsUnavailable, write_report
 from .speed import SpeedResult, speed_benchmark
 
 __all__ = [
-    "vanilla_baseline",
     "compare",
     "CompareResult",
     "analyze_memory",

@@ -1,5 +1,5 @@
 """``txl compare``: the paper's headline comparison on one config. The Transformer-XL and the vanilla
-baseline (:func:`~txl.analysis.baseline.vanilla_baseline`: same sizes, data, steps and seed) train as two
+baseline (:func:`~txl.config.vanilla_baseline`: same sizes, data, steps and seed) train as two
 ordinary run folders, ``OUT/xl`` and ``OUT/vanilla``; running the command again continues an unfinished run
 and reuses a finished one. Reported side by side: validation and test loss, perplexity (and bits per
 character for character and byte corpora), the relative difference of the XL to each baseline, and each
@@ -20,21 +20,20 @@ seed) and figures of both validation curves and of the training loss against tok
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..config import ConfigError, RunConfig, eval_span
+from ..config import ConfigError, RunConfig, eval_span, vanilla_baseline
 from ..data import CorpusError, Vocab
 from ..evaluate import bits_name, metrics_from_loss
 from ..files import atomic_write_text
-from ..generate import generate
+from ..inference import GenerationSettings, generate
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
-from .baseline import vanilla_baseline
 from .common import split_tokens, train_or_reuse
 from .context import sliding_losses
 from .report import format_table, new_figure
@@ -223,28 +222,19 @@ def _samples(
     xl: LoadedRun, vanilla: LoadedRun, prompts: Sequence[np.ndarray], *, new_tokens: int, seed: int
 ) -> tuple[Sample, ...]:
     gen = xl.config.generate
-    settings = {
-        "max_new_tokens": new_tokens,
-        "temperature": gen.temperature,
-        "top_k": gen.top_k,
-        "top_p": gen.top_p,
-    }
+    settings = GenerationSettings(
+        max_new_tokens=new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
+    )
+    xl_settings = replace(settings, span=eval_span(xl.config))
+    vanilla_settings = replace(settings, context=vanilla.config.train.tgt_len)
     samples = []
     for i, ids in enumerate(prompts):
         prompt = torch.as_tensor(ids, dtype=torch.long)
         xl_new = generate(
-            xl.model,
-            prompt,
-            span=eval_span(xl.config),
-            generator=torch.Generator().manual_seed(seed + i),
-            **settings,
+            xl.model, prompt, xl_settings, generator=torch.Generator().manual_seed(seed + i)
         ).new_tokens[0]
         vanilla_new = generate(
-            vanilla.model,
-            prompt,
-            context=vanilla.config.train.tgt_len,
-            generator=torch.Generator().manual_seed(seed + i),
-            **settings,
+            vanilla.model, prompt, vanilla_settings, generator=torch.Generator().manual_seed(seed + i)
         ).new_tokens[0]
         samples.append(
             Sample(

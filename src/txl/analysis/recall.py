@@ -26,11 +26,11 @@ from ..config import (
     TrainConfig,
     TransformerXLConfig,
     eval_span,
+    vanilla_baseline,
 )
 from ..data.corpora import RECALL_ALPHABET, load_corpus, recall_positions
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
-from .baseline import vanilla_baseline
 from .common import split_tokens, train_or_reuse
 from .context import sliding_predictions, stream_predictions
 from .report import format_table, new_figure

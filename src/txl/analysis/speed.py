@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, RunConfig, Span, TransformerXLConfig
+from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, vanilla_baseline
 from ..evaluate import eval_mode
 from ..model import TransformerXL
-from .baseline import vanilla_baseline
 from .context import sliding_losses
 from .report import format_table, new_figure
 

@@ -23,7 +23,6 @@ exactly the losses it has read alone (to rounding) as long as the memory holds t
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,17 +52,6 @@ class ModelOutput:
     memory: Memory | None
     """Memory for the next segment: the input of each layer on the last ``span.mem_len`` positions (None for
     the vanilla baseline or mem_len = 0, and with a ``cache``, which holds it: ``cache.memory()``)."""
-
-    @property
-    def logits(self) -> Tensor | None:
-        """Deprecated alias of :attr:`log_probs` (the field held log-probabilities under this name; it is
-        kept so that existing code runs, and will be removed in a later release)."""
-        warnings.warn(
-            "ModelOutput.logits is deprecated: it holds log-probabilities, read ModelOutput.log_probs",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.log_probs
 
 
 def attention_mask(

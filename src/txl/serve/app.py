@@ -37,8 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..config import config_to_dict
+from ..inference.text import UnknownTokensWarning, describe_unknown, read_prompt
 from ..runs import LoadedRun, RunPaths
-from ..text import UnknownTokensWarning, describe_unknown, read_prompt
 from .engine import Cancelled, Engine, Job, Sampling, Session, SessionStore
 from .score import score_segments, scores_of, scoring_lengths, token_pieces
 

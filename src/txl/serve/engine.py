@@ -31,12 +31,11 @@ import torch
 from torch import Tensor
 
 from ..evaluate import segment_losses
-from ..generate import GenerationSettings, _Decoding
+from ..inference import GenerationSettings, draw, stream
+from ..inference.text import TextStream
 from ..model import KVCache, Memory
 from ..model.decode import Decoder, bind_memory
 from ..runs import LoadedRun
-from ..sampling import SamplingSettings, draw
-from ..text import TextStream
 from .score import scoring_lengths, token_pieces
 
 __all__ = ["Engine", "Job", "Sampling", "Cancelled", "Stats", "Session", "SessionStore"]
@@ -265,7 +264,7 @@ class _Completion:
         the prompt."""
         self.prompt_text = vocab.decode(ids.tolist())
         self.choices = [_Choice(i, TextStream(vocab, self.context, stop=sampling.stop)) for i in range(n)]
-        self.settings = SamplingSettings(
+        self.settings = GenerationSettings(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
         )
         self.prompt_logprobs: list[tuple[float | None, dict[str, float] | None]] | None = None
@@ -759,7 +758,7 @@ class Engine:
         return result
 
     def _decode_alone(self, completion: _Completion) -> Generator:
-        """A model without memory: each choice decoded by :mod:`txl.generate`'s loop, one token per slice."""
+        """A model without memory: each choice decoded by :func:`txl.inference.stream`, one token per slice."""
         sampling = completion.sampling
         settings = GenerationSettings(
             max_new_tokens=sampling.max_tokens,
@@ -769,13 +768,10 @@ class Engine:
         )
         for choice in completion.choices:
             generator = torch.Generator(device=self.device).manual_seed(_seed(sampling.seed + choice.index))
-            decoding = _Decoding(
-                self.model, completion.ids.to(self.device)[None], settings, generator=generator, memory=None
-            )
-            steps = decoding.steps()
+            steps = stream(self.model, completion.ids.to(self.device)[None], settings, generator=generator)
             try:
-                for token, logprobs in steps:
-                    completion.push(choice, int(token[0]), logprobs[0])
+                for step in steps:
+                    completion.push(choice, int(step.tokens[0]), step.log_probs[0])
                     if choice.done:
                         break
                     yield None

@@ -2,7 +2,7 @@
 too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
 and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
 
-The loop is :mod:`txl.generate`'s, drawing a token :mod:`txl.sampling`'s, vocabularies :mod:`txl.data.vocab`'s.
+The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
 """
 
 from __future__ import annotations
@@ -16,22 +16,24 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from .config import Span, first_set, span_of
-from .errors import TxlWarning
-from .generate import GenerationSettings, generate, stream
-from .sampling import SamplingSettings
+from ..config import span_of
+from ..errors import TxlWarning
+from .loop import generate, stream
+from .settings import GenerationSettings
 
 if TYPE_CHECKING:
-    from .runs import LoadedRun
+    from ..runs import LoadedRun
 
 __all__ = [
     "UnknownTokensWarning",
     "read_prompt",
     "describe_unknown",
     "encode_prompt",
+    "cut_at_stop",
     "TextStream",
     "generate_text",
     "TextSamples",
+    "run_settings",
     "generate_from_run",
     "MAX_NEW_TOKENS",
 ]
@@ -102,55 +104,42 @@ def generate_text(
     model: nn.Module,
     vocab: _Vocab,
     prompt: str,
+    settings: GenerationSettings = GenerationSettings(),
     *,
-    max_new_tokens: int | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
     generator: torch.Generator | None = None,
-    span: Span | None = None,
-    settings: GenerationSettings | None = None,
-    include_prompt: bool = False,
-    unknown: Literal["unk", "error"] = "unk",
-    stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
 ) -> str:
-    """Encode ``prompt`` with ``vocab``, generate with :func:`~txl.generate.generate` (``max_new_tokens``,
-    sampling, ``generator`` and ``span`` as there; or all the settings as one ``settings``), and return the new
-    text (or, with ``include_prompt``, the prompt and the new text decoded together, which spaces words
-    correctly).
+    """Encode ``prompt`` with ``vocab``, generate as ``settings`` says (:func:`~txl.inference.loop.generate`;
+    ``generator`` as there, else one seeded with ``settings.seed``), and return the new text, cut before the
+    first of ``settings.stop`` it contains.
 
-    Prompt tokens not in ``vocab``: with ``unknown="unk"``, a vocabulary whose data reads them as ``<unk>``
+    Prompt tokens not in ``vocab`` (:func:`encode_prompt`): a vocabulary whose data reads them as ``<unk>``
     (``vocab.unknown_as_unk``: word vocabularies) does the same and warns with :class:`UnknownTokensWarning`
-    naming them; other vocabularies (a char vocabulary has never seen an unknown character), and
-    ``unknown="error"``, raise ValueError naming them.
+    naming them; other vocabularies (a char vocabulary has never seen an unknown character) raise ValueError
+    naming them. An empty prompt starts from the vocabulary's ``eos_id`` (a document boundary) when it has
+    one. ``max_new_tokens=0`` runs no model and returns "".
 
-    An empty prompt starts from the vocabulary's ``eos_id`` (a document boundary) when it has one.
-    ``max_new_tokens=0`` runs no model: it returns "" (or the prompt as the vocabulary decodes it).
-
-    ``stop``: strings that end the generation as soon as the new text contains one; the text is cut before it.
     ``on_text``: called once per generated token with the text that token made printable (see
     :class:`TextStream`: possibly empty, the last call flushes the rest), for printing as it is produced."""
+    if not isinstance(settings, GenerationSettings):
+        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
     _check_vocab(model, vocab)
-    ids = encode_prompt(vocab, prompt, unknown=unknown)  # (P,)
-    if settings is None and type(max_new_tokens) is int and max_new_tokens == 0:  # False is refused below
-        return vocab.decode(ids.tolist()) if include_prompt else ""
-    if settings is None:
-        sampling = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p)
-        settings = GenerationSettings(max_new_tokens=max_new_tokens, sampling=sampling, span=span)
-    elif (max_new_tokens, top_k, top_p, span) != (None,) * 4 or temperature != 1.0:
-        raise ValueError("give settings= or its fields (max_new_tokens=, temperature=, ...), not both")
-    pieces = _generate_row(model, vocab, ids, settings, generator=generator, stop=stop, on_text=on_text)
-    if include_prompt:
-        text = vocab.decode(pieces.ids)
-        if pieces.stopped:
-            text = text[: _common_prefix(text, pieces.prompt_text)] + pieces.text
-        return text
-    text = vocab.decode(pieces.new_ids)
-    if pieces.stopped:
-        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        text = text[: min(cuts)] if cuts else text
-    return text
+    ids = encode_prompt(vocab, prompt)  # (P,)
+    if settings.max_new_tokens == 0:
+        return ""
+    show = None if on_text is None else (lambda _row, piece: on_text(piece))
+    (pieces,) = _decode_rows(model, vocab, [ids], settings, generator=generator, on_text=show)
+    return (
+        cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
+        if pieces.stopped
+        else vocab.decode(pieces.new_ids)
+    )
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` cut before the earliest occurrence of any of the ``stop`` strings (unchanged without one)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
 
 
 def _check_vocab(model: nn.Module, vocab: _Vocab) -> None:
@@ -212,9 +201,8 @@ class TextStream:
         self.new_ids.append(int(token_id))
         full = self.vocab.decode(self.ids)
         new = full[_common_prefix(full, self.prompt_text) :]
-        cuts = [i for i in (new.find(s) for s in self.stop) if i >= 0]
-        if cuts:
-            new, final, self.stopped = new[: min(cuts)], True, True
+        if any(s in new for s in self.stop):
+            new, final, self.stopped = cut_at_stop(new, self.stop), True, True
         self.text = new
         if not final:
             new = new.rstrip("\ufffd")
@@ -234,33 +222,45 @@ class TextStream:
         return self.push(token_ids[-1], final=True)
 
 
-def _generate_row(
+def _decode_rows(
     model: nn.Module,
     vocab: _Vocab,
-    ids: Tensor,
+    ids: list[Tensor],
     settings: GenerationSettings,
     *,
-    generator: torch.Generator | None,
-    stop: Sequence[str],
-    on_text: Callable[[str], None] | None,
-    prompt_text: str | None = None,
-) -> TextStream:
-    """Generate one row after the prompt ids (P,); the returned :class:`TextStream` holds the new ids and the
-    new text (cut before a stop string), which ``on_text`` received piece by piece."""
-    pieces = TextStream(vocab, ids.tolist(), stop=stop, prompt_text=prompt_text)
-    if not stop and on_text is None:
-        pieces.push_all(generate(model, ids, generator=generator, settings=settings).new_tokens[0].tolist())
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    on_text: Callable[[int, str], None] | None,
+    prompt_texts: Sequence[str | None] | None = None,
+) -> list[TextStream]:
+    """Generate the rows after the prompt ids (P_r,) as one batch; the returned :class:`TextStream` of each
+    row holds its new ids and its new text (cut before a stop string), which ``on_text(row, piece)`` received
+    piece by piece. A row that meets a stop string is done (the batch ends when every row is)."""
+    texts = [None] * len(ids) if prompt_texts is None else prompt_texts
+    pieces = [
+        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
+        for row, t in zip(ids, texts, strict=True)
+    ]
+    tokens_only = replace(settings, stop=())
+    if not settings.stop and on_text is None:
+        gen = generate(model, ids, tokens_only, generator=generator)
+        for r, text in enumerate(pieces):
+            text.push_all(gen.new_tokens[r, : int(gen.lengths[r])].tolist())
         return pieces
     stop_ids = set(settings.stop_ids or ())
-    tokens = stream(model, ids, generator=generator, settings=settings)
+    steps = stream(model, ids, tokens_only, generator=generator)
     last = settings.max_new_tokens - 1
-    for step, token in enumerate(tokens):
-        token_id = int(token[0])
-        piece = pieces.push(token_id, final=step == last or token_id in stop_ids)
-        if on_text is not None:
-            on_text(piece)
-        if pieces.stopped:
-            tokens.close()
+    done = [False] * len(ids)
+    for index, step in enumerate(steps):
+        for r, token_id in enumerate(step.tokens.tolist()):
+            if done[r]:
+                continue
+            ended = index == last or token_id in stop_ids
+            piece = pieces[r].push(token_id, final=ended)
+            if on_text is not None:
+                on_text(r, piece)
+            done[r] = ended or pieces[r].stopped
+        if all(done):
+            steps.close()
             break
     return pieces
 
@@ -272,69 +272,34 @@ def _generate_row(
 
 @dataclass
 class TextSamples:
-    """What :func:`generate_from_run` returns."""
+    """What :func:`generate_from_run` returns: one entry per row (prompt ``i // num_samples``, sample
+    ``i % num_samples``) in each list."""
 
-    prompt: str
-    """The prompt text as given."""
-    prompt_text: str
-    """The prompt as the vocabulary reads it back (``decode(encode(prompt))``: unknown words as ``<unk>``,
-    a word vocabulary's spacing): the text that ``texts`` continue, so ``prompt_text + texts[i]`` is the
-    whole sample as one text."""
+    prompts: list[str]
+    """Each row's prompt text as given."""
+    prompt_texts: list[str]
+    """Each row's prompt as the vocabulary reads it back (``decode(encode(prompt))``: unknown words as
+    ``<unk>``, a word vocabulary's spacing): the text that ``texts`` continue, so ``prompt_texts[i] +
+    texts[i]`` is the whole sample as one text."""
     texts: list[str]
-    """The new text of each sample (cut before a stop string)."""
+    """The new text of each row (cut before a stop string)."""
     new_tokens: int
-    """Tokens generated over all samples (the stop string's tokens included)."""
+    """Tokens generated over all rows (a stop string's tokens included)."""
     seconds: float
     """Time spent generating (prompt feeding included, loading the run not)."""
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens generated per second over all rows."""
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def generate_from_run(
-    run: LoadedRun,
-    prompt: str,
-    *,
-    max_new_tokens: int | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    greedy: bool = False,
-    mem_len: int | None = None,
-    seed: int = 0,
-    stop: Sequence[str] = (),
-    num_samples: int = 1,
-    unknown: Literal["unk", "error"] = "unk",
-    on_start: Callable[[int, str], None] | None = None,
-    on_text: Callable[[int, str], None] | None = None,
-) -> TextSamples:
-    """Sample ``num_samples`` continuations of ``prompt`` from a loaded run (what ``txl generate`` does).
-
-    Settings left as None come from the run's ``[generate]`` config; ``greedy`` means temperature 0;
-    ``mem_len`` replaces the model's memory length (0 also turns same-length attention off, with a
-    :class:`~txl.config.SameLengthOff` warning). Unknown prompt
-    tokens: see ``unknown`` in :func:`generate_text`. The samples are drawn one after the other from one
-    generator seeded with ``seed`` (so streamed and collected output are the same). ``on_text(i, piece)`` is
-    called once per generated token of sample i with the text it made printable (see :class:`TextStream`),
-    after ``on_start(i, prompt_text)`` (the prompt as the vocabulary reads it, which the new text continues).
-    ``max_new_tokens=0`` generates nothing. Bad settings and unknown prompt tokens raise ValueError."""
-    if greedy:
-        if temperature not in (None, 0):
-            raise ValueError(f"greedy decoding has temperature 0, not {temperature}")
-        temperature = 0.0
-    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-    defaults = replace(run.config.generate, **{k: v for k, v in given.items() if v is not None})
-    max_new_tokens = first_set(max_new_tokens, defaults.max_new_tokens)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if max_new_tokens > MAX_NEW_TOKENS:
-        raise ValueError(
-            f"max_new_tokens={max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per sample "
-            "(as txl serve bounds max_tokens); generate in several runs"
-        )
+def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSettings:
+    """The run's ``[generate]`` config (max_new_tokens, temperature, top_k, top_p) as a
+    :class:`GenerationSettings`; ``mem_len`` replaces the model's memory length (0 also turns same-length
+    attention off, with a :class:`~txl.config.SameLengthOff` warning). Derive others with
+    ``dataclasses.replace``."""
+    config = run.config.generate
     span = None
     if mem_len is not None:
         if run.config.model.attention != "relative":
@@ -343,25 +308,80 @@ def generate_from_run(
             )
         base = run.config.model.span
         span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
-    model, vocab = run.model, run.vocab
-    ids = encode_prompt(vocab, prompt, unknown=unknown)  # (P,): once, so unknown words are reported once
-    prompt_text = vocab.decode(ids.tolist())  # once, for every sample's TextStream
-    if max_new_tokens == 0:
-        return TextSamples(prompt, prompt_text, texts=[""] * num_samples, new_tokens=0, seconds=0.0)
-    sampling = SamplingSettings(temperature=defaults.temperature, top_k=defaults.top_k, top_p=defaults.top_p)
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, sampling=sampling, span=span)
-    param = next(model.parameters(), None)
-    generator = torch.Generator(device=param.device if param is not None else "cpu").manual_seed(seed)
-    texts, count, seconds = [], 0, 0.0
-    for index in range(num_samples):
-        if on_start is not None:
-            on_start(index, prompt_text)
-        show = None if on_text is None else (lambda piece, index=index: on_text(index, piece))
-        start = time.perf_counter()
-        pieces = _generate_row(
-            model, vocab, ids, settings, generator=generator, stop=stop, on_text=show, prompt_text=prompt_text
+    return GenerationSettings(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        span=span,
+    )
+
+
+def generate_from_run(
+    run: LoadedRun,
+    prompt: str | Sequence[str],
+    settings: GenerationSettings | None = None,
+    *,
+    num_samples: int = 1,
+    on_start: Callable[[int, str], None] | None = None,
+    on_text: Callable[[int, str], None] | None = None,
+) -> TextSamples:
+    """Sample ``num_samples`` continuations of each prompt from a loaded run, all rows as one batch (what
+    ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
+
+    ``prompt``: one text or a list of texts (of any lengths). ``settings``: None is the run's
+    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds row i's own generator with seed + i, so a row's
+    text does not depend on the others. Unknown prompt tokens: see :func:`generate_text`.
+    ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
+    the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
+    made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
+    unknown prompt tokens raise ValueError."""
+    settings = run_settings(run) if settings is None else settings
+    if not isinstance(settings, GenerationSettings):
+        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts or any(not isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    if settings.max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(
+            f"max_new_tokens={settings.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "
+            "sample (as txl serve bounds max_tokens); generate in several runs"
         )
-        seconds += time.perf_counter() - start
-        count += len(pieces.new_ids)
-        texts.append(pieces.text)  # the exact decoding, which the printed pieces may only approach
-    return TextSamples(prompt=prompt, prompt_text=prompt_text, texts=texts, new_tokens=count, seconds=seconds)
+    if settings.span is not None and run.config.model.attention != "relative":
+        raise ValueError(
+            "a memory length applies to the Transformer-XL only (this run is the vanilla baseline)"
+        )
+    model, vocab = run.model, run.vocab
+    _check_vocab(model, vocab)
+    encoded = [
+        encode_prompt(vocab, p) for p in prompts
+    ]  # (P_i,) each: unknown words reported once per prompt
+    read_back = [vocab.decode(ids.tolist()) for ids in encoded]
+    rows = [i for i in range(len(prompts)) for _ in range(num_samples)]
+    texts = [read_back[i] for i in rows]
+    for r, text in enumerate(texts):
+        if on_start is not None:
+            on_start(r, text)
+    given = [prompts[i] for i in rows]
+    if settings.max_new_tokens == 0:
+        return TextSamples(given, texts, texts=[""] * len(rows), new_tokens=0, seconds=0.0)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    seed = 0 if settings.seed is None else settings.seed
+    generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
+    start = time.perf_counter()
+    pieces = _decode_rows(
+        model,
+        vocab,
+        [encoded[i] for i in rows],
+        settings,
+        generator=generators,
+        on_text=on_text,
+        prompt_texts=texts,
+    )
+    seconds = time.perf_counter() - start
+    count = sum(len(p.new_ids) for p in pieces)
+    # the exact decoding, which the printed pieces may only approach
+    return TextSamples(given, texts, texts=[p.text for p in pieces], new_tokens=count, seconds=seconds)

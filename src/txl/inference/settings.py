@@ -1,0 +1,110 @@
+"""How one generation runs: :class:`GenerationSettings`, one frozen value with flat fields (as vLLM's
+``SamplingParams``), checked when built; the sampling filters, the decoding loop, the rows and the text layer
+all read what they need from it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import Span, check_sampling
+
+__all__ = ["GenerationSettings", "GREEDY", "DEFAULT_CONTEXT", "DEFAULT_MAX_NEW_TOKENS"]
+
+DEFAULT_CONTEXT = 512
+"""Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
+
+DEFAULT_MAX_NEW_TOKENS = 100
+"""Tokens generated when ``max_new_tokens`` is not given."""
+
+
+def _count(name: str, value: Any, *, low: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, got {value!r}")
+
+
+def _stop_ids(value: Sequence[int] | Tensor | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    message = f"stop_ids must be a non-empty sequence of token ids, got {value!r:.80}"
+    try:
+        ids = torch.as_tensor(value).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(message) from None
+    if ids.numel() == 0 or ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise ValueError(message)
+    out = tuple(int(i) for i in ids.tolist())
+    if min(out) < 0:
+        raise ValueError(f"stop_ids must be token ids >= 0, got {list(out)}")
+    return out
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"stop must be a list of non-empty strings, got {value!r:.80}")
+    if any(not isinstance(s, str) or not s for s in value):
+        raise ValueError(f"stop must be a list of non-empty strings, got {value!r:.80}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What one generation does, besides its model, prompt, memory and random generator. Every field is
+    checked when the value is built (a ValueError naming the field); derive variants with
+    ``dataclasses.replace``.
+
+        settings = GenerationSettings(max_new_tokens=50, temperature=0.8, top_p=0.9, stop_ids=(eos,))
+        generate(model, prompt, settings)
+    """
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    """Steps to run (fewer when every row has met one of ``stop_ids``). 0 is allowed by the text-level
+    functions (no model runs); :func:`~txl.inference.loop.generate` and ``stream`` need at least 1."""
+    temperature: float = 1.0
+    """The log-probabilities are divided by it before the softmax; 0 is greedy (argmax, the lower id on
+    ties)."""
+    top_k: int | None = None
+    """Keep the k most likely tokens (None: all)."""
+    top_p: float | None = None
+    """Keep the smallest set of most likely tokens whose probability reaches p (None or 1: all)."""
+    stop_ids: tuple[int, ...] | None = None
+    """A row stops at the first of these token ids (any sequence or tensor of ids is accepted and stored as a
+    tuple)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a row's text as soon as it contains one (the text is cut before it): read by the
+    text-level functions, which have a vocabulary; the token-level ``generate`` and ``stream`` refuse them."""
+    seed: int | None = None
+    """Seed of the random generator when the caller gives none (None: torch's global generator)."""
+    prompt_chunk: int | None = None
+    """Prompt tokens fed at once on the memory path (None: ``span.mem_len``)."""
+    context: int | None = None
+    """Window recomputed at every step on the memoryless path (None: :data:`DEFAULT_CONTEXT`)."""
+    span: Span | None = None
+    """Memory length, clamp and same-length attention (None: the model's)."""
+
+    def __post_init__(self) -> None:
+        _count("max_new_tokens", self.max_new_tokens, low=0)
+        check_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        object.__setattr__(self, "stop_ids", _stop_ids(self.stop_ids))
+        object.__setattr__(self, "stop", _stop(self.stop))
+        _count("seed", self.seed, low=0, optional=True)
+        _count("prompt_chunk", self.prompt_chunk, low=1, optional=True)
+        _count("context", self.context, low=1, optional=True)
+        if self.span is not None and not isinstance(self.span, Span):
+            raise ValueError(f"span must be a txl Span, got {type(self.span).__name__}")
+
+    @property
+    def filters(self) -> bool:
+        """Whether top-k or top-p can remove a token."""
+        return self.top_k is not None or (self.top_p is not None and self.top_p < 1)
+
+
+GREEDY = GenerationSettings(temperature=0.0)
+"""Greedy decoding with the other defaults."""
