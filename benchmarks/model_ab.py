@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import statistics
@@ -40,6 +41,17 @@ def models(old):
     return old_model, new_model
 
 
+def greedy(pkg):
+    """``generate(model, prompt)`` of 100 greedy tokens in that package's API (one settings value since the
+    decoding core, keyword arguments before it)."""
+    if importlib.util.find_spec(f"{pkg.__name__}.inference") is not None:
+        inference = importlib.import_module(f"{pkg.__name__}.inference")
+        settings = inference.GenerationSettings(max_new_tokens=100, temperature=0)
+        return lambda model, prompt: inference.generate(model, prompt, settings)
+    generate = importlib.import_module(f"{pkg.__name__}.generate").generate
+    return lambda model, prompt: generate(model, prompt, max_new_tokens=100, temperature=0)
+
+
 def cases(pkg, model, generate):
     tokens = torch.randint(0, SHAPE["vocab_size"], (16, 65), generator=torch.Generator().manual_seed(1))
     memory = model(tokens[:, :64]).memory  # a full memory of 64
@@ -58,7 +70,7 @@ def cases(pkg, model, generate):
             model(tokens[:, :64], cache=cache, targets=tokens[:, 1:65])
 
     def gen():
-        generate(model, prompt, max_new_tokens=100, temperature=0)
+        generate(model, prompt)
 
     return {"train": train, "eval": evaluate, "generate": gen}
 
@@ -71,12 +83,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     old = importlib.import_module("txl_old")
-    old_generate = importlib.import_module("txl_old.generate").generate
     old_model, new_model = models(old)
-    runs = {
-        "old": cases(old, old_model, old_generate),
-        "new": cases(txl, new_model, importlib.import_module("txl.generate").generate),
-    }
+    runs = {"old": cases(old, old_model, greedy(old)), "new": cases(txl, new_model, greedy(txl))}
     for case in args.cases.split(","):
         for side in ("old", "new"):  # warm up (and the decoding tables)
             runs[side][case]()

@@ -15,7 +15,7 @@ Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,8 +78,9 @@ def metrics_from_loss(loss: float, *, kind: str | None = None) -> dict[str, floa
     :func:`bits_name` of the vocabulary's ``kind``)."""
     bits = loss / math.log(2)
     out = {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bits_per_token": bits}
-    if bits_name(kind):
-        out[bits_name(kind)] = bits
+    name = bits_name(kind)
+    if name:
+        out[name] = bits
     return out
 
 
@@ -200,6 +201,7 @@ def segment_losses(
     ``name`` names the array in errors (a split)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     span = model.config.span if span is None else span
+    batches: Iterable[Batch]
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
         if starts is not None:
             raise ValueError("starts are token indices of a 1-D token array; streams (B, L+1) take none")

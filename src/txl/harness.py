@@ -1,7 +1,7 @@
 """A trained txl run as a model of EleutherAI's lm-evaluation-harness (``lm-eval``), registered as ``"txl"``:
 log-likelihoods read segment by segment with the memory, rolling log-likelihoods with every token predicted
 once, and generation through txl's key/value cache. What the harness asks and how it scores is the harness's;
-reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.generate`'s.
+reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.inference`'s.
 
 Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
 
@@ -202,7 +202,7 @@ class TxlLM(LM):
     - ``loglikelihood_rolling``: the document after :func:`start_token`, every token predicted once; with
       memory, segment by segment, each with the memory of the previous ones; without, the harness's rolling
       windows (``lm_eval.utils.get_rolling_token_windows``), each read alone.
-    - ``generate_until``: txl's cached generation (:func:`txl.generate.stream`), greedy unless the task
+    - ``generate_until``: txl's cached generation (:func:`txl.inference.stream`), greedy unless the task
       asks ``do_sample`` with a temperature, up to ``max_gen_toks`` tokens, cut before the first ``until``
       string.
     """

@@ -2,7 +2,7 @@
 per-token surprisal of a text with and without memory; sessions whose memory persists across requests; the
 model card; the static page. Requests are checked here (a 4xx JSON error names the field), then run on the
 model's one thread, :class:`~txl.serve.engine.Engine` (continuous batching over the rows of one key/value
-cache), behind a bounded queue. Prompts and streamed text are :mod:`txl.text`'s (prompts are read as ``txl
+cache), behind a bounded queue. Prompts and streamed text are :mod:`txl.inference.text`'s (prompts are read as ``txl
 generate`` reads them), scoring :mod:`txl.serve.score`'s.
 
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_batch=16, queue_size=4))

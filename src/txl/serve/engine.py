@@ -723,7 +723,7 @@ class Engine:
             dtype=self.dtype,
             device=self.device,
         )
-        chunk = self.span.mem_len  # as txl.generate prefills
+        chunk = self.span.mem_len  # as txl.inference prefills
         prompt = completion.fed.to(self.device)[None]  # (1, P)
         out = None
         for start in range(0, prompt.shape[1], chunk):
