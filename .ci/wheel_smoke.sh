@@ -9,8 +9,8 @@ cd "$repo"
 work="${1:-$(mktemp -d)}"
 [ $# -ge 1 ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
-say() { echo "wheel smoke: $*"; }
-export PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS=1 TXL_THREADS_MACHINE=shared
+say() { echo "wheel smoke: [${SECONDS}s] $*"; }
+export PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 say "python -m build (wheel and sdist) into $work/dist"
 (cd "$repo" && python3 -m build --outdir "$work/dist" . >"$work/build.log" 2>&1) || { cat "$work/build.log"; exit 1; }
@@ -104,4 +104,4 @@ print("  txl_wikitext_local")'
 say "txl analyze recall on a tiny budget"
 "$txl" analyze recall --steps 2 --out recall --no-plots --quiet >recall.log
 test -s recall/results.json
-say "passed"
+say "passed in ${SECONDS} s"
