@@ -20,7 +20,7 @@ the usage it asked for) or refused with 429; anything else counts as an error.
     PYTHONPATH=src python3 benchmarks/serve_load.py --scenario all --soak-s 600
 
 Without ``--run`` it trains a small run first (the ``tiny`` preset, 300 steps, character vocabulary, on two
-copies of Python's textwrap.py; a few seconds). Needs ``pip install 'txl[serve-test]'`` (httpx).
+copies of Python's textwrap.py; a few seconds). Needs ``pip install 'transformer-xl[serve-test]'`` (httpx).
 """
 
 from __future__ import annotations

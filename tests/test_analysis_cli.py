@@ -383,7 +383,7 @@ def test_missing_matplotlib_is_one_line_and_the_json_is_still_written(
         == 2
     )
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "pip install 'txl[plots]'" in err
+    assert len(err.splitlines()) == 1 and "pip install 'transformer-xl[plots]'" in err
     assert [r["mem_len"] for r in _results(out)["rows"]] == [0, 16] and not (out / "memory.png").exists()
     assert (
         main(

@@ -52,7 +52,7 @@ def _run(args, capsys):
 def hf_folder(tmp_path):
     transformers = pytest.importorskip(
         "transformers",
-        reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'txl[test-ref]')",
+        reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'transformer-xl[test-ref]')",
     )
     if not hasattr(transformers, "TransfoXLLMHeadModel"):
         pytest.skip(

@@ -168,7 +168,9 @@ def test_jsonl_records_are_documents(tmp_path):
 
 
 def test_hf_records_are_documents_and_wikitext_rows_are_lines(tmp_path):
-    datasets = pytest.importorskip("datasets", reason="hf: corpora need Hugging Face datasets: txl[datasets]")
+    datasets = pytest.importorskip(
+        "datasets", reason="hf: corpora need Hugging Face datasets: transformer-xl[datasets]"
+    )
     records = ["first record\nwith two lines", "second", "", "third record"]
     data = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": records * 3})})
     data.save_to_disk(str(tmp_path / "notes"))

@@ -17,7 +17,7 @@ from txl.data.corpora import CorpusError
 from txl.data.vocab import WordVocab
 
 datasets = pytest.importorskip(
-    "datasets", reason="hf: corpora need Hugging Face datasets: pip install 'txl[datasets]'"
+    "datasets", reason="hf: corpora need Hugging Face datasets: pip install 'transformer-xl[datasets]'"
 )
 
 ROWS = {

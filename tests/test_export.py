@@ -15,7 +15,9 @@ from txl.interop import txl_to_original
 from txl.runs import load_run
 
 for module in ("onnx", "onnxscript", "onnxruntime"):
-    pytest.importorskip(module, reason=f"the ONNX export check needs {module}: pip install 'txl[export]'")
+    pytest.importorskip(
+        module, reason=f"the ONNX export check needs {module}: pip install 'transformer-xl[export]'"
+    )
 
 from txl.interop.onnx import ExportError, check_onnx  # noqa: E402
 

@@ -16,10 +16,10 @@ def _requirement_name(requirement: str) -> str:
 
 
 def _extra_packages(extras: dict[str, list[str]], name: str) -> set[str]:
-    """The packages an extra brings, following ``txl[...]`` references to other extras."""
+    """The packages an extra brings, following ``transformer-xl[...]`` references to other extras."""
     found = set()
     for requirement in extras[name]:
-        inner = re.fullmatch(r"txl\[([a-z0-9,-]+)\]", requirement)
+        inner = re.fullmatch(r"transformer-xl\[([a-z0-9,-]+)\]", requirement)
         if inner:
             for other in inner.group(1).split(","):
                 found |= _extra_packages(extras, other)
@@ -53,7 +53,9 @@ def test_the_test_extra_brings_every_package_a_skip_reason_names():
     suite = _extra_packages(extras, "test")
     named = set()
     for path in (REPO / "tests").glob("*.py"):
-        named |= set(re.findall(r"pip install (?:-e )?['\"](?:txl|\.)\[([a-z0-9-]+)\]", path.read_text()))
+        named |= set(
+            re.findall(r"pip install (?:-e )?['\"](?:transformer-xl|\.)\[([a-z0-9-]+)\]", path.read_text())
+        )
     assert {"plots", "notebook", "test-ref", "serve", "serve-test", "export", "datasets"} <= named
     for extra in sorted(named - {"test"}):
         missing = _extra_packages(extras, extra) - suite

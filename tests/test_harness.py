@@ -19,7 +19,7 @@ from txl import Span
 from txl.cli import main
 
 lm_eval = pytest.importorskip(
-    "lm_eval", reason="lm-evaluation-harness is not installed: pip install 'txl[harness]'"
+    "lm_eval", reason="lm-evaluation-harness is not installed: pip install 'transformer-xl[harness]'"
 )
 
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -289,7 +289,9 @@ def test_without_lm_eval_a_one_line_error_names_the_extra(trained_run, monkeypat
         importlib.import_module("txl.harness")
     assert main(["harness", str(trained_run), "--tasks", "txl_wikitext_local"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("txl: error: txl harness needs lm-evaluation-harness: pip install 'txl[harness]'")
+    assert err.startswith(
+        "txl: error: txl harness needs lm-evaluation-harness: pip install 'transformer-xl[harness]'"
+    )
     assert err.count("\n") == 1
 
 

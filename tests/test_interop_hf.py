@@ -16,7 +16,7 @@ from txl.interop import CheckpointError, config_from_hf, load_hf
 
 transformers = pytest.importorskip(
     "transformers",
-    reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'txl[test-ref]')",
+    reason="the Hugging Face reference needs transformers==4.35.2 (pip install 'transformer-xl[test-ref]')",
 )
 if not hasattr(transformers, "TransfoXLLMHeadModel"):
     pytest.skip(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-gym = pytest.importorskip("gymnasium", reason="txl.rl's PPO needs gymnasium: pip install 'txl[rl]'")
+gym = pytest.importorskip("gymnasium", reason="txl.rl's PPO needs gymnasium: pip install 'transformer-xl[rl]'")
 
 from txl.rl import CoreConfig  # noqa: E402
 from txl.rl.envs import make_vector_env  # noqa: E402
@@ -73,7 +73,7 @@ def test_gae_against_a_hand_computed_case():
     "task,shape", [("RepeatPreviousEasy", (4,)), ("RepeatFirstEasy", (4,)), ("CartPoleNoVelocity", (2,))]
 )
 def test_the_tasks(task, shape):
-    pytest.importorskip("popgym", reason="the POPGym tasks need popgym: pip install 'txl[rl]'")
+    pytest.importorskip("popgym", reason="the POPGym tasks need popgym: pip install 'transformer-xl[rl]'")
     envs = make_vector_env(task, 2)
     obs, _ = envs.reset(seed=0)
     assert obs.shape == (2, *shape) and obs.dtype == np.float32
@@ -88,7 +88,7 @@ def test_the_tasks(task, shape):
 
 
 def test_plot_and_final_return_from_the_logs(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install 'txl[plots]'")
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib: pip install 'transformer-xl[plots]'")
     from txl.rl.plot import final_return, plot_curves, read_runs
 
     header = "task,agent,seed,update,global_step,episodes,return_mean\n"

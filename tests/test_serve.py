@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx (fastapi.testclient)")
 
 import httpx  # noqa: E402
@@ -349,7 +349,7 @@ def test_missing_server_packages_give_one_line(run_dir, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     assert main(["serve", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["txl: error: txl serve needs uvicorn: pip install 'txl[serve]'"]
+    assert err == ["txl: error: txl serve needs uvicorn: pip install 'transformer-xl[serve]'"]
 
 
 # -- a live server: the queue bound, disconnects ---------------------------------------------------------------

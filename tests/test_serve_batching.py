@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx (fastapi.testclient)")
 
 import httpx  # noqa: E402
@@ -262,7 +262,7 @@ def test_token_ids_and_scoring_only(server, run):
 
 def test_the_official_openai_client(run_dir, run):
     openai = pytest.importorskip(
-        "openai", reason="the client test needs openai: pip install 'txl[serve-test]'"
+        "openai", reason="the client test needs openai: pip install 'transformer-xl[serve-test]'"
     )
     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(api_key=KEY))
     with live_server(app) as url:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 selenium = pytest.importorskip(
-    "selenium", reason="the browser test needs selenium: pip install 'txl[serve-test]'"
+    "selenium", reason="the browser test needs selenium: pip install 'transformer-xl[serve-test]'"
 )
 httpx = pytest.importorskip("httpx", reason="the browser test needs httpx")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx")
 
 import httpx  # noqa: E402
@@ -80,7 +80,7 @@ def test_a_client_that_stops_reading_stops_its_generation(run_dir):
 
 
 def test_ordinary_openai_client_calls(run_dir):
-    openai = pytest.importorskip("openai", reason="needs openai: pip install 'txl[serve-test]'")
+    openai = pytest.importorskip("openai", reason="needs openai: pip install 'transformer-xl[serve-test]'")
     run = load_run(run_dir)
     with live_server(create_app(run, run_dir=run_dir)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx")
 
 import httpx  # noqa: E402

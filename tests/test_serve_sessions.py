@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'txl[serve]'")
+pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402

@@ -23,6 +23,8 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from ._version import installed_version
+
 if TYPE_CHECKING:
     from . import evaluate, interop
     from .config import (
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from .model import KVCache, Memory, ModelOutput, TransformerXL, update_memory
     from .threads import configure_threads
 
-__version__ = "0.1.0"
+__version__ = installed_version()
 
 _EXPORTS = {  # public name -> the module that defines it (a module's own name: the module itself)
     "TransformerXLConfig": ".config",

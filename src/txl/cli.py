@@ -732,7 +732,7 @@ def _cmd_harness(args: argparse.Namespace) -> int:
 def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "harness",
-        help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'txl[harness]'); "
+        help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'transformer-xl[harness]'); "
         "prints one JSON line. Text as txl generate reads a prompt: words a word vocabulary does not know are "
         "read as <unk> (a warning counts them), characters a char vocabulary never saw are refused",
     )
@@ -1303,6 +1303,7 @@ def _add_analysis_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``txl`` command, its flags and their help."""
     from .demo import DEFAULT_STEPS
 
     parser = _Parser(prog="txl", description="Transformer-XL language modelling.")
@@ -1606,6 +1607,7 @@ def _os_error_line(exc: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``txl ARGV`` (default: the process's arguments) and return its exit status; errors are one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     at_launch(argv)  # the command's thread policy, before torch is imported (this module must not import it)
     parser = build_parser()

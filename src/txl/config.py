@@ -298,7 +298,7 @@ class DataConfig:
     corpus: str = "python-stdlib"
     """A corpus name (tinyshakespeare, books, wikitext-2, wikitext-103, enwik8, text8, ptb, python-stdlib),
     a path to a text file or folder, or a Hugging Face dataset: ``hf:NAME[:CONFIG]`` (from the hub, e.g.
-    ``hf:wikitext:wikitext-2-raw-v1``) or ``hf-disk:PATH`` (written by ``save_to_disk``); needs ``txl[datasets]``."""
+    ``hf:wikitext:wikitext-2-raw-v1``) or ``hf-disk:PATH`` (written by ``save_to_disk``); needs ``transformer-xl[datasets]``."""
     text_field: str = "text"
     """Hugging Face datasets: the column that holds the text (one line per row)."""
     vocab: VocabKind | None = None

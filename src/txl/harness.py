@@ -8,7 +8,7 @@ Dimensions: B batch (requests read together), L a request's tokens, T segment le
     lm = TxlLM(run="runs/shakespeare", mem_len=192)
     lm_eval.simple_evaluate(model=lm, tasks=["txl_wikitext_local"], task_manager=task_manager())
 
-Needs the ``harness`` extra (``pip install 'txl[harness]'``); without it, importing this module raises
+Needs the ``harness`` extra (``pip install 'transformer-xl[harness]'``); without it, importing this module raises
 :class:`HarnessMissing`, whose message names the extra.
 """
 
@@ -45,7 +45,7 @@ try:
     from lm_eval.utils import get_rolling_token_windows
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise HarnessMissing(
-        f"txl harness needs lm-evaluation-harness: pip install 'txl[harness]' ({_exc})"
+        f"txl harness needs lm-evaluation-harness: pip install 'transformer-xl[harness]' ({_exc})"
     ) from None
 
 __all__ = [

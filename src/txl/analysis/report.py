@@ -30,7 +30,7 @@ __all__ = [
     "write_report",
 ]
 
-PLOTS_HINT = "pip install 'txl[plots]'"
+PLOTS_HINT = "pip install 'transformer-xl[plots]'"
 
 SIGN_CONVENTION = (
     "differences are the Transformer-XL's figure minus the vanilla model's: negative means the "

@@ -62,6 +62,8 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class DownloadSpec:
+    """A corpus that ``txl data download`` fetches: its name, the files (URL, SHA-256) and a note."""
+
     name: str
     files: tuple[RemoteFile, ...]
     note: str = ""
@@ -153,6 +155,7 @@ def default_download_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks of 1 MiB, as hex."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

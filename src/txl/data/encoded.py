@@ -60,6 +60,7 @@ def cache_key(corpus: Corpus, split: str, vocab: Vocab) -> str:
 
 
 def cache_path(corpus: Corpus, split: str, vocab: Vocab, *, cache_dir: Path | None = None) -> Path:
+    """Where the encoded split of ``corpus`` for ``vocab`` is cached (under :func:`cache_key`)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", corpus.name)[:64] or "corpus"
     key = cache_key(corpus, split, vocab)
     return Path(cache_dir or default_cache_dir()) / f"{safe}.{split}.{vocab.kind}.{key[:24]}.npy"

@@ -35,7 +35,7 @@ def _datasets() -> Any:
         import datasets
     except ImportError:
         raise CorpusError(
-            "hf: and hf-disk: corpora need Hugging Face datasets: pip install 'txl[datasets]'"
+            "hf: and hf-disk: corpora need Hugging Face datasets: pip install 'transformer-xl[datasets]'"
         ) from None
     return datasets
 

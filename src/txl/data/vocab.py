@@ -316,7 +316,9 @@ def _tokenizers() -> Any:
     try:
         import tokenizers
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("BPE vocabularies need Hugging Face `tokenizers`: pip install 'txl[bpe]'") from None
+        raise ImportError(
+            "BPE vocabularies need Hugging Face `tokenizers`: pip install 'transformer-xl[bpe]'"
+        ) from None
     return tokenizers
 
 

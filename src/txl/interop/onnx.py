@@ -130,7 +130,7 @@ def export_model(
             partial.unlink(missing_ok=True)
             if isinstance(exc, ImportError):
                 raise ExportError(
-                    f"ONNX export needs onnx and onnxscript: pip install 'txl[export]' ({exc})"
+                    f"ONNX export needs onnx and onnxscript: pip install 'transformer-xl[export]' ({exc})"
                 ) from None
             failed = _os_error_in(exc)
             if failed is not None:  # the exporter's failed write (a full disk), named by the file it was for
@@ -171,7 +171,7 @@ def onnxruntime_session(path: str | Path) -> Any:
         import onnxruntime
     except ImportError:
         raise ExportError(
-            "checking the export needs onnxruntime: pip install 'txl[export]' (or pass --no-check)"
+            "checking the export needs onnxruntime: pip install 'transformer-xl[export]' (or pass --no-check)"
         ) from None
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 

@@ -22,7 +22,7 @@ def _gym() -> Any:
     try:
         import gymnasium
     except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError("txl.rl's environments need gymnasium: pip install 'txl[rl]'") from error
+        raise ImportError("txl.rl's environments need gymnasium: pip install 'transformer-xl[rl]'") from error
     return gymnasium
 
 
@@ -36,7 +36,7 @@ def make_env(task: str) -> Any:
         from popgym.envs.repeat_first import RepeatFirstEasy  # type: ignore[import-untyped]
         from popgym.envs.repeat_previous import RepeatPreviousEasy  # type: ignore[import-untyped]
     except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError(f"{task} needs popgym: pip install 'txl[rl]'") from error
+        raise ImportError(f"{task} needs popgym: pip install 'transformer-xl[rl]'") from error
     env = RepeatPreviousEasy() if task == "RepeatPreviousEasy" else RepeatFirstEasy()
     return gym.wrappers.TimeLimit(_one_hot(env), max_episode_steps=env.max_episode_length + 1)
 

@@ -1,6 +1,6 @@
 """``txl serve``: a local HTTP server for a trained run: OpenAI-shaped completions (streamed, batched), per-token
 surprisal with and without memory, sessions, the model card and a page. :func:`serve` loads, binds and runs
-the application of :mod:`txl.serve.app` (``pip install 'txl[serve]'``); :mod:`txl.serve.score` needs torch only.
+the application of :mod:`txl.serve.app` (``pip install 'transformer-xl[serve]'``); :mod:`txl.serve.score` needs torch only.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
     "INSTALL_HINT",
 ]
 
-INSTALL_HINT = "pip install 'txl[serve]'"
+INSTALL_HINT = "pip install 'transformer-xl[serve]'"
 
 
 def require_server_packages() -> None:
