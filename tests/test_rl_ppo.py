@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-gym = pytest.importorskip("gymnasium", reason="txl.rl's PPO needs gymnasium: pip install 'transformer-xl[rl]'")
+gym = pytest.importorskip(
+    "gymnasium", reason="txl.rl's PPO needs gymnasium: pip install 'transformer-xl[rl]'"
+)
 
 from txl.rl import CoreConfig  # noqa: E402
 from txl.rl.envs import make_vector_env  # noqa: E402
