@@ -107,6 +107,16 @@ def _row_list(r: int | Sequence[int], *, size: int, what: str) -> list[int]:
     return rows
 
 
+def _drain(steps: Generator[None, None, Prefilled]) -> Prefilled:
+    """Run a prefill generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            prefilled: Prefilled = done.value
+            return prefilled
+
+
 def _check_size(rows: Any) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows must be a positive integer, got {rows!r}")
@@ -115,7 +125,9 @@ def _check_size(rows: Any) -> int:
 
 @dataclass(frozen=True)
 class Prefilled:
-    """n prompts prefilled apart from a batch, ready to join its rows once (:meth:`RowBatch.join`).
+    """n prompts prefilled apart from a batch, ready to join rows of it (:meth:`RowBatch.join`), as often as
+    wanted (n choices of one prompt join n rows), except once a first join of every row at once has made its
+    cache the batch's own.
 
     ``log_probs`` is what the first new token of each row is drawn from; the rest is the state the rows
     carry into the batch: a key/value cache of n rows (:class:`RowBatch`), or the window of the last tokens
@@ -186,13 +198,7 @@ class RowBatch:
         """Feed ``prompt`` after ``memory`` apart from the batch: (P,) one row, (n, P) n rows of one length,
         or a list of n 1-D rows of any lengths (each then reads only its own tokens, exactly as alone);
         ``memory``: a :class:`Memory` of n rows to continue, or None."""
-        steps = self.prefill_steps(prompt, memory)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                prefilled: Prefilled = done.value
-                return prefilled
+        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
@@ -277,6 +283,8 @@ class RowBatch:
                 f"join: rows {[i for i in rows if self._active[i]]} are in use (free them first)"
             )
         source = prefilled.cache
+        if source is self.cache:
+            raise ValueError("join: this Prefilled became the batch's cache when every row joined it")
         if self.cache is None and rows == list(range(self.size)):
             self._use(source)  # the whole batch at once: its cache is the batch's (no copy)
         else:
@@ -397,13 +405,7 @@ class WindowRows:
     def prefill(self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None) -> Prefilled:
         """The last ``context`` tokens of each prompt row and the log-probabilities after them (as
         :meth:`RowBatch.prefill`; a memory is refused: the model has none)."""
-        steps = self.prefill_steps(prompt, memory)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                prefilled: Prefilled = done.value
-                return prefilled
+        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
