@@ -246,7 +246,12 @@ def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capfd
     pages = split_articles(text)
     assert len(pages) == 3 and "".join(pages) == text and pages[1].startswith(" = Article test 1 = ")
     lm = TxlLM(run=str(tmp_path / "run"))
-    total = sum(_rolling(lm, pages))
+    from txl.inference.text import UnknownTokensWarning
+
+    with pytest.warns(
+        UnknownTokensWarning, match="read as <unk>"
+    ):  # the test split's words unseen in training
+        total = sum(_rolling(lm, pages))
     words = sum(len(p.split()) + 1 + (not p[0].strip()) for p in pages)  # re.split(r"\s+") pieces
     assert record["results"]["txl_wikitext_local"]["word_perplexity,none"] == pytest.approx(
         math.exp(-total / words), rel=1e-5

@@ -578,6 +578,9 @@ class _RaggedReader:
                 log_probs = None
                 loss = self.model(inputs, targets=targets, **where).loss  # (B, T)
         loss = loss.double()
+        hits = (
+            log_probs.argmax(-1) == targets if log_probs is not None and settings.greedy else None
+        )  # (B, T)
         segments, done = [], set()
         for b, (slot, n) in enumerate(zip(active, counts, strict=True)):
             last = n == slot.left
@@ -590,9 +593,7 @@ class _RaggedReader:
                     offset=slot.offset,
                     loss=loss[b, :n],
                     log_probs=log_probs[b, :n] if log_probs is not None and settings.log_probs else None,
-                    greedy=(log_probs[b, :n].argmax(-1) == targets[b, :n])
-                    if log_probs is not None and settings.greedy
-                    else None,
+                    greedy=hits[b, :n] if hits is not None else None,
                     last=last,
                     memory=memory,
                 )
