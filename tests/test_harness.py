@@ -246,7 +246,12 @@ def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capfd
     pages = split_articles(text)
     assert len(pages) == 3 and "".join(pages) == text and pages[1].startswith(" = Article test 1 = ")
     lm = TxlLM(run=str(tmp_path / "run"))
-    total = sum(_rolling(lm, pages))
+    from txl.inference.text import UnknownTokensWarning
+
+    with pytest.warns(
+        UnknownTokensWarning, match="read as <unk>"
+    ):  # the test split's words unseen in training
+        total = sum(_rolling(lm, pages))
     words = sum(len(p.split()) + 1 + (not p[0].strip()) for p in pages)  # re.split(r"\s+") pieces
     assert record["results"]["txl_wikitext_local"]["word_perplexity,none"] == pytest.approx(
         math.exp(-total / words), rel=1e-5
@@ -254,7 +259,8 @@ def test_txl_wikitext_local_task_reads_the_articles(tmp_path, monkeypatch, capfd
     # --metadata (here through task_manager) picks another split: the 6 articles of wiki.valid.tokens
     from txl.harness import task_manager
 
-    loaded = task_manager(metadata={"split": "valid"}).load(["txl_wikitext_local"])["tasks"]
+    manager = task_manager(metadata={"split": "valid"}, include_defaults=False)  # txl's own tasks only
+    loaded = manager.load(["txl_wikitext_local"])["tasks"]
     assert len(loaded["txl_wikitext_local"].dataset["test"]) == 6
 
 
@@ -390,7 +396,7 @@ def test_characters_a_char_vocabulary_never_saw_are_refused(char_run, tmp_path, 
 
 
 def test_words_a_word_vocabulary_never_saw_are_read_as_unk_with_a_count(tmp_path):
-    from txl.text import UnknownTokensWarning
+    from txl.inference.text import UnknownTokensWarning
     from txl.train.trainer import train
 
     corpus = tmp_path / "words.txt"
@@ -404,3 +410,33 @@ def test_words_a_word_vocabulary_never_saw_are_read_as_unk_with_a_count(tmp_path
         ids = [lm.start, *lm.vocab.encode(doc).tolist()]
         assert lm.vocab.unk_id in ids
         assert value == pytest.approx(-float(_long_pass(lm.model, ids).sum()), abs=1e-6)
+
+
+@pytest.mark.parametrize("mem_len", [None, 0], ids=["memory", "no_memory"])
+def test_generate_until_rows_join_and_leave_each_as_alone(trained_run, mem_len):
+    # 6 requests through 2 rows: rows leave at their stop string or max_gen_toks and the next request joins;
+    # each text is the greedy continuation of its prompt alone, cut before its first until string
+    from txl.inference import GenerationSettings, generate
+
+    lm = TxlLM(run=str(trained_run), batch_size=2, **({} if mem_len is None else {"mem_len": mem_len}))
+    asks = [
+        ("def f(x):\n", [], 9),
+        ("import ", ["\x00never"], 3),
+        ("class A:\n    pass\n" * 3, [], 14),  # longer than a segment and than the memory
+        ("x", ["e"], 20),
+        ("for i in range(3):\n", [" "], 11),
+        ("#", [], 1),
+    ]
+    got = lm.generate_until(
+        [
+            Instance("generate_until", {}, (p, {"until": u, "max_gen_toks": n}), i)
+            for i, (p, u, n) in enumerate(asks)
+        ]
+    )
+    for (prompt, until, n), text in zip(asks, got, strict=True):
+        ids = torch.tensor(lm.vocab.encode(prompt).tolist())
+        settings = GenerationSettings(max_new_tokens=n, temperature=0, span=lm.span, context=lm.tgt_len)
+        full = lm.vocab.decode(generate(lm.model, ids, settings).new_tokens[0].tolist())
+        cuts = [full.index(s) for s in until if s in full]
+        assert text == full[: min(cuts)] if cuts else text == full
+    assert any(got[i] != "" for i in range(len(asks)))

@@ -240,3 +240,40 @@ def test_a_batch_that_began_whole_takes_a_later_row():
         )
         assert got[request] == alone.new_tokens[0].tolist()
         torch.testing.assert_close(torch.stack(seen[request]), alone.scores[0], atol=1e-12, rtol=0)
+
+
+def test_one_prefill_joins_several_rows_as_choices():
+    """One prefilled prompt joins two rows (two choices of one request, each with its own seed): each row
+    samples what the prompt alone samples from its generator."""
+    model = _model()
+    prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
+    settings = GenerationSettings(temperature=1.0)
+    rows = RowBatch(model, 3, settings)
+    prefilled = rows.prefill(prompt)
+    rows.join(2, prefilled)
+    rows.join(0, prefilled)
+    generators = {0: torch.Generator().manual_seed(7), 2: torch.Generator().manual_seed(8)}
+    current = {r: prefilled.log_probs[0] for r in generators}
+    got: dict[int, list[int]] = {0: [], 2: []}
+    for _ in range(8):
+        tokens = torch.zeros(3, dtype=torch.long)
+        for r, g in generators.items():
+            tokens[r] = draw(current[r][None], settings, generator=g)[0]
+            got[r].append(int(tokens[r]))
+        stepped = rows.step(tokens)
+        current = {r: stepped[r] for r in generators}
+    for r, seed in ((0, 7), (2, 8)):
+        alone = generate(
+            model,
+            prompt,
+            GenerationSettings(max_new_tokens=8),
+            generator=torch.Generator().manual_seed(seed),
+        )
+        assert got[r] == alone.new_tokens[0].tolist()
+    assert got[0] != got[2]
+    whole = RowBatch(model, 1, settings)
+    first = whole.prefill(prompt)
+    whole.join(0, first)
+    whole.free(0)
+    with pytest.raises(ValueError, match="became the batch's cache"):
+        whole.join(0, first)

@@ -301,7 +301,7 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
 
 
 def test_every_public_name_resolves_to_its_module():
-    from txl import config, evaluate, generate, interop, model, threads
+    from txl import config, evaluate, inference, interop, model, threads
 
     names = {
         config: (
@@ -317,13 +317,14 @@ def test_every_public_name_resolves_to_its_module():
         ),
         model: ("TransformerXL", "ModelOutput", "Memory", "update_memory", "KVCache"),
         evaluate: ("segment_losses",),
+        inference: ("generate", "stream", "GenerationSettings", "Step"),
         threads: ("configure_threads",),
     }
     for module, exported in names.items():
         for name in exported:
             assert getattr(txl, name) is getattr(module, name), name
-    assert txl.interop is interop and txl.evaluate is evaluate and txl.generate is generate
-    modules = {"interop", "evaluate", "generate"}
+    assert txl.interop is interop and txl.evaluate is evaluate
+    modules = {"interop", "evaluate"}
     assert {n for exported in names.values() for n in exported} | modules == set(txl.__all__)
     assert set(txl.__all__) == set(txl._EXPORTS) and set(txl.__all__) <= set(dir(txl))
     namespace: dict = {}

@@ -577,13 +577,13 @@ def _cmd_harness(args: argparse.Namespace) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     if not tasks:
         raise ConfigError("--tasks must name at least one task")
+    if args.mem_len == 0 and args.same_length:
+        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
         check_task_names(tasks, args.include_path)
     from .harness import HarnessSettings, TxlLM, run_tasks
 
     _device(args.device)
-    if args.mem_len == 0 and args.same_length:
-        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     metadata = None
     if args.metadata is not None:
         try:
@@ -632,7 +632,8 @@ def _add_harness_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "harness",
         help="evaluate a run with EleutherAI's lm-evaluation-harness (pip install 'txl[harness]'); "
-        "prints one JSON line",
+        "prints one JSON line. Text as txl generate reads a prompt: words a word vocabulary does not know are "
+        "read as <unk> (a warning counts them), characters a char vocabulary never saw are refused",
     )
     p.add_argument("run_dir")
     p.add_argument(

@@ -209,6 +209,7 @@ def segment_losses(
     ``name`` names the array in errors (a split)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     span = model.config.span if span is None else span
+    batches: Iterable[Batch]
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
         if starts is not None:
             raise ValueError("starts are token indices of a 1-D token array; streams (B, L+1) take none")
@@ -218,7 +219,7 @@ def segment_losses(
             )
         ids = tokens.to(device=device, dtype=torch.long)
         inputs, targets = ids[:, :-1], ids[:, 1:]  # (B, L) each
-        batches: Iterable[Batch] = (
+        batches = (
             Batch(inputs[:, start : start + tgt_len], targets[:, start : start + tgt_len])
             for start in range(0, inputs.shape[1], tgt_len)
         )
@@ -574,6 +575,9 @@ class _RaggedReader:
                 log_probs = None
                 loss = self.model(inputs, targets=targets, **where).loss  # (B, T)
         loss = loss.double()
+        hits = (
+            log_probs.argmax(-1) == targets if log_probs is not None and settings.greedy else None
+        )  # (B, T)
         segments, done = [], set()
         for b, (slot, n) in enumerate(zip(active, counts, strict=True)):
             last = n == slot.left
@@ -586,9 +590,7 @@ class _RaggedReader:
                     offset=slot.offset,
                     loss=loss[b, :n],
                     log_probs=log_probs[b, :n] if log_probs is not None and settings.log_probs else None,
-                    greedy=(log_probs[b, :n].argmax(-1) == targets[b, :n])
-                    if log_probs is not None and settings.greedy
-                    else None,
+                    greedy=hits[b, :n] if hits is not None else None,
                     last=last,
                     memory=memory,
                 )

@@ -1,7 +1,7 @@
 """A trained txl run as a model of EleutherAI's lm-evaluation-harness (``lm-eval``), registered as ``"txl"``:
 log-likelihoods read segment by segment with the memory, rolling log-likelihoods with every token predicted
-once, and generation through txl's key/value cache. What the harness asks and how it scores is the harness's;
-reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.generate`'s.
+once (both through :func:`txl.evaluate.ragged_losses`), and generation through txl's decoding core. What the harness asks and how it scores is the harness's;
+reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.inference`'s.
 
 Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
 
@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .config import ConfigError, eval_span, first_set
 from .errors import TxlError
-from .evaluate import RaggedSettings, score_rows
+from .evaluate import RaggedSettings, eval_mode, score_rows
 from .harness_tasks import check_task_names
-from .inference import PAD_ID, GenerationSettings, stream
+from .inference import GenerationSettings, draw, rows_for
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .runs import load_run
 
@@ -96,13 +98,6 @@ def start_token(vocab: Any) -> int:
     return int(ids[0])
 
 
-def _batches(items: Sequence[Any], *, size: int, length: Callable[[Any], int]) -> list[list[int]]:
-    """Indices of ``items`` in batches of ``size``, longest first, so that a batch holds rows of similar
-    lengths."""
-    order = sorted(range(len(items)), key=lambda i: -length(items[i]))
-    return [order[i : i + size] for i in range(0, len(order), size)]
-
-
 def _int_arg(name: str, value: Any, *, low: int) -> int | None:
     """A model argument given as an int or as text (``--model_args mem_len=0``), at least ``low``."""
     if value is None:
@@ -148,8 +143,10 @@ class TxlLM(TemplateLM):
     - ``loglikelihood_rolling``: the document after :func:`start_token`, every token predicted once; with
       memory, segment by segment, each with the memory of the previous ones; without, the harness's rolling
       windows (``lm_eval.utils.get_rolling_token_windows``), each read alone.
-    - ``generate_until``: txl's cached generation, greedy unless the task asks ``do_sample`` with a
-      temperature, up to ``max_gen_toks`` tokens, cut before the first ``until`` string.
+    - ``generate_until``: txl's decoding core (:func:`txl.inference.rows_for`: a key/value cache with memory,
+      recomputed windows without), the requests as rows of one batch that join and leave; greedy unless the
+      task asks ``do_sample`` with a temperature, up to ``max_gen_toks`` tokens, cut before the first
+      ``until`` string.
 
     Text the vocabulary does not know is treated as ``txl generate`` and ``txl serve`` treat a prompt: a word
     vocabulary reads unknown words as ``<unk>``, as its training data does, and says how many with an
@@ -192,7 +189,7 @@ class TxlLM(TemplateLM):
             _int_arg("tgt_len", tgt_len, low=1), config.eval.tgt_len, config.train.tgt_len
         )
         self.batch_size = first_set(_int_arg("batch_size", batch_size, low=1), config.eval.batch_size)
-        self.seed = _int_arg("seed", seed, low=0)
+        self.seed = first_set(_int_arg("seed", seed, low=0), 1234)
         self.start = start_token(self.vocab)
         self.unknown: dict[str, None] = {}
         """The distinct words read as ``<unk>`` since the last warning (word vocabularies)."""
@@ -314,50 +311,81 @@ class TxlLM(TemplateLM):
         return totals
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        results = [""] * len(requests)
-        settings = [_gen_settings(request.args[1]) for request in requests]
+        """Each request's text continued until one of its ``until`` strings or ``max_gen_toks`` tokens (see the
+        class): the requests are rows of one batch (:func:`txl.inference.rows_for`, ``batch_size`` rows), a
+        row that finishes makes room for the next request, each row decodes as its prompt alone."""
+        asks = [_gen_settings(request.args[1]) for request in requests]
         prompts = [self.tok_encode(request.args[0]) or [self.start] for request in requests]
         self._warn_unknown()
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for index, setting in enumerate(settings):
-            groups.setdefault(setting, []).append(index)
-        generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        for (until, max_gen_toks, temperature), members in groups.items():
-            for batch in _batches(members, size=self.batch_size, length=lambda i: len(prompts[i])):
-                indices = [members[i] for i in batch]
-                texts = self._generate(
-                    [prompts[i] for i in indices], until, max_gen_toks, temperature, generator
-                )
-                for index, text in zip(indices, texts, strict=True):
-                    results[index] = text
-                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
+        results = self._generate(prompts, asks)
+        for request, text in zip(requests, results, strict=True):
+            self.cache_hook.add_partial("generate_until", request.args, text)
         return results
 
     def _generate(
-        self,
-        prompts: list[list[int]],
-        until: tuple[str, ...],
-        max_gen_toks: int,
-        temperature: float,
-        generator: torch.Generator,
+        self, prompts: list[list[int]], asks: list[tuple[tuple[str, ...], int, float]]
     ) -> list[str]:
-        """Continue the rows together until each has met an ``until`` string or ``max_gen_toks`` tokens."""
-        pieces = [TextStream(self.vocab, prompt, stop=until) for prompt in prompts]
-        settings = GenerationSettings(
-            max_new_tokens=max_gen_toks, temperature=temperature, span=self.span, context=self.tgt_len
-        )
-        tokens = stream(
-            self.model, [torch.tensor(p, dtype=torch.long) for p in prompts], settings, generator=generator
-        )
-        for step, token in enumerate(tokens):
-            last = step == max_gen_toks - 1
-            for piece, token_id in zip(pieces, token.tokens.tolist(), strict=True):
-                if token_id != PAD_ID:
-                    piece.push(token_id, final=last)
-            if all(piece.stopped for piece in pieces):
-                tokens.close()
-                break
-        return [piece.text for piece in pieces]
+        """Continuous batching over :func:`~txl.inference.rows_for`'s rows: a request is prefilled and joins a
+        free row, steps with the others, and leaves when its :class:`~txl.inference.text.TextStream` meets a
+        stop string or it has its tokens; tokens are drawn row by row in row order from one generator seeded
+        with ``seed``."""
+        base = GenerationSettings(span=self.span, context=self.tgt_len)
+        rows = rows_for(self.model, max(1, min(self.batch_size, len(prompts))), base)
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
+        active: dict[int, _Request] = {}  # batch row -> request
+        results = [""] * len(prompts)
+        tokens = torch.zeros(rows.size, dtype=torch.long, device=self.device)  # (R,): each row's last token
+        with eval_mode(self.model):
+            while True:
+                while any(request.done for request in active.values()) or (
+                    waiting and len(active) < rows.size
+                ):
+                    for r in [r for r, request in active.items() if request.done]:  # finished rows leave
+                        finished = active.pop(r)
+                        results[finished.index] = finished.text.text
+                        rows.free(r)
+                    for r in range(rows.size):  # waiting requests join the free rows
+                        if r in active or not waiting:
+                            continue
+                        index = waiting.popleft()
+                        first = rows.prefill(torch.tensor(prompts[index], dtype=torch.long))  # (1, V)
+                        rows.join(r, first)
+                        until, max_gen_toks, temperature = asks[index]
+                        active[r] = _Request(
+                            index=index,
+                            text=TextStream(self.vocab, prompts[index], stop=until),
+                            settings=GenerationSettings(temperature=temperature),
+                            left=max_gen_toks,
+                        )
+                        tokens[r] = active[r].push(first.log_probs, generator)
+                if not active:
+                    return results
+                log_probs = rows.step(tokens)  # (R, V)
+                for r, request in active.items():
+                    tokens[r] = request.push(log_probs[r : r + 1], generator)
+
+
+@dataclass
+class _Request:
+    """A ``generate_until`` request in a batch row: its text so far, how it draws, the tokens it may still
+    take."""
+
+    index: int
+    text: TextStream
+    settings: GenerationSettings
+    left: int
+
+    @property
+    def done(self) -> bool:
+        return self.text.stopped or self.left == 0
+
+    def push(self, log_probs: Tensor, generator: torch.Generator) -> int:
+        """Draw the next token from ``log_probs`` (1, V) and add it to the text."""
+        token = int(draw(log_probs, self.settings, generator=generator)[0])
+        self.left -= 1
+        self.text.push(token, final=self.left == 0)
+        return token
 
 
 def _gen_settings(kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
@@ -452,14 +480,12 @@ def _quiet_lm_eval() -> Iterator[None]:
     evaluator.get_git_commit_hash = lambda: None
     evaluator.add_env_info = lambda storage: None
     foreign = _Foreign()
-    loggers = [logging.getLogger(name) for name in ("lm_eval.api.task", "lm_eval.api", "lm_eval")]
-    for logger in loggers:
-        logger.addFilter(foreign)
+    logger = logging.getLogger("lm_eval.api.task")  # where lm-eval logs them
+    logger.addFilter(foreign)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\..*)?$")
             yield
     finally:
         evaluator.get_git_commit_hash, evaluator.add_env_info = saved
-        for logger in loggers:
-            logger.removeFilter(foreign)
+        logger.removeFilter(foreign)

@@ -18,8 +18,8 @@ from ..errors import TxlError
 
 __all__ = ["TaskNames", "check_task_names", "lm_eval_tasks_dir", "task_names"]
 
-OWN_DIR = Path(__file__).resolve().parent
-"""This folder (txl's own tasks)."""
+_HERE = Path(__file__).resolve().parent
+"""This folder: txl's own tasks (``txl.harness.TASKS_DIR``)."""
 
 _KEY = re.compile(
     r"^([ \t]*)(-[ \t]+)?[\"']?(task|group|tag)[\"']?[ \t]*:[ \t]*(.*?)[ \t]*\r?$", re.MULTILINE
@@ -112,7 +112,7 @@ def _builtin() -> frozenset[str]:
 
 def task_names(include_path: Sequence[str | Path] = ()) -> TaskNames:
     """The names defined by lm-eval's task folder, txl's own and the folders ``include_path``."""
-    local, groups = _scan([OWN_DIR, *(Path(p) for p in include_path)])
+    local, groups = _scan([_HERE, *(Path(p) for p in include_path)])
     return TaskNames(builtin=_builtin(), local=frozenset(local), local_groups=groups)
 
 
@@ -130,7 +130,7 @@ def check_task_names(
     if unknown:
         close = list(dict.fromkeys(c for n in unknown for c in difflib.get_close_matches(n, names.all, n=5)))
         hint = f"close: {', '.join(close)}; " if close else ""
-        own = ", ".join(sorted(_scan([OWN_DIR])[0]))
+        own = ", ".join(sorted(_scan([_HERE])[0]))
         raise TxlError(
             f"{flag}: unknown task {', '.join(unknown)} ({hint}txl's own: {own}; "
             "add a folder of task YAML files with --include-path)"

@@ -6,7 +6,7 @@ Dimensions: B batch (rows), P prompt length (the longest), N new tokens, V vocab
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..evaluate import eval_mode
 from ..model import Memory
+from ..model.transformer import config_of
 from .rows import RowBatch, WindowRows, has_memory, prepare_rows, rows_for
 from .sampling import draw
 from .settings import GenerationSettings
@@ -85,7 +86,7 @@ class _Decoding:
             raise ValueError("max_new_tokens must be at least 1 to generate (0 generates nothing)")
         if settings.stop:
             raise ValueError("stop strings need a vocabulary: use generate_text (or stop_ids here)")
-        config = model.config
+        config = config_of(model)
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
         self.rows = prepare_rows(prompt, vocab_size=config.vocab_size, device=device)
@@ -166,7 +167,7 @@ def stream(
     *,
     generator: Generators = None,
     memory: Memory | None = None,
-) -> Iterator[Step]:
+) -> Generator[Step, None, None]:
     """Like :func:`generate`, but yield one :class:`Step` at a time, as the tokens are sampled: ``tokens``
     (B,) (:data:`PAD_ID` for rows that have stopped) and the ``log_probs`` (B, V) they were drawn from; it
     ends after ``max_new_tokens`` steps or when every row has met one of ``stop_ids``. The same arguments
@@ -176,7 +177,7 @@ def stream(
     consumed, and gets its training flags back when the stream ends or is closed."""
     decoding = _Decoding(model, prompt, settings, generator=generator, memory=memory)
 
-    def steps() -> Iterator[Step]:
+    def steps() -> Generator[Step, None, None]:
         for step in decoding.steps():
             yield Step(step.tokens.clone(), step.log_probs.clone())  # ordinary tensors the caller owns
 

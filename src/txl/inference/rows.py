@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..config import Span
 from ..model import KVCache, Memory
 from ..model.decode import Decoder
+from ..model.transformer import config_of
 from .settings import DEFAULT_CONTEXT, GenerationSettings
 
 __all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows", "has_memory"]
@@ -80,13 +81,13 @@ def _left_pad(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
 def has_memory(model: nn.Module, span: Span | None = None) -> bool:
     """Whether ``model`` decodes with a memory under ``span`` (default: the model's): relative attention and
     ``mem_len > 0``; else its rows are :class:`WindowRows`."""
-    config = model.config
+    config = config_of(model)
     span = config.span if span is None else span
     return config.attention == "relative" and span.mem_len > 0
 
 
 def _no_memory_why(model: nn.Module) -> str:
-    absolute = model.config.attention == "absolute"
+    absolute = config_of(model).attention == "absolute"
     return "the vanilla baseline (attention='absolute')" if absolute else "mem_len=0"
 
 
@@ -106,6 +107,16 @@ def _row_list(r: int | Sequence[int], *, size: int, what: str) -> list[int]:
     return rows
 
 
+def _drain(steps: Generator[None, None, Prefilled]) -> Prefilled:
+    """Run a prefill generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            prefilled: Prefilled = done.value
+            return prefilled
+
+
 def _check_size(rows: Any) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows must be a positive integer, got {rows!r}")
@@ -114,7 +125,9 @@ def _check_size(rows: Any) -> int:
 
 @dataclass(frozen=True)
 class Prefilled:
-    """n prompts prefilled apart from a batch, ready to join its rows once (:meth:`RowBatch.join`).
+    """n prompts prefilled apart from a batch, ready to join rows of it (:meth:`RowBatch.join`), as often as
+    wanted (n choices of one prompt join n rows), except once a first join of every row at once has made its
+    cache the batch's own.
 
     ``log_probs`` is what the first new token of each row is drawn from; the rest is the state the rows
     carry into the batch: a key/value cache of n rows (:class:`RowBatch`), or the window of the last tokens
@@ -157,8 +170,8 @@ class RowBatch:
     ) -> None:
         if not isinstance(settings, GenerationSettings):
             raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
-        config = model.config
         self.model = model
+        self.config = config = config_of(model)
         self.size = _check_size(rows)
         """R, the rows of the batch."""
         self.span: Span = config.span if settings.span is None else settings.span
@@ -185,13 +198,7 @@ class RowBatch:
         """Feed ``prompt`` after ``memory`` apart from the batch: (P,) one row, (n, P) n rows of one length,
         or a list of n 1-D rows of any lengths (each then reads only its own tokens, exactly as alone);
         ``memory``: a :class:`Memory` of n rows to continue, or None."""
-        steps = self.prefill_steps(prompt, memory)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                prefilled: Prefilled = done.value
-                return prefilled
+        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
@@ -199,8 +206,7 @@ class RowBatch:
     ) -> Generator[None, None, Prefilled]:
         """:meth:`prefill` as a generator that yields between two chunks (so a server can step its other rows
         meanwhile) and returns the :class:`Prefilled`."""
-        config = self.model.config
-        rows = prepare_rows(prompt, vocab_size=config.vocab_size, device=self.device)
+        rows = prepare_rows(prompt, vocab_size=self.config.vocab_size, device=self.device)
         n = len(rows)
         if memory is not None:
             if not isinstance(memory, Memory):
@@ -233,7 +239,7 @@ class RowBatch:
 
     def _cache(self, n: int, memory: Memory | None) -> KVCache:
         return KVCache(
-            self.model.config,
+            self.config,
             batch_size=n,
             span=self.span,
             memory=memory,
@@ -243,8 +249,8 @@ class RowBatch:
 
     def _empty(self, n: int, length: int) -> KVCache:
         """A cache of n rows that remember ``length`` positions out of everyone's reach (rows put in later)."""
-        zeros = Memory.zeros(self.model.config, n, length, dtype=self.dtype, device=self.device)
-        cache = KVCache(self.model.config, span=self.span, memory=zeros)
+        zeros = Memory.zeros(self.config, n, length, dtype=self.dtype, device=self.device)
+        cache = KVCache(self.config, span=self.span, memory=zeros)
         cache.mark_projected()  # nothing reaches these slots: their keys and values are never read
         return cache
 
@@ -277,6 +283,8 @@ class RowBatch:
                 f"join: rows {[i for i in rows if self._active[i]]} are in use (free them first)"
             )
         source = prefilled.cache
+        if source is self.cache:
+            raise ValueError("join: this Prefilled became the batch's cache when every row joined it")
         if self.cache is None and rows == list(range(self.size)):
             self._use(source)  # the whole batch at once: its cache is the batch's (no copy)
         else:
@@ -365,9 +373,10 @@ class WindowRows:
         if not isinstance(settings, GenerationSettings):
             raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
         self.model = model
+        self.config = config_of(model)
         self.size = _check_size(rows)
         """R, the rows of the batch."""
-        self.span: Span = model.config.span if settings.span is None else settings.span
+        self.span: Span = self.config.span if settings.span is None else settings.span
         self.context = DEFAULT_CONTEXT if settings.context is None else settings.context
         self.device, _ = _parameter(model)
         self.seq = torch.zeros(self.size, 0, dtype=torch.long, device=self.device)
@@ -396,13 +405,7 @@ class WindowRows:
     def prefill(self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None) -> Prefilled:
         """The last ``context`` tokens of each prompt row and the log-probabilities after them (as
         :meth:`RowBatch.prefill`; a memory is refused: the model has none)."""
-        steps = self.prefill_steps(prompt, memory)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                prefilled: Prefilled = done.value
-                return prefilled
+        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
@@ -413,7 +416,7 @@ class WindowRows:
             raise ValueError(
                 f"memory was given but the model has none ({_no_memory_why(self.model)}): pass memory=None"
             )
-        rows = prepare_rows(prompt, vocab_size=self.model.config.vocab_size, device=self.device)
+        rows = prepare_rows(prompt, vocab_size=self.config.vocab_size, device=self.device)
         rows = [row[-self.context :] for row in rows]
         lengths = tuple(len(row) for row in rows)
         window = torch.stack(rows) if len(set(lengths)) == 1 else _left_pad(rows)[0]  # (n, W)
@@ -488,5 +491,5 @@ def rows_for(
 ) -> RowBatch | WindowRows:
     """The rows that decode ``model``: a :class:`RowBatch` when it has memory under ``settings.span``, else
     :class:`WindowRows`."""
-    span = model.config.span if settings.span is None else settings.span
+    span = config_of(model).span if settings.span is None else settings.span
     return RowBatch(model, rows, settings) if has_memory(model, span) else WindowRows(model, rows, settings)

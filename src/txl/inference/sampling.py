@@ -66,10 +66,10 @@ def draw(
     if settings.filters:
         scores = filter_logits(scores, top_k=settings.top_k, top_p=settings.top_p)
     probs = torch.softmax(scores, dim=-1)  # (B, V)
-    if isinstance(generator, (list, tuple)):
-        rows = [torch.multinomial(p[None], 1, generator=g) for p, g in zip(probs, generator, strict=True)]
-        return torch.cat(rows).squeeze(-1)  # (B,)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    rows = [torch.multinomial(p[None], 1, generator=g) for p, g in zip(probs, generator, strict=True)]
+    return torch.cat(rows).squeeze(-1)  # (B,)
 
 
 def sample_next(

@@ -11,13 +11,14 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..config import span_of
 from ..errors import TxlWarning
+from ..model.transformer import config_of
 from .loop import generate, stream
 from .settings import GenerationSettings
 
@@ -75,7 +76,7 @@ def read_prompt(
         raise ValueError(f"unknown must be 'unk' or 'error', got {unknown!r}")
     missing: list[str] = []
     if unknown == "unk" and getattr(vocab, "unknown_as_unk", False):
-        missing = list(vocab.unknown_tokens(text))
+        missing = list(cast(Any, vocab).unknown_tokens(text))  # what vocabularies with unknown_as_unk have
         ids = vocab.encode(text)
     else:
         ids = vocab.encode(text, strict=True)
@@ -143,10 +144,10 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 def _check_vocab(model: nn.Module, vocab: _Vocab) -> None:
-    if len(vocab) != model.config.vocab_size:
+    vocab_size = config_of(model).vocab_size
+    if len(vocab) != vocab_size:
         raise ValueError(
-            f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is "
-            f"{model.config.vocab_size}: they must match"
+            f"the vocabulary has {len(vocab)} tokens but the model's vocab_size is {vocab_size}: they must match"
         )
 
 

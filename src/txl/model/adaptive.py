@@ -12,6 +12,7 @@ Dimensions: N flattened positions (B*T), D model size, E_i embedding size of clu
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +95,8 @@ class AdaptiveEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         if len(self.emb_layers) == 1:
-            emb = F.embedding(tokens, self.emb_layers[0].weight)  # (B, T, E), as the plain nn.Embedding
+            table = cast(Tensor, self.emb_layers[0].weight)
+            emb = F.embedding(tokens, table)  # (B, T, E), as the plain nn.Embedding
             if not self.emb_projs:  # one table of size D (decoding embeds one token per step: few calls)
                 return emb * self.scale
             proj = self.projection(0)
@@ -110,6 +112,7 @@ class AdaptiveEmbedding(nn.Module):
             emb = F.linear(self.emb_layers[i](local), self.emb_projs[str(i)])  # (B, T, D)
             emb = emb * inside.unsqueeze(-1).to(emb.dtype)
             out = emb if out is None else out + emb
+        assert out is not None  # at least two clusters here
         return out * self.scale
 
 
@@ -180,9 +183,10 @@ class AdaptiveLogSoftmax(nn.Module):
         proj = self.out_projs[str(i)] if str(i) in self.out_projs else None
         if self.div_val == 1:
             start, end = self.bounds[i]
-            layer = self.out_layers[0]
+            layer = cast(nn.Linear, self.out_layers[0])
             return layer.weight[start:end], layer.bias[start:end], proj
-        return self.out_layers[i].weight, self.out_layers[i].bias, proj
+        layer = cast(nn.Linear, self.out_layers[i])
+        return layer.weight, layer.bias, proj
 
     @staticmethod
     def _logits(hidden: Tensor, weight: Tensor, bias: Tensor, proj: Tensor | None) -> Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +75,7 @@ class _RelShift(torch.autograd.Function):
     """:func:`rel_shift` as a strided view, with its backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         t, k = x.shape[-2:]
         x = x.contiguous()
         ctx.shape = x.shape
@@ -86,7 +86,7 @@ class _RelShift(torch.autograd.Function):
         return out.set_(x.untyped_storage(), x.storage_offset() + t - 1, x.shape, stride)  # (..., T, K)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         # Entry (i, j < K-1) of the view maps one-to-one onto offsets T-1 .. T·K-2 of each (T, K) block; the
         # last column overlaps the next row except in the last row, whose (T-1, K-1) is offset T·K-1; offsets
         # before T-1 (distances no query reaches) get no gradient. Future entries carry a zero gradient (masked).

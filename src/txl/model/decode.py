@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
+from .attention import RelativeMultiHeadAttention
 from .cache import KVCache, LayerCache
+from .layers import DecoderLayer
 from .positional import relative_distances, sinusoid
-from .transformer import TransformerXL
+from .transformer import TransformerXL, config_of
 
 __all__ = [
     "Decoder",
@@ -150,8 +153,8 @@ def weights_key(model: TransformerXL, *, longest: int, clamp_len: int | None, ba
 
 
 @torch.no_grad()
-def _layer_tables(layer: nn.Module, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerTables:
-    attn = layer.attn
+def _layer_tables(layer: DecoderLayer, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerTables:
+    attn = cast(RelativeMultiHeadAttention, layer.attn)
     b, h, dh = batch_size, attn.n_head, attn.d_head
     rel = attn.project_distances(pos)  # (H, Dh, R)
     rel = rel.unsqueeze(0).expand(b, h, dh, rel.shape[-1]).reshape(b * h, dh, -1)  # (B*H, Dh, R)
@@ -163,7 +166,7 @@ def _layer_tables(layer: nn.Module, pos: Tensor, *, u: Tensor, v: Tensor, batch_
         out_t=attn.out.weight.t().contiguous(),
         scale=attn.scale,
     )
-    first, second = layer.ff.net[0], layer.ff.net[3]
+    first, second = cast(nn.Linear, layer.ff.net[0]), cast(nn.Linear, layer.ff.net[3])
     ff = (first.weight.t().contiguous(), first.bias, second.weight.t().contiguous(), second.bias)
     return LayerTables(attention, ff, _norm_args(layer.attn_norm), _norm_args(layer.ff_norm), layer.pre_norm)
 
@@ -186,7 +189,7 @@ def decoding_tables(
         distances = relative_distances(longest + 1, clamp_len=clamp_len, device=param.device)  # (R,)
         pos = sinusoid(distances, model.config.d_model, dtype=param.dtype)  # (R, D)
         layers = tuple(
-            _layer_tables(layer, pos, u=u, v=v, batch_size=batch_size)
+            _layer_tables(cast(DecoderLayer, layer), pos, u=u, v=v, batch_size=batch_size)
             for layer, (u, v) in zip(model.layers, model._biases(), strict=True)
         )
         output = None
@@ -276,11 +279,13 @@ def document_bias(reach: Tensor, starts: Tensor | None, *, k: int, heads: int, d
 def bind_memory(model: TransformerXL, cache: KVCache) -> None:
     """Project the keys and values of the memory a cache was built with (its unprojected slots) through the
     model, as the first segment through ``forward`` would."""
-    for layer, layer_cache in zip(model.layers, cache.layers, strict=True):
+    for module, layer_cache in zip(model.layers, cache.layers, strict=True):
         state = layer_cache.unprojected()  # (B, P, D)
         if state is None:
             return
-        _, k, v = layer.attn.project(layer.attention_input(state), None)  # (B, H, P, Dh) each
+        layer = cast(DecoderLayer, module)
+        attn = cast(RelativeMultiHeadAttention, layer.attn)
+        _, k, v = attn.project(layer.attention_input(state), None)  # (B, H, P, Dh) each
         layer_cache.append(k, v)
     cache.mark_projected()
 
@@ -296,27 +301,29 @@ class Decoder:
     model's own layers."""
 
     def __init__(self, model: nn.Module, cache: KVCache) -> None:
-        if model.config.attention != "relative":
+        if config_of(model).attention != "relative":
             raise ValueError("one-position decoding needs a Transformer-XL with relative attention")
         self.model = model
         self.cache = cache
-        self.tables = self._tables() if isinstance(model, TransformerXL) else None
+        self.xl = model if isinstance(model, TransformerXL) else None
+        """The model when its layers can be read into tables (None: a wrapper, stepped through its forward)."""
+        self.tables = None if self.xl is None else self._tables(self.xl)
         self._rel: tuple[int, list[Tensor]] = (-1, [])
 
-    def _tables(self) -> DecodingTables:
+    def _tables(self, xl: TransformerXL) -> DecodingTables:
         cache = self.cache
         return decoding_tables(
-            self.model, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
+            xl, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
         )
 
     @property
     def stale(self) -> bool:
         """Whether a weight changed since the tables were made (or the thread count moved)."""
         cache = self.cache
-        if self.tables is None:
+        if self.tables is None or self.xl is None:
             return False
         key = weights_key(
-            self.model, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
+            self.xl, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
         )
         return key != self.tables.key
 
@@ -324,25 +331,25 @@ class Decoder:
         """Feed tokens (B, T) through the model with the cache, ``chunk`` positions at a time (default: all),
         and return the log-probabilities (B, V) of the next token. ``starts`` (B, T) bool: where documents
         begin (as ``TransformerXL.forward``; e.g. at each row's first token of a left-padded batch)."""
-        if self.stale:
-            self.tables, self._rel = self._tables(), (-1, [])
+        if self.stale and self.xl is not None:
+            self.tables, self._rel = self._tables(self.xl), (-1, [])
         step = tokens.shape[1] if chunk is None else chunk
         for start in range(0, tokens.shape[1], step):
             part = None if starts is None else starts[:, start : start + step]
             out = self.model(tokens[:, start : start + step], cache=self.cache, last_only=True, starts=part)
         return out.log_probs[:, -1]
 
-    def _distances(self, k: int) -> list[Tensor]:
+    def _distances(self, tables: DecodingTables, k: int) -> list[Tensor]:
         """Each layer's distance table sliced to the K keys in view (kept while K stays)."""
         if self._rel[0] != k:
-            self._rel = (k, [layer.attention.rel[:, :, -k:] for layer in self.tables.layers])  # (B*H, Dh, K)
+            self._rel = (k, [layer.attention.rel[:, :, -k:] for layer in tables.layers])  # (B*H, Dh, K)
         return self._rel[1]
 
     @torch.no_grad()
     def step(self, token: Tensor, *, starts: Tensor | None = None) -> Tensor:
         """One token per row, (B,) int64 -> log-probabilities (B, V) of the next one; the cache slides.
         ``starts`` (B,) bool: rows whose token begins a new document (it attends to nothing remembered)."""
-        model, cache = self.model, self.cache
+        model, cache, tables, xl = self.model, self.cache, self.tables, self.xl
         if starts is not None and (
             not isinstance(starts, Tensor) or starts.dtype != torch.bool or starts.shape != token.shape
         ):
@@ -354,11 +361,11 @@ class Decoder:
             raise ValueError(
                 f"starts must be a bool tensor of the token's shape {tuple(token.shape)}, got {got}"
             )
-        if model.training or self.tables is None:
+        if model.training or tables is None or xl is None:
             column = None if starts is None else starts[:, None]
             return model(token[:, None], cache=cache, last_only=True, starts=column).log_probs[:, -1]
         if cache.projected != cache.end:
-            bind_memory(model, cache)
+            bind_memory(xl, cache)
         span = cache.span
         cache.make_room(1)
         k = cache.length + 1
@@ -367,21 +374,21 @@ class Decoder:
         first = cache.end + 1 - k
         bias = None  # documents: the keys before each row's own are out of view
         if starts is not None or cache.reach is not None:
-            heads = model.config.n_head
+            heads = xl.config.n_head
             bias = document_bias(
                 cache.full_reach(), starts, k=k, heads=heads, dtype=cache.dtype
             )  # (B*H, 1, K)
-        h = model.embedding(token[:, None])[:, 0]  # (B, D)
+        h = xl.embedding(token[:, None])[:, 0]  # (B, D)
         inputs = []
-        for tables, rel, layer_cache in zip(
-            self.tables.layers, self._distances(k), cache.layers, strict=True
+        for layer, rel, layer_cache in zip(
+            tables.layers, self._distances(tables, k), cache.layers, strict=True
         ):
             inputs.append(h)
-            h = layer_step(h, tables, rel, layer_cache, first=first, bias=bias)
+            h = layer_step(h, layer, rel, layer_cache, first=first, bias=bias)
         cache.store_inputs(inputs)
         cache.advance(1, starts=None if starts is None else starts[:, None])
-        if model.norm is not None:
-            h = model.norm(h)
+        if xl.norm is not None:
+            h = xl.norm(h)
         return self.log_probs(h)
 
     def log_probs(self, hidden: Tensor) -> Tensor:
@@ -389,7 +396,8 @@ class Decoder:
         where the tables have it."""
         output = None if self.tables is None else self.tables.output
         if output is None:
-            return self.model.softmax.log_prob(hidden)
+            xl = self.xl if self.xl is not None else cast(TransformerXL, self.model)
+            return xl.softmax.log_prob(hidden)
         scores = output.scores(hidden)  # (N, V): the plain softmax of log_prob, its weight laid out ahead
         return torch.log_softmax(
             scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores, dim=-1

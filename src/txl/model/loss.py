@@ -18,6 +18,8 @@ page-faulted in on every call: on the CPU that cost about as much as the log-sof
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -41,7 +43,7 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx,
+        ctx: Any,
         hidden: Tensor,
         weight: Tensor,
         bias: Tensor | None,
@@ -74,7 +76,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (lse - picked) * valid
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, target, valid, lse = ctx.saved_tensors
         if ctx.kept is None:
             raise RuntimeError(
@@ -94,14 +96,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             inside = ((target >= s) & (target < s + probs.shape[1]))[:, None]
             local = (target - s).clamp(0, probs.shape[1] - 1)[:, None]
             probs.scatter_add_(1, local, -(grad * inside))  # minus grad * one-hot target: d loss / d logits
-            if need_b:
+            if grad_b is not None:
                 torch.sum(probs, 0, out=grad_b[s : s + cols])
-            if need_w:
+            if grad_w is not None:
                 if probs.dtype == hidden.dtype == acc:
                     torch.mm(probs.t(), hidden, out=grad_w[s : s + cols])  # (C, E), written in place
                 else:
                     grad_w[s : s + cols] = probs.t().to(hidden.dtype) @ hidden  # (C, E)
-            if need_h:
+            if grad_h is not None:
                 grad_h.addmm_(probs, weight[s : s + cols].to(acc))
         ctx.kept = None
         return (

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -94,7 +94,7 @@ class Memory:
         reach = None if self.reach is None else self.reach[rows]
         return Memory(tuple(s[rows] for s in self.states), reach=reach)
 
-    def to(self, *args, **kwargs) -> Memory:
+    def to(self, *args: Any, **kwargs: Any) -> Memory:
         """Move or cast every state (arguments as ``Tensor.to``); the reach follows to the new device and
         stays int64."""
         states = tuple(s.to(*args, **kwargs) for s in self.states)

@@ -23,6 +23,7 @@ exactly the losses it has read alone (to rounding) as long as the memory holds t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
-__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask"]
+__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of"]
 
 
 @dataclass
@@ -52,6 +53,17 @@ class ModelOutput:
     memory: Memory | None
     """Memory for the next segment: the input of each layer on the last ``span.mem_len`` positions (None for
     the vanilla baseline or mem_len = 0, and with a ``cache``, which holds it: ``cache.memory()``)."""
+
+
+def config_of(model: nn.Module) -> TransformerXLConfig:
+    """The :class:`TransformerXLConfig` of a :class:`TransformerXL`, or of a module that wraps one and carries
+    its ``config`` (a compiled model, a spy in a test)."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, TransformerXLConfig):
+        raise ValueError(
+            f"the model must be a txl TransformerXL (or carry its config), got {type(model).__name__}"
+        )
+    return config
 
 
 def attention_mask(
@@ -318,7 +330,7 @@ class TransformerXL(nn.Module):
             )
         t = tokens.shape[1]
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
-        contexts: list[RelativeContext | AbsoluteContext | None] = [None] * cfg.n_layer
+        contexts: Sequence[RelativeContext | AbsoluteContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
             if cache is not None:
                 m, reach = cache.length, cache.reach
