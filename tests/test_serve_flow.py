@@ -85,7 +85,7 @@ def test_a_client_that_stops_reading_stops_its_generation(run_dir):
         assert neighbour.json()["usage"]["completion_tokens"] == 200
         health = c.get("/v1/health").json()
         assert health["tokens_generated"] == stalled + 200  # the parked row did not step with its neighbour
-        assert health["parked"] == 1 and health["rows_in_use"] == 0
+        assert health["parked"] == 1 and health["parks"] == 1 and health["rows_in_use"] == 0
         client.settimeout(60)
         while b"data: [DONE]" not in raw:  # the client reads again: the generation goes on to its end
             part = client.recv(65536)
