@@ -230,7 +230,10 @@ def test_the_default_prompt_comes_from_the_run_never_the_corpus(run_dir, monkeyp
     assert default_prompt(prompted) == "ROMEO:"
     assert default_prompt(run) == "\n"
 
+    reads = []
+
     def no_corpus(*args, **kwargs):
+        reads.append(args)
         raise AssertionError("txl serve read the corpus")
 
     monkeypatch.setattr(txl.data, "load_corpus", no_corpus)
@@ -244,6 +247,7 @@ def test_the_default_prompt_comes_from_the_run_never_the_corpus(run_dir, monkeyp
             assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
     finally:
         hidden.rename(corpus)
+    assert reads == []
 
 
 def test_page_is_one_offline_file(client):

@@ -45,18 +45,37 @@ def _dechunk(raw: bytes) -> str:
     return out.decode("utf-8")
 
 
+def _stalled_client(url: str, body: bytes) -> tuple[socket.socket, bytes]:
+    """A raw HTTP client with a small receive buffer that sends ``body`` and reads only the status line."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_BUFFER)
+    client.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    client.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return client, client.recv(64)
+
+
+def test_a_parked_client_that_leaves_is_cancelled(run_dir):
+    app = create_app(
+        load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_tokens=3000, stream_buffer=4)
+    )
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 3000, "stream": True}).encode()
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        client, _ = _stalled_client(url, body)
+        wait_for(lambda: c.get("/v1/health").json()["parked"] == 1, what="the generation to be parked")
+        client.close()
+        wait_for(lambda: c.get("/v1/health").json()["admitted"] == 0, what="the parked job to end")
+        health = c.get("/v1/health").json()
+        assert health["cancelled"] == 1 and health["parked"] == 0 and health["tokens_generated"] < 1000
+
+
 def test_a_client_that_stops_reading_stops_its_generation(run_dir):
     run = load_run(run_dir)
     buffer = 8
     app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_tokens=1000, stream_buffer=buffer))
     body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "stream": True}).encode()
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
-        client = socket.socket()
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_BUFFER)
-        client.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-        client.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        raw = client.recv(64)  # the status line; then the client reads nothing
+        client, raw = _stalled_client(url, body)  # it reads the status line, then nothing
         wait_for(lambda: c.get("/v1/health").json()["parked"] == 1, what="the generation to be parked")
         stalled = c.get("/v1/health").json()["tokens_generated"]
         # what the buffers in between can hold (Linux doubles the sizes asked; an event is over 100 bytes)
@@ -66,7 +85,7 @@ def test_a_client_that_stops_reading_stops_its_generation(run_dir):
         assert neighbour.json()["usage"]["completion_tokens"] == 200
         health = c.get("/v1/health").json()
         assert health["tokens_generated"] == stalled + 200  # the parked row did not step with its neighbour
-        assert health["parked"] == 1 and health["rows_in_use"] == 0
+        assert health["parked"] == 1 and health["parks"] == 1 and health["rows_in_use"] == 0
         client.settimeout(60)
         while b"data: [DONE]" not in raw:  # the client reads again: the generation goes on to its end
             part = client.recv(65536)

@@ -98,6 +98,7 @@ async def health(request: Request) -> dict[str, Any]:
         "max_batch": scheduler.max_batch,
         "waiting": scheduler.waiting,
         "parked": scheduler.parked,
+        "parks": scheduler.batch.parks,
         "sessions": len(sessions),
         "max_sessions": state.settings.max_sessions,
         "requests": stats.requests,

@@ -51,7 +51,7 @@ class _Parked:
 class Batch:
     """R rows of one batch and the parked choices. ``end(job, error)`` ends a job that failed or was cancelled;
     ``follow(job, work)`` runs a job's last work once all its choices are over; ``generated`` counts the
-    tokens drawn.
+    tokens drawn, ``parks`` the choices parked.
 
     Back-pressure: a streaming job whose client is ``stream_buffer`` events behind what the server has
     written to its connection is parked: its row's memory is kept aside and the row freed for others; it
@@ -71,6 +71,7 @@ class Batch:
         self.device = next(model.parameters()).device
         self.end, self.follow = end, follow
         self.generated = 0
+        self.parks = 0
         self.slots: list[_Row | None] = [None] * size
         self.parked: list[_Parked] = []
         self.rows: RowBatch | WindowRows | None = None
@@ -112,6 +113,7 @@ class Batch:
         if park:
             memory = self.rows.row_memory(r)
             self.parked.append(_Parked(row.job, row.work, row.choice, row.generator, memory))
+            self.parks += 1
             row.job.state = JobState.PARKED
         self.rows.free(r)
         if row.job.cancelled:

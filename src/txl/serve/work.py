@@ -45,7 +45,7 @@ def _read(
     losses: list[float] = []
     rows: list[Tensor] = []
     after = memory
-    segments = ragged_losses(run.model, [seq], settings, memory=[memory])  # type: ignore[arg-type]
+    segments = ragged_losses(run.model, [seq], settings, memory=[memory])
     try:
         for step in segments:
             for segment in step:
