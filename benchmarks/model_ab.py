@@ -11,7 +11,9 @@ Cases, at ``train_eval.py``'s small shape (vocab 10k, 4 layers, d_model 128, 4 h
   carried, batch 16 (no optimizer: it is not the model's);
 - ``eval``: forward with targets through a ``KVCache`` of 64, no gradients, batch 16;
 - ``generate``: ``generate`` of 100 greedy tokens after a 64-token prompt, batch 1, memory 64 (the lean
-  one-position ``Decoder.step`` path).
+  one-position ``Decoder.step`` path);
+- ``generate_1600``: the same after a full memory of 1,600 positions (``span`` mem_len 1,600);
+- ``ragged``: 8 prompts of 8, 16, ..., 64 tokens as one batch, 100 greedy tokens each, memory 64.
 No starts anywhere: this measures what the code paths without documents cost.
 """
 
@@ -42,14 +44,22 @@ def models(old):
 
 
 def greedy(pkg):
-    """``generate(model, prompt)`` of 100 greedy tokens in that package's API (one settings value since the
-    decoding core, keyword arguments before it)."""
+    """``generate(model, prompt, memory, span)`` of 100 greedy tokens in that package's API (one settings
+    value since the decoding core, keyword arguments before it)."""
     if importlib.util.find_spec(f"{pkg.__name__}.inference") is not None:
         inference = importlib.import_module(f"{pkg.__name__}.inference")
-        settings = inference.GenerationSettings(max_new_tokens=100, temperature=0)
-        return lambda model, prompt: inference.generate(model, prompt, settings)
+
+        def new(model, prompt, memory=None, span=None):
+            settings = inference.GenerationSettings(max_new_tokens=100, temperature=0, span=span)
+            return inference.generate(model, prompt, settings, memory=memory)
+
+        return new
     generate = importlib.import_module(f"{pkg.__name__}.generate").generate
-    return lambda model, prompt: generate(model, prompt, max_new_tokens=100, temperature=0)
+
+    def old(model, prompt, memory=None, span=None):
+        return generate(model, prompt, max_new_tokens=100, temperature=0, memory=memory, span=span)
+
+    return old
 
 
 def cases(pkg, model, generate):
@@ -72,7 +82,26 @@ def cases(pkg, model, generate):
     def gen():
         generate(model, prompt)
 
-    return {"train": train, "eval": evaluate, "generate": gen}
+    long = pkg.Span(mem_len=1600)
+    with torch.no_grad():
+        text = torch.randint(0, SHAPE["vocab_size"], (1, 1600), generator=torch.Generator().manual_seed(2))
+        full = model.eval()(text, span=long).memory  # a full memory of 1,600
+
+    def gen_1600():
+        generate(model, prompt, full, long)
+
+    ragged = [tokens[r, : 8 * (r + 1)] for r in range(8)]
+
+    def gen_ragged():
+        generate(model, ragged)
+
+    return {
+        "train": train,
+        "eval": evaluate,
+        "generate": gen,
+        "generate_1600": gen_1600,
+        "ragged": gen_ragged,
+    }
 
 
 def main() -> None:

@@ -14,14 +14,15 @@ Transformer-XL with memory) and :class:`WindowRows` (no memory); :func:`rows_for
     rows = rows_for(model, 8, settings)            # R = 8 rows, all free
     first = rows.prefill(prompt_ids, memory=None)  # (P,) apart from the batch -> Prefilled, first.log_probs (1, V)
     # for a server: steps = rows.prefill_steps(ids); next(steps) between the other rows' steps; StopIteration.value
-    rows.join(3, first)                            # row 3 continues that prompt
+    rows.join(3, first)                            # row 3 continues that prompt (rows.join(5, first): a 2nd choice)
     token = draw(first.log_probs, settings, generator=g)
     log_probs = rows.step(tokens)                  # (R,) one token per row (free rows: any value) -> (R, V)
     memory = rows.row_memory(3)                    # row 3's own memory (batch 1), before it leaves
     rows.free(3)                                   # the row is free again; nothing it remembers is attended
 
 Each row decodes exactly as its prompt alone (its own reach; left padding never attended), whenever it
-joined and whoever its neighbours are.
+joined and whoever its neighbours are. The rows run in inference mode; put the model in eval mode first
+(``txl.evaluate.eval_mode``), as :func:`generate` does.
 """
 
 from .loop import PAD_ID, Generation, Step, generate, stream
