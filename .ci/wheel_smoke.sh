@@ -12,8 +12,10 @@ mkdir -p "$work"
 say() { echo "wheel smoke: [${SECONDS}s] $*"; }
 export PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-say "python -m build (wheel and sdist) into $work/dist"
-(cd "$repo" && python3 -m build --outdir "$work/dist" . >"$work/build.log" 2>&1) || { cat "$work/build.log"; exit 1; }
+say "python -m build (wheel and sdist) into $work/dist, from a copy of the files git tracks or would track"
+mkdir -p "$work/tree"   # a clean copy: an egg-info left in src/ by an earlier build would add files to the sdist
+git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$work/tree"
+(cd "$work/tree" && python3 -m build --outdir "$work/dist" . >"$work/build.log" 2>&1) || { cat "$work/build.log"; exit 1; }
 python3 -m twine check --strict "$work"/dist/*
 wheel=$(ls "$work"/dist/*.whl)
 sdist=$(ls "$work"/dist/*.tar.gz)

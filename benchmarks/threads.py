@@ -2,7 +2,7 @@
 and load, then a summary line (and a progress line per worker on stderr).
 
     PYTHONPATH=src python3 benchmarks/threads.py --policies txl torch one passive spin10k \\
-        --repeats 3 --steps 6 --max-seconds 6 --gen-tokens 20      # docs/benchmarks.md: ~5 min on a quiet machine
+        --repeats 3 --steps 6 --max-seconds 6 --gen-tokens 20      # docs/results.md: ~5 min on a quiet machine
     PYTHONPATH=src python3 benchmarks/threads.py --loads 0 --repeats 5            # a quiet machine only
 
 Policies (``--policies``; default ``txl torch one``), each in a fresh process started with no ``OMP_*``

@@ -1,5 +1,5 @@
 """Transformer-XL vs the vanilla baseline on the same budget, printed as JSON: a thin wrapper of
-``txl compare`` (:func:`txl.analysis.compare`), kept for the commands in docs/benchmarks.md.
+``txl compare`` (:func:`txl.analysis.compare`), kept for the commands in docs/results.md.
 
     python benchmarks/xl_vs_vanilla.py --config shakespeare-char --out runs/bench
     python benchmarks/xl_vs_vanilla.py --config tiny --set train.steps=50 --out /tmp/bench   # smoke test

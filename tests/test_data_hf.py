@@ -131,7 +131,7 @@ def test_hub_unreachable_is_one_clear_line(tmp_path):
 
 def test_without_datasets_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(CorpusError, match=r"pip install 'txl\[datasets\]'"):
+    with pytest.raises(CorpusError, match=r"pip install 'transformer-xl\[datasets\]'"):
         load_corpus("hf:wikitext:wikitext-2-raw-v1")
     with pytest.raises(CorpusError, match="expected hf:NAME"):
         monkeypatch.undo()

@@ -163,7 +163,7 @@ def test_export_without_onnxruntime_says_what_to_install(exported, monkeypatch, 
     if not out.is_file():
         pytest.skip("needs the export of the test above")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(ExportError, match=r"pip install 'txl\[export\]'"):
+    with pytest.raises(ExportError, match=r"pip install 'transformer-xl\[export\]'"):
         check_onnx(load_run(run_dir).model, out, tgt_len=5, mem_len=8)
 
 

@@ -290,7 +290,7 @@ def test_without_lm_eval_a_one_line_error_names_the_extra(trained_run, monkeypat
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     for name in [m for m in sys.modules if m == "txl.harness"]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=r"pip install 'txl\[harness\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'transformer-xl\[harness\]'"):
         importlib.import_module("txl.harness")
     assert main(["harness", str(trained_run), "--tasks", "txl_wikitext_local"]) == 2
     err = capsys.readouterr().err

@@ -31,7 +31,7 @@ counts as the user's: give one, or use ``txl train --nproc N``, whose workers di
 ``torch.set_num_threads`` later on sets the count. The values txl wrote are recorded in
 ``TXL_THREADS_CHOSEN``, so that a txl process started by one (torchrun's workers) chooses again for itself
 instead of taking its parent's choice for the user's. ``benchmarks/threads.py`` measures the policies, and
-``docs/benchmarks.md`` has the figures.
+``docs/results.md`` has the figures.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ POLICIES: dict[Workload, dict[Machine, WorkloadPolicy]] = {
     "tokens": {"quiet": _TOKENS, "shared": _TOKENS},
 }
 """txl's policy per workload and machine, chosen on the figures of ``benchmarks/threads.py``
-(``docs/benchmarks.md``): for batches, every core, with a spin of 10,000 before sleeping on a quiet machine
+(``docs/results.md``): for batches, every core, with a spin of 10,000 before sleeping on a quiet machine
 (about 100 microseconds by libgomp's own estimate of 100,000 spins a millisecond) and no spin on a shared one;
 for tokens, one thread (and, where the user asks for more, a passive wait). Within a workload the thread
 count is the same on both machines: the load never changes a result."""
