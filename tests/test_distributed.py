@@ -72,6 +72,7 @@ def _train_args(corpus: Path, out: Path, *overrides: str) -> list[str]:
         "--out",
         str(out),
         "--quiet",
+        "--json",
         "--set",
         f"data.corpus={json.dumps(str(corpus))}",
     ]

@@ -120,7 +120,7 @@ def test_seeded_samples_equal_generate_alone_with_their_own_seed():
 
 
 def test_serve_reads_prompts_as_generate_does():
-    from txl.serve.app import _encode
+    from txl.serve.checks import encode_text
 
     vocab = WordVocab("the cat sat on mat".split())
     run = SimpleNamespace(vocab=vocab)
@@ -129,7 +129,7 @@ def test_serve_reads_prompts_as_generate_does():
         expected = encode_prompt(vocab, text)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ids, notes = _encode(run, text, field_name="prompt")
+        ids, notes = encode_text(run, text, field_name="prompt")
     assert (
         ids.tolist() == expected.tolist() == [vocab.index[w] if w in vocab.index else 0 for w in text.split()]
     )

@@ -1419,7 +1419,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         metavar="N",
-        help="samples of each prompt (row i draws with seed + i)",
+        help="samples of each prompt, drawn in one batch, sample i with seed + i (default: 1)",
     )
     p.add_argument(
         "--stream",
