@@ -157,7 +157,10 @@ def test_a_stream_flushes_its_held_back_text_at_the_end(client, run_dir):
 def _txl_eval(run_dir: Path, *flags: str) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["eval", str(run_dir), "--split", "valid", "--batch-size", "1", "--quiet", "--json", *flags]) == 0
+        assert (
+            main(["eval", str(run_dir), "--split", "valid", "--batch-size", "1", "--quiet", "--json", *flags])
+            == 0
+        )
     return json.loads(out.getvalue())
 
 

@@ -1430,7 +1430,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)"
     )
     p.add_argument(
-        "--seed", type=_non_negative_int, default=0, help="sampling seed of the first sample (default 0)"
+        "--seed", type=_non_negative_int, default=0, help="sampling seed of the first sample (default: 0)"
     )
     p.add_argument("--checkpoint", default="best", help=checkpoint_help)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
@@ -1516,8 +1516,9 @@ def build_parser() -> argparse.ArgumentParser:
     length.add_argument(
         "--minutes",
         type=_positive_float,
-        help="instead of --steps: time a few steps here and train as many steps as fit "
-        "about this many minutes per model (the result then follows this machine's speed)",
+        help="instead of --steps: time training and evaluation here and train as many steps as let the whole "
+        "command (both models, trained and evaluated) end in about this many minutes (the result then follows "
+        "this machine's speed)",
     )
     p.add_argument("--overwrite", action="store_true", default=True, help=argparse.SUPPRESS)
     p.set_defaults(writes=(("out", "--out", "folder"),))
