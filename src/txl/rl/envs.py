@@ -33,8 +33,8 @@ def make_env(task: str) -> Any:
     if task == "CartPoleNoVelocity":
         return _keep(gym.make("CartPole-v1"), indices=(0, 2))  # cart position, pole angle
     try:
-        from popgym.envs.repeat_first import RepeatFirstEasy  # type: ignore[import-untyped]
-        from popgym.envs.repeat_previous import RepeatPreviousEasy  # type: ignore[import-untyped]
+        from popgym.envs.repeat_first import RepeatFirstEasy
+        from popgym.envs.repeat_previous import RepeatPreviousEasy
     except ImportError as error:  # pragma: no cover - depends on the install
         raise ImportError(f"{task} needs popgym: pip install 'transformer-xl[rl]'") from error
     env = RepeatPreviousEasy() if task == "RepeatPreviousEasy" else RepeatFirstEasy()

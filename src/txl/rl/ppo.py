@@ -144,7 +144,7 @@ def train(
     """Run PPO; returns one row per rollout (also written to ``out/{task}_{agent}_s{seed}.csv``). ``envs``:
     a gymnasium vector environment of ``n_envs`` that resets in the step where an episode ends (default: the
     task's, :func:`txl.rl.envs.make_vector_env`)."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     torch.manual_seed(config.seed)
     e, s = config.n_envs, config.seq_len
