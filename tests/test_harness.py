@@ -24,8 +24,9 @@ lm_eval = pytest.importorskip(
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from txl.data.vocab import start_token  # noqa: E402
 from txl.evaluate import evaluate  # noqa: E402
-from txl.harness import TxlLM, start_token  # noqa: E402
+from txl.harness import TxlLM  # noqa: E402
 
 DOCS = [
     "def main():\n    return 0\n",

@@ -27,6 +27,11 @@ __all__ = [
     "span_of",
     "architecture_fields",
     "eval_span",
+    "EvalLengths",
+    "eval_lengths",
+    "has_memory",
+    "positive_int",
+    "cache_slots",
     "vanilla_baseline",
     "first_set",
     "DataConfig",
@@ -53,12 +58,7 @@ def _check(cond: bool, name: str, message: str) -> None:
 
 
 def _positive_int(obj: Any, name: str) -> None:
-    value = getattr(obj, name)
-    _check(
-        isinstance(value, int) and not isinstance(value, bool) and value > 0,
-        name,
-        f"must be a positive integer, got {value!r}",
-    )
+    positive_int(getattr(obj, name), name)
 
 
 def _non_negative_int(obj: Any, name: str) -> None:
@@ -559,6 +559,51 @@ def eval_span(
         )
     except ConfigError as exc:
         raise ConfigError(f"eval.{exc}") from None
+
+
+@dataclass(frozen=True)
+class EvalLengths:
+    """The lengths a run is evaluated with: the segment length and the span."""
+
+    tgt_len: int
+    """Tokens predicted per segment (T)."""
+    span: Span
+    """How far back each segment looks (memory, clamp, same-length attention)."""
+
+
+def eval_lengths(
+    config: RunConfig,
+    *,
+    tgt_len: int | None = None,
+    mem_len: int | None = None,
+    clamp_len: int | None = None,
+    same_length: bool | None = None,
+) -> EvalLengths:
+    """The evaluation lengths of a run, each from the value given here, else its ``[eval]`` section, else
+    training's: the one rule for every command, analysis and server that reads a text as the run would."""
+    tgt = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
+    span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    return EvalLengths(tgt_len=positive_int(tgt, "tgt_len"), span=span)
+
+
+def has_memory(model: TransformerXLConfig, span: Span | None = None) -> bool:
+    """Whether a model keeps a memory between segments: relative attention and a memory length above 0 (the
+    span's when given, else the model's). The vanilla baseline never does."""
+    mem_len = model.mem_len if span is None else span.mem_len
+    return model.attention == "relative" and mem_len > 0
+
+
+def positive_int(value: Any, name: str, *, error: type[Exception] = ConfigError) -> int:
+    """``value`` when it is an integer above 0 (not a bool); else ``error`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise error(f"{name}: must be a positive integer, got {value!r}")
+    return value
+
+
+def cache_slots(mem_len: int) -> int:
+    """Positions a key/value cache of memory ``mem_len`` holds per layer: the memory plus room to slide
+    (a quarter of it, at least 16) before its window moves back to the start."""
+    return mem_len + max(mem_len // 4, 16)
 
 
 _SECTIONS: dict[str, type] = {

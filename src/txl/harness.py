@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .config import ConfigError, eval_span, first_set
+from .data.vocab import start_token
 from .errors import TxlError
 from .evaluate import RaggedSettings, eval_mode, score_rows
 from .harness_tasks import check_task_names
@@ -55,7 +56,6 @@ __all__ = [
     "run_tasks",
     "TASKS_DIR",
     "task_manager",
-    "start_token",
     "DEFAULT_MAX_GEN_TOKS",
 ]
 
@@ -82,20 +82,6 @@ def task_manager(
         include_defaults=include_defaults,
         metadata=metadata,
     )
-
-
-def start_token(vocab: Any) -> int:
-    """The token a document starts from, so that its first token is predicted too: the vocabulary's
-    end-of-text token ``<eos>`` (``vocab.eos_id``: word vocabularies, which end every line with it), else the
-    newline, the boundary that char, byte and BPE vocabularies (which have no ``<eos>``) see between texts."""
-    if getattr(vocab, "eos_id", None) is not None:
-        return int(vocab.eos_id)
-    ids = vocab.encode("\n")
-    if len(ids) != 1 or (getattr(vocab, "unk_id", None) is not None and int(ids[0]) == vocab.unk_id):
-        raise TxlError(
-            f"the {vocab.kind} vocabulary has no <eos> and no newline token to start a document from"
-        )
-    return int(ids[0])
 
 
 def _int_arg(name: str, value: Any, *, low: int) -> int | None:

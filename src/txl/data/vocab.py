@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TxlError
 from ..files import atomic_write_text
 from .corpora import Corpus, CorpusError
 
@@ -33,6 +34,7 @@ __all__ = [
     "vocab_from_dict",
     "load_vocab",
     "build_vocab",
+    "start_token",
 ]
 
 UNK = "<unk>"
@@ -442,3 +444,17 @@ def build_vocab(
     if kind == "char":
         return CharVocab.build(text)
     return BPEVocab.build(text, vocab_size=bpe_vocab_size)
+
+
+def start_token(vocab: Any) -> int:
+    """The token a document starts from, so that its first token is predicted too: the vocabulary's
+    end-of-text token ``<eos>`` (``vocab.eos_id``: word vocabularies, which end every line with it), else the
+    newline, the boundary that char, byte and BPE vocabularies (which have no ``<eos>``) see between texts."""
+    if getattr(vocab, "eos_id", None) is not None:
+        return int(vocab.eos_id)
+    ids = vocab.encode("\n")
+    if len(ids) != 1 or (getattr(vocab, "unk_id", None) is not None and int(ids[0]) == vocab.unk_id):
+        raise TxlError(
+            f"the {vocab.kind} vocabulary has no <eos> and no newline token to start a document from"
+        )
+    return int(ids[0])

@@ -1,0 +1,175 @@
+"""Floor-plan figures of a source tree, read with the AST: module and function sizes, wide signatures, relays.
+
+Usage: ``python tools/code_metrics.py [SRC] [--json] [--list]`` (SRC defaults to ``src/txl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Metrics", "measure", "main"]
+
+WIDE = 6  # a function taking more parameters than this is "wide"
+LONG = 100  # a function longer than this many lines is "long"
+
+
+@dataclass
+class Metrics:
+    """What `measure` counts over a tree of Python modules."""
+
+    modules: int = 0
+    lines: int = 0
+    largest_module: tuple[str, int] = ("", 0)
+    largest_function: tuple[str, int] = ("", 0)
+    long_functions: list[tuple[str, int]] = field(default_factory=list)
+    wide_functions: list[tuple[str, int]] = field(default_factory=list)
+    wide_public_functions: list[tuple[str, int]] = field(default_factory=list)
+    relay_keywords: int = 0
+    relay_lines: int = 0
+    header_lines: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, object]:
+        """The figures, as one flat record."""
+        headers = sorted(self.header_lines)
+        return {
+            "modules": self.modules,
+            "lines": self.lines,
+            "largest_module": f"{self.largest_module[0]} ({self.largest_module[1]} lines)",
+            "largest_module_lines": self.largest_module[1],
+            "largest_function": f"{self.largest_function[0]} ({self.largest_function[1]} lines)",
+            "largest_function_lines": self.largest_function[1],
+            f"functions_over_{LONG}_lines": len(self.long_functions),
+            f"functions_over_{WIDE}_parameters": len(self.wide_functions),
+            f"public_functions_over_{WIDE}_parameters": len(self.wide_public_functions),
+            "relay_keywords": self.relay_keywords,
+            "relay_lines": self.relay_lines,
+            "header_lines_median": headers[len(headers) // 2] if headers else 0,
+            "header_lines_max": headers[-1] if headers else 0,
+            "modules_with_header_over_3_lines": sum(1 for n in headers if n > 3),
+        }
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Named parameters, without ``self``/``cls`` and without ``*args``/``**kwargs``."""
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def _is_relay(kw: ast.keyword) -> bool:
+    """``name=name`` or ``name=args.name``."""
+    if kw.arg is None:
+        return False
+    v = kw.value
+    if isinstance(v, ast.Name):
+        return v.id == kw.arg
+    return (
+        isinstance(v, ast.Attribute)
+        and v.attr == kw.arg
+        and isinstance(v.value, ast.Name)
+        and v.value.id == "args"
+    )
+
+
+def _header_lines(tree: ast.Module) -> int:
+    """Lines of the module docstring (0 without one)."""
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        doc = tree.body[0].value.value
+        if isinstance(doc, str):
+            return len(doc.strip().splitlines())
+    return 0
+
+
+def _public(qualname: str) -> bool:
+    return not any(part.startswith("_") and not part.startswith("__") for part in qualname.split("."))
+
+
+@dataclass
+class _Module:
+    rel: str
+    lines: list[str]
+    relay_lines: set[int]
+
+
+def _visit(node: ast.AST, prefix: str, module: _Module, m: Metrics) -> None:
+    """Count the functions and keywords under `node`, whose qualified names start with `prefix`."""
+    rel, source_lines, relay_lines = module.rel, module.lines, module.relay_lines
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{prefix}{child.name}"
+            where = f"{rel}:{name}"
+            size = (child.end_lineno or child.lineno) - child.lineno + 1
+            if size > m.largest_function[1]:
+                m.largest_function = (where, size)
+            if size > LONG:
+                m.long_functions.append((where, size))
+            width = _parameters(child)
+            if width > WIDE:
+                m.wide_functions.append((where, width))
+                if _public(name) and not child.name.startswith("__"):
+                    m.wide_public_functions.append((where, width))
+            _visit(child, f"{name}.", module, m)
+        elif isinstance(child, ast.ClassDef):
+            _visit(child, f"{prefix}{child.name}.", module, m)
+        else:
+            if isinstance(child, ast.keyword) and _is_relay(child):
+                m.relay_keywords += 1
+                line = source_lines[child.lineno - 1].strip().rstrip(",")
+                if child.lineno == child.end_lineno and line == ast.unparse(child).replace(" ", ""):
+                    relay_lines.add(child.lineno)
+            _visit(child, prefix, module, m)
+
+
+def measure(src: Path) -> Metrics:
+    """Walk every ``*.py`` under `src` and count."""
+    m = Metrics()
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text, filename=str(path))
+        rel = path.relative_to(src.parent).as_posix()
+        n_lines = len(text.splitlines())
+        m.modules += 1
+        m.lines += n_lines
+        m.header_lines.append(_header_lines(tree))
+        if n_lines > m.largest_module[1]:
+            m.largest_module = (rel, n_lines)
+        source_lines = text.splitlines()
+        relay_lines: set[int] = set()
+
+        _visit(tree, "", _Module(rel, source_lines, relay_lines), m)
+        m.relay_lines += len(relay_lines)
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the figures of a tree (JSON with ``--json``; the offenders with ``--list``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", nargs="?", default="src/txl", type=Path)
+    parser.add_argument("--json", action="store_true", help="one JSON record")
+    parser.add_argument("--list", action="store_true", help="also list long and wide functions")
+    args = parser.parse_args(argv)
+    m = measure(args.src)
+    record = m.summary()
+    if args.list:
+        record["long"] = [f"{w} ({n})" for w, n in sorted(m.long_functions, key=lambda x: -x[1])]
+        record["wide"] = [f"{w} ({n})" for w, n in sorted(m.wide_functions, key=lambda x: -x[1])]
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        for key, value in record.items():
+            if isinstance(value, list):
+                print(f"{key}:")
+                for item in value:
+                    print(f"  {item}")
+            else:
+                print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
