@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Metrics", "measure", "main"]
+__all__ = ["Metrics", "measure", "rules", "RULES", "main"]
 
 WIDE = 6  # a function taking more parameters than this is "wide"
 LONG = 100  # a function longer than this many lines is "long"
@@ -146,18 +147,64 @@ def measure(src: Path) -> Metrics:
     return m
 
 
+RULES: dict[str, str] = {
+    "evaluation segment length (given, else [eval], else training)": r"eval\.tgt_len\b.*train\.tgt_len|eval\.tgt_len\s+or\b",
+    "has memory (relative attention and mem_len > 0)": r"attention\s*[!=]=\s*\"relative\"\s+and\s+[\w.]*mem_len\s*>\s*0"
+    r"|mem_len\s*>\s*0\s+and\s+[\w.]*attention\s*==",
+    "start token of a text (<eos>, else newline)": r"getattr\(\s*[\w.]*vocab\w*,\s*\"eos_id\"",
+    "perplexity of a mean loss": r"math\.exp\(\s*[\w.\[\]\"']*loss",
+    "key/value cache slots (M + max(M // 4, 16))": r"max\(\s*[\w.]*mem_len\s*//\s*4\s*,\s*16\s*\)",
+    "reach spelled out (None means every position)": r"torch\.full\(\s*\(self\.batch_size,\)",
+    "model/cache size compatibility": r"sizes\s*=\s*\(\"n_layer\", \"n_head\", \"d_head\", \"d_model\"\)",
+    "positive-integer check": r"must be a positive integer",
+    "eval_mode": r"def eval_mode\b",
+}
+"""Each rule and a pattern that finds where it is written out (its definition included)."""
+
+
+def _docstring_lines(tree: ast.Module) -> set[int]:
+    """The line numbers of every docstring in `tree` (prose, not code)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    lines.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    return lines
+
+
+def rules(src: Path) -> dict[str, list[str]]:
+    """Where each of `RULES` is written out under `src`: ``path:line`` per match."""
+    found: dict[str, list[str]] = {name: [] for name in RULES}
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src.parent).as_posix()
+        text = path.read_text(encoding="utf-8")
+        prose = _docstring_lines(ast.parse(text))
+        for number, line in enumerate(text.splitlines(), 1):
+            if number in prose or line.lstrip().startswith("#"):
+                continue
+            for name, pattern in RULES.items():
+                if re.search(pattern, line):
+                    found[name].append(f"{rel}:{number}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the figures of a tree (JSON with ``--json``; the offenders with ``--list``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", nargs="?", default="src/txl", type=Path)
     parser.add_argument("--json", action="store_true", help="one JSON record")
     parser.add_argument("--list", action="store_true", help="also list long and wide functions")
+    parser.add_argument("--rules", action="store_true", help="also say where each rule is written out")
     args = parser.parse_args(argv)
     m = measure(args.src)
     record = m.summary()
     if args.list:
         record["long"] = [f"{w} ({n})" for w, n in sorted(m.long_functions, key=lambda x: -x[1])]
         record["wide"] = [f"{w} ({n})" for w, n in sorted(m.wide_functions, key=lambda x: -x[1])]
+    if args.rules:
+        record["rules"] = {name: places for name, places in rules(args.src).items()}
     if args.json:
         print(json.dumps(record, indent=2))
     else:
@@ -166,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key}:")
                 for item in value:
                     print(f"  {item}")
+            elif isinstance(value, dict):
+                print(f"{key}:")
+                for name, places in value.items():
+                    print(f"  {name}: {len(places)}  {' '.join(places)}")
             else:
                 print(f"{key}: {value}")
     return 0

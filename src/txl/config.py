@@ -1,9 +1,5 @@
-"""Typed, frozen configuration: the model, data, training, evaluation and generation sections.
-
-Every field is documented and validated when the object is built, with a message that names the field.
-Presets are TOML files (``src/txl/configs/*.toml``); ``--set section.field=value`` overrides are applied
-with :func:`apply_overrides`. Configs are never mutated: derive new ones with ``dataclasses.replace``.
-"""
+"""Typed, frozen configuration (model, data, training, evaluation, generation), validated with messages that
+name the field, and the run-level rules every command shares: evaluation lengths, memory, cache slots."""
 
 from __future__ import annotations
 
@@ -501,8 +497,7 @@ def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = No
         or temperature < 0
     ):
         raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ConfigError(f"top_k must be a positive integer or None, got {top_k!r}")
+    positive_int(top_k, "top_k", optional=True)
     if top_p is not None and (
         isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
     ):
@@ -593,10 +588,20 @@ def has_memory(model: TransformerXLConfig, span: Span | None = None) -> bool:
     return model.attention == "relative" and mem_len > 0
 
 
-def positive_int(value: Any, name: str, *, error: type[Exception] = ConfigError) -> int:
-    """``value`` when it is an integer above 0 (not a bool); else ``error`` naming ``name``."""
+def positive_int(
+    value: Any, name: str, *, error: type[Exception] = ConfigError, optional: bool = False
+) -> Any:
+    """``value`` when it is an integer above 0 (not a bool), or None when ``optional``; else ``error``
+    naming ``name``: the one positive-integer check."""
+    if optional and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise error(f"{name}: must be a positive integer, got {value!r}")
+        expected = (
+            f"{name} must be a positive integer or None"
+            if optional
+            else f"{name}: must be a positive integer"
+        )
+        raise error(f"{expected}, got {value!r}")
     return value
 
 
