@@ -893,14 +893,12 @@ def _report(args: argparse.Namespace, result) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .analysis.compare import compare
+    from .analysis.compare import CompareSettings, compare
 
     config = apply_overrides(load_config(args.config), args.set)
-    result = compare(
-        config,
-        Path(args.out),
+    settings = CompareSettings(
         config_name=args.config,
-        overrides=args.set,
+        overrides=tuple(args.set),
         stride=args.stride,
         prompts=args.prompt,
         sample_tokens=args.sample_tokens,
@@ -908,16 +906,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, compare(config, Path(args.out), settings))
 
 
 def _cmd_analyze_memory(args: argparse.Namespace) -> int:
     from .analysis.common import parse_ints
-    from .analysis.memory import analyze_memory
+    from .analysis.memory import MemorySettings, analyze_memory
 
     lengths = parse_ints(args.lengths, name="--lengths") if args.lengths else None
-    result = analyze_memory(
-        Path(args.run_dir),
+    settings = MemorySettings(
         lengths=lengths,
         clamp_len=args.clamp_len,
         same_length=args.same_length,
@@ -929,20 +926,19 @@ def _cmd_analyze_memory(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_memory(Path(args.run_dir), settings))
 
 
 def _cmd_analyze_documents(args: argparse.Namespace) -> int:
-    from .analysis.documents import analyze_documents
+    from .analysis.documents import DocumentsSettings, analyze_documents
 
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     if not splits or any(s not in ("train", "valid", "test") for s in splits):
         raise ConfigError(
             f"--splits: expected a comma-separated list of train, valid, test, got {args.splits!r}"
         )
-    result = analyze_documents(
-        [Path(r) for r in args.run_dir],
-        splits=splits,
+    settings = DocumentsSettings(
+        splits=tuple(splits),
         max_tokens=args.max_tokens,
         tgt_len=args.tgt_len,
         batch_size=args.batch_size,
@@ -951,12 +947,12 @@ def _cmd_analyze_documents(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_documents([Path(r) for r in args.run_dir], settings))
 
 
 def _cmd_analyze_speed(args: argparse.Namespace) -> int:
     from .analysis.common import parse_ints
-    from .analysis.speed import speed_benchmark
+    from .analysis.speed import SpeedSettings, speed_benchmark
     from .config import TransformerXLConfig
 
     sizes = TransformerXLConfig(
@@ -967,7 +963,7 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
         d_model=args.d_model,
         d_inner=args.d_inner,
     )
-    result = speed_benchmark(
+    settings = SpeedSettings(
         lengths=parse_ints(args.lengths, name="--lengths", minimum=1),
         model=sizes,
         segment=args.segment,
@@ -978,19 +974,18 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, speed_benchmark(settings))
 
 
 def _cmd_analyze_recl(args: argparse.Namespace) -> int:
     from .analysis.common import parse_floats, parse_ints
-    from .analysis.recl import analyze_recl
+    from .analysis.recl import ReclSettings, analyze_recl
 
     lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
     r = parse_floats(args.r, name="--r")
     if any(not 0 < v <= 1 for v in r):
         raise ConfigError(f"--r: fractions of the targets in (0, 1], got {args.r!r}")
-    result = analyze_recl(
-        [Path(d) for d in args.run_dirs],
+    settings = ReclSettings(
         lengths=lengths,
         delta=args.delta,
         r=r,
@@ -1001,14 +996,13 @@ def _cmd_analyze_recl(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_recl([Path(d) for d in args.run_dirs], settings))
 
 
 def _cmd_analyze_recall(args: argparse.Namespace) -> int:
-    from .analysis.recall import recall_task
+    from .analysis.recall import RecallSettings, recall_task
 
-    result = recall_task(
-        Path(args.out),
+    settings = RecallSettings(
         segment=args.segment,
         distance=args.distance,
         steps=args.steps,
@@ -1016,14 +1010,13 @@ def _cmd_analyze_recall(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, recall_task(Path(args.out), settings))
 
 
 def _cmd_analyze_attention(args: argparse.Namespace) -> int:
-    from .analysis.attention import analyze_attention
+    from .analysis.attention import AttentionSettings, analyze_attention
 
-    result = analyze_attention(
-        Path(args.run_dir),
+    settings = AttentionSettings(
         split=args.split,
         max_tokens=args.max_tokens,
         mem_len=args.mem_len,
@@ -1033,7 +1026,7 @@ def _cmd_analyze_attention(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_attention(Path(args.run_dir), settings))
 
 
 _COMPARE_HELP = """\
