@@ -114,6 +114,7 @@ class _Collector:
     def hook(self, index: int) -> Callable[..., None]:
         def capture(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self.active:
+                assert isinstance(module, RelativeMultiHeadAttention)  # checked: the model is relative
                 self.add(index, module, args[0], kwargs.get("memory"), kwargs["context"])
 
         return capture
@@ -188,7 +189,7 @@ def attention_statistics(
     rows = rows.view(batch_size, length)  # (B, L)
     collector = _Collector(model.config.n_layer, model.config.n_head, span.mem_len + tgt_len)
     handles = [
-        layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
+        layer.get_submodule("attn").register_forward_pre_hook(collector.hook(i), with_kwargs=True)
         for i, layer in enumerate(model.layers)
     ]
     memory = None

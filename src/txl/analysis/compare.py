@@ -95,7 +95,7 @@ class CompareResult:
     window: int
     models: dict[str, dict[str, Any]]
     relative: dict[str, dict[str, float]]
-    throughput: dict[str, float]
+    throughput: dict[str, float | None]
     actions: dict[str, str]
     samples: tuple[Sample, ...] = ()
     curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)

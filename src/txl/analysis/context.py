@@ -164,7 +164,12 @@ def stream_predictions(
     model: TransformerXL, tokens: np.ndarray | Tensor, settings: StreamSettings, *, first: int = 1
 ) -> np.ndarray:
     """The most likely next token (int64) for every target ``first .. N-1``, as :func:`stream_losses`."""
-    return _stream(model, tokens, settings, first, lambda segment: segment.log_probs.argmax(-1), False)
+
+    def argmax(segment: SegmentLosses) -> Tensor:
+        assert segment.log_probs is not None  # asked for with log_probs=True
+        return segment.log_probs.argmax(-1)
+
+    return _stream(model, tokens, settings, first, argmax, False)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, positive_int, vanilla_baseline
 from ..evaluate import eval_mode
-from ..model import TransformerXL
+from ..model import Memory, TransformerXL
 from .context import WindowSettings, sliding_losses
 from .report import format_table, new_figure
 
@@ -181,7 +181,7 @@ class SpeedResult:
         return fig
 
 
-def _fastest(run: Callable[[], None], repeats: int) -> float:
+def _fastest(run: Callable[[], object], repeats: int) -> float:
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
@@ -232,7 +232,7 @@ def time_xl(
     if ids.shape[1] < (warm + timed) * segment + 1:
         raise ValueError(f"need {(warm + timed) * segment + 1} tokens, got {tokens.numel()}")
 
-    def segments(first: int, count: int, memory):
+    def segments(first: int, count: int, memory: Memory | None) -> Memory | None:
         for s in range(first, first + count):
             x = ids[:, s * segment : (s + 1) * segment + 1]  # (1, T+1)
             memory = model(x[:, :-1], memory=memory, targets=x[:, 1:], span=span).memory
