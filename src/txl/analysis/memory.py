@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, SameLengthOff, Span, eval_lengths, positive_int, span_of
+from ..config import ConfigError, SameLengthOff, Span, eval_lengths, first_set, positive_int, span_of
 from ..errors import TxlError
 from ..evaluate import EvalResult, evaluate
 from ..model import TransformerXL
@@ -274,7 +274,7 @@ def analyze_memory(run_dir: Path, settings: MemorySettings = MemorySettings()) -
     sweep = SweepSettings(
         lengths=settings.lengths or default_memory_lengths(train_mem),
         tgt_len=lengths.tgt_len,
-        batch_size=settings.batch_size or config.eval.batch_size,
+        batch_size=first_set(settings.batch_size, config.eval.batch_size),
         clamp_len=span.clamp_len,
         same_length=span.same_length,
         train_attention_len=attention_len,
