@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from txl.analysis import compare
+from txl.analysis import CompareSettings, compare
 from txl.analysis.report import plain
 from txl.config import apply_overrides, load_config
 
@@ -29,15 +29,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/xl_vs_vanilla")
     args = parser.parse_args()
     config = apply_overrides(load_config(args.config), args.set)
-    result = compare(
-        config,
-        Path(args.out),
+    settings = CompareSettings(
         config_name=args.config,
-        overrides=args.set,
+        overrides=tuple(args.set),
         stride=args.stride,
         sample_tokens=0,
         progress=False,
     )
+    result = compare(config, Path(args.out), settings)
     print(json.dumps(plain(result.as_dict()), indent=1))
 
 

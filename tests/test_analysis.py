@@ -16,6 +16,10 @@ import torch
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis import (
     AttentionResult,
+    SpeedSettings,
+    StreamSettings,
+    SweepSettings,
+    WindowSettings,
     attention_statistics,
     memory_sweep,
     recl_from_gains,
@@ -99,7 +103,7 @@ def _naive_loss(model: TransformerXL, x: torch.Tensor, start: int, end: int, tar
 @pytest.mark.parametrize("first", [1, 4, 7, 8, 13])
 def test_sliding_stride_1_predicts_every_target_once_with_a_full_window(vanilla_model, first):
     x, window = torch.randint(0, 37, (40,)), 7
-    got = sliding_losses(vanilla_model, x, window=window, first=first, batch_size=3)
+    got = sliding_losses(vanilla_model, x, WindowSettings(window=window, batch_size=3), first=first)
     expected = [_naive_loss(vanilla_model, x, max(0, t - window), t, t) for t in range(first, 40)]
     assert got.shape == (40 - first,)
     np.testing.assert_allclose(got, expected, atol=1e-12)
@@ -108,7 +112,7 @@ def test_sliding_stride_1_predicts_every_target_once_with_a_full_window(vanilla_
 @pytest.mark.parametrize("stride", [2, 3, 7])
 def test_sliding_stride_s_window_predicts_its_last_s_targets(vanilla_model, stride):
     x, window, n = torch.randint(0, 37, (41,)), 7, 41
-    got = sliding_losses(vanilla_model, x, window=window, stride=stride, batch_size=2)
+    got = sliding_losses(vanilla_model, x, WindowSettings(window=window, stride=stride, batch_size=2))
     expected = [_naive_loss(vanilla_model, x, 0, t, t) for t in range(1, window + 1)]  # the first window
     for group_start in range(window + 1, n, stride):  # then windows ending at each group's last target
         end = min(group_start + stride - 1, n - 1)
@@ -119,7 +123,7 @@ def test_sliding_stride_s_window_predicts_its_last_s_targets(vanilla_model, stri
 
 def test_sliding_on_a_split_shorter_than_the_window(vanilla_model):
     x = torch.randint(0, 37, (5,))
-    got = sliding_losses(vanilla_model, x, window=16)
+    got = sliding_losses(vanilla_model, x, WindowSettings(window=16))
     np.testing.assert_allclose(got, [_naive_loss(vanilla_model, x, 0, t, t) for t in range(1, 5)], atol=1e-12)
 
 
@@ -133,7 +137,9 @@ def test_absolute_hidden_is_forward_before_the_softmax(vanilla_model):
 def test_sliding_predictions_match_a_naive_argmax(vanilla_model):
     x, window = torch.randint(0, 37, (30,)), 6
     positions = np.array([1, 2, 6, 7, 15, 29])
-    got = sliding_predictions(vanilla_model, x, window=window, positions=positions, batch_size=4)
+    got = sliding_predictions(
+        vanilla_model, x, WindowSettings(window=window, batch_size=4), positions=positions
+    )
     expected = [
         vanilla_model(x[max(0, p - window) : p][None]).log_probs[0, -1].argmax().item() for p in positions
     ]
@@ -142,9 +148,11 @@ def test_sliding_predictions_match_a_naive_argmax(vanilla_model):
 
 def test_sliding_refuses_the_transformer_xl_and_bad_strides(tiny_config, vanilla_model):
     with pytest.raises(ValueError, match="vanilla"):
-        sliding_losses(TransformerXL(tiny_config), torch.zeros(20, dtype=torch.long), window=4)
+        sliding_losses(
+            TransformerXL(tiny_config), torch.zeros(20, dtype=torch.long), WindowSettings(window=4)
+        )
     with pytest.raises(ValueError, match="stride"):
-        sliding_losses(vanilla_model, torch.zeros(20, dtype=torch.long), window=4, stride=5)
+        sliding_losses(vanilla_model, torch.zeros(20, dtype=torch.long), WindowSettings(window=4, stride=5))
 
 
 # -- streams with memory (the Transformer-XL) -------------------------------------------------------------
@@ -154,7 +162,7 @@ def test_sliding_refuses_the_transformer_xl_and_bad_strides(tiny_config, vanilla
 def test_stream_losses_are_evaluate_token_by_token(tiny_config, rows):
     model = TransformerXL(tiny_config).double()
     x = torch.randint(0, 37, (203,))
-    losses = stream_losses(model, x, tgt_len=5, batch_size=rows)
+    losses = stream_losses(model, x, StreamSettings(tgt_len=5, batch_size=rows))
     result = evaluate(model, x, batch_size=rows, tgt_len=5)
     assert losses.shape == (202,) and result.tokens == 202
     assert losses.mean() == pytest.approx(result.loss, abs=1e-12)
@@ -165,7 +173,9 @@ def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny
     window of the c tokens before each target (the RECL protocol for the Transformer-XL)."""
     model = TransformerXL(dataclasses.replace(tiny_config, n_layer=1)).double().eval()
     x, c = torch.randint(0, 37, (90,)), 6
-    got = stream_losses(model, x, tgt_len=4, span=Span(mem_len=c, same_length=True), first=c, batch_size=3)
+    got = stream_losses(
+        model, x, StreamSettings(tgt_len=4, span=Span(mem_len=c, same_length=True), batch_size=3), first=c
+    )
     expected = [
         model(x[t - c : t][None], targets=x[t - c + 1 : t + 1][None]).loss[0, -1].item() for t in range(c, 90)
     ]
@@ -175,7 +185,7 @@ def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny
 def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
     model = TransformerXL(dataclasses.replace(tiny_config, mem_len=64)).double().eval()
     x = torch.randint(0, 37, (50,))
-    got = stream_predictions(model, x, tgt_len=7, batch_size=1, first=3)
+    got = stream_predictions(model, x, StreamSettings(tgt_len=7, batch_size=1), first=3)
     expected = model(x[None, :-1]).log_probs[0].argmax(-1)[2:]  # targets 3..49 are positions 2..48
     assert got.tolist() == expected.tolist()
 
@@ -405,7 +415,9 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
     x = np.random.default_rng(1).integers(0, 37, 300)
     lengths = [0, 8, 32]
     rows = memory_sweep(
-        model, x, lengths=lengths, tgt_len=8, batch_size=2, same_length=same_length, clamp_len=clamp_len
+        model,
+        x,
+        SweepSettings(lengths=lengths, tgt_len=8, batch_size=2, same_length=same_length, clamp_len=clamp_len),
     )
     assert [r.mem_len for r in rows] == lengths
     for row in rows:
@@ -442,7 +454,9 @@ def test_speed_rows_have_the_agreed_fields(monkeypatch):
 
     monkeypatch.setattr(speed, "time_vanilla", recorded)
     result = speed_benchmark(
-        lengths=(8, 16), model=SPEED_SIZES, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+        SpeedSettings(
+            lengths=(8, 16), model=SPEED_SIZES, segment=4, tokens=6, xl_tokens=8, repeats=1, progress=False
+        )
     )
     assert sorted(calls) == [(8, 1), (8, 6), (16, 1), (16, 6)]  # the paper's batch 1, and batched
     rows = result.as_dict()["rows"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.analysis.context import stream_losses
+from txl.analysis.context import StreamSettings, stream_losses
 from txl.evaluate import eval_mode, evaluate, segment_losses
 from txl.serve.score import score_tokens
 
@@ -65,7 +65,9 @@ def test_readers_of_the_protocol_agree():
         [s.loss for s in segment_losses(model, tokens, tgt_len=4, span=span, batch_size=1)], 1
     )
     scored = score_tokens(model, tokens, tgt_len=4, span=span).losses
-    streamed = torch.from_numpy(stream_losses(model, tokens, tgt_len=4, span=span, batch_size=1))
+    streamed = torch.from_numpy(
+        stream_losses(model, tokens, StreamSettings(tgt_len=4, span=span, batch_size=1))
+    )
     mean = evaluate(model, tokens, batch_size=1, tgt_len=4, span=span).loss
     torch.testing.assert_close(scored, per_token[0, :49], atol=0, rtol=0)
     torch.testing.assert_close(streamed, per_token[0, :49], atol=0, rtol=0)

@@ -1,53 +1,58 @@
-"""txl.analysis: checks of the paper's claims on your own data, one module per analysis, each a pure
-library function returning a result with its JSON (``as_dict``), table and figures; the ``txl compare``
-and ``txl analyze`` commands are thin wrappers.
-
-    compare       Transformer-XL vs the vanilla baseline: loss, perplexity, throughput, samples, curves
-    memory        loss of one Transformer-XL against its evaluation memory
-    speed         per-token evaluation time, vanilla sliding window vs XL memory (the paper's Table 9)
-    recl          relative effective context length of a group of models
-    recall        exact recall D positions back on a generated task: XL near 100%, vanilla at chance
-    attention     attention probability by distance and memory share, per layer
-    documents     loss reading across documents or starting each anew, and by position in a document
-
-Shared: :mod:`.context` (per-token losses with a
-controlled context: streams with memory, sliding windows), :mod:`.report` (results.json, tables, PNGs).
+"""txl.analysis: checks of the paper's claims on your own data, one module per analysis, each a library
+function taking a frozen settings value and returning a result with its JSON, table and figures.
 """
 
-from .attention import AttentionResult, analyze_attention, attention_statistics
-from .compare import CompareResult, compare
-from .context import sliding_losses, sliding_predictions, stream_losses, stream_predictions
-from .documents import DocumentsResult, analyze_documents
-from .memory import MemoryResult, analyze_memory, memory_sweep
-from .recall import RecallResult, recall_config, recall_task
-from .recl import ReclResult, analyze_recl, recl_from_gains, relative_gains
+from .attention import AttentionResult, AttentionSettings, analyze_attention, attention_statistics
+from .compare import CompareResult, CompareSettings, compare
+from .context import (
+    StreamSettings,
+    WindowSettings,
+    sliding_losses,
+    sliding_predictions,
+    stream_losses,
+    stream_predictions,
+)
+from .documents import DocumentsResult, DocumentsSettings, analyze_documents
+from .memory import MemoryResult, MemorySettings, SweepSettings, analyze_memory, memory_sweep
+from .recall import RecallResult, RecallSettings, recall_config, recall_task
+from .recl import ReclResult, ReclSettings, analyze_recl, recl_from_gains, relative_gains
 from .report import PlotsUnavailable, write_report
-from .speed import SpeedResult, speed_benchmark
+from .speed import SpeedResult, SpeedSettings, speed_benchmark
 
 __all__ = [
     "compare",
     "CompareResult",
+    "CompareSettings",
     "analyze_memory",
     "memory_sweep",
     "MemoryResult",
+    "MemorySettings",
+    "SweepSettings",
     "speed_benchmark",
     "SpeedResult",
+    "SpeedSettings",
     "analyze_recl",
     "relative_gains",
     "recl_from_gains",
     "ReclResult",
+    "ReclSettings",
     "recall_task",
     "recall_config",
     "RecallResult",
+    "RecallSettings",
     "analyze_attention",
     "attention_statistics",
     "AttentionResult",
+    "AttentionSettings",
     "analyze_documents",
     "DocumentsResult",
+    "DocumentsSettings",
     "stream_losses",
     "stream_predictions",
     "sliding_losses",
     "sliding_predictions",
+    "StreamSettings",
+    "WindowSettings",
     "write_report",
     "PlotsUnavailable",
 ]

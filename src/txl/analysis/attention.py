@@ -1,13 +1,5 @@
-"""``txl analyze attention``: where each layer of a trained Transformer-XL looks. On a sample of a split,
-read in segments with memory, it averages per layer (and head) the attention probability at every
-relative distance, and the share of attention that goes to the memory rather than the current segment.
-
-The probabilities are recomputed from the model's public pieces, without modifying it: a forward pre-hook
-on each layer's attention module captures its inputs (hidden states, memory, :class:`RelativeContext`),
-and :meth:`RelativeMultiHeadAttention.scores` gives the masked scores, whose softmax is what the layer
-attends with (dropout is off in evaluation).
-
-Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, N layers.
+"""``txl analyze attention``: where each layer of a trained Transformer-XL looks, per layer and head: the
+attention probability at every relative distance and the share that goes to the memory.
 """
 
 from __future__ import annotations
@@ -24,7 +16,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..config import Span, eval_span
+# Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, N layers.
+from ..config import ConfigError, Span, eval_lengths, positive_int
 from ..errors import TxlError
 from ..evaluate import eval_mode
 from ..model import TransformerXL
@@ -36,7 +29,13 @@ from .report import format_table, new_figure, run_label
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["AttentionStats", "AttentionResult", "attention_statistics", "analyze_attention"]
+__all__ = [
+    "AttentionSettings",
+    "AttentionStats",
+    "AttentionResult",
+    "attention_statistics",
+    "analyze_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,36 @@ class AttentionStats:
         return self.distance_sum / max(self.queries, 1)
 
 
+@dataclass(frozen=True)
+class AttentionSettings:
+    """What :func:`analyze_attention` reads and how (the defaults are ``txl analyze attention``'s)."""
+
+    split: str = "valid"
+    """The split sampled."""
+    max_tokens: int = 8192
+    """Tokens of the sample (the first of the split)."""
+    mem_len: int | None = None
+    """Memory length (None: the run's evaluation memory)."""
+    tgt_len: int | None = None
+    """Segment length (None: the run's evaluation segment)."""
+    batch_size: int = 4
+    """Rows of the sample read in parallel."""
+    checkpoint: str = "best"
+    """Which checkpoint: best, latest, or a checkpoint folder."""
+    device: str = "cpu"
+    """Where the model runs."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.max_tokens, "max_tokens")
+        positive_int(self.batch_size, "batch_size")
+        if self.tgt_len is not None:
+            positive_int(self.tgt_len, "tgt_len")
+        if self.mem_len is not None and (isinstance(self.mem_len, bool) or self.mem_len < 0):
+            raise ConfigError(f"mem_len: must be an integer >= 0, got {self.mem_len!r}")
+
+
 class _Collector:
     """Accumulates attention probabilities from the pre-hooks of every layer's attention."""
 
@@ -85,6 +114,7 @@ class _Collector:
     def hook(self, index: int) -> Callable[..., None]:
         def capture(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self.active:
+                assert isinstance(module, RelativeMultiHeadAttention)  # checked: the model is relative
                 self.add(index, module, args[0], kwargs.get("memory"), kwargs["context"])
 
         return capture
@@ -135,7 +165,12 @@ def attention_statistics(
 ) -> AttentionStats:
     """Attention statistics of ``model`` over ``tokens`` cut into ``batch_size`` rows read in segments of
     ``tgt_len`` with memory (``span``: the model's by default). Segments are counted once the memory is
-    full (the first ceil(M / T) are a warm-up), so every query sees the whole memory."""
+    full (the first ceil(M / T) are a warm-up), so every query sees the whole memory.
+
+    The probabilities are recomputed from the model's public pieces, without modifying it: a forward
+    pre-hook on each layer's attention module captures its inputs (hidden states, memory,
+    :class:`RelativeContext`), and :meth:`RelativeMultiHeadAttention.scores` gives the masked scores, whose
+    softmax is what the layer attends with (dropout is off in evaluation)."""
     if model.config.attention != "relative":
         raise TxlError(
             "the attention analysis needs a Transformer-XL run (relative attention over a memory); "
@@ -154,7 +189,7 @@ def attention_statistics(
     rows = rows.view(batch_size, length)  # (B, L)
     collector = _Collector(model.config.n_layer, model.config.n_head, span.mem_len + tgt_len)
     handles = [
-        layer.attn.register_forward_pre_hook(collector.hook(i), with_kwargs=True)
+        layer.get_submodule("attn").register_forward_pre_hook(collector.hook(i), with_kwargs=True)
         for i, layer in enumerate(model.layers)
     ]
     memory = None
@@ -275,34 +310,29 @@ class AttentionResult:
         return fig
 
 
-def analyze_attention(
-    run_dir: Path,
-    *,
-    split: str = "valid",
-    max_tokens: int = 8192,
-    mem_len: int | None = None,
-    tgt_len: int | None = None,
-    batch_size: int = 4,
-    checkpoint: str = "best",
-    device: str = "cpu",
-    progress: bool = True,
-) -> AttentionResult:
-    """Load a run and measure its attention on the first ``max_tokens`` tokens of ``split``, with the run's
-    evaluation span (``mem_len`` overrides its memory) and segment length."""
-    run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+def analyze_attention(run_dir: Path, settings: AttentionSettings = AttentionSettings()) -> AttentionResult:
+    """Load a run and measure its attention (:func:`attention_statistics`) on the first
+    ``settings.max_tokens`` tokens of the split, with the run's evaluation lengths (``txl eval``'s:
+    :func:`txl.config.eval_lengths`) unless ``settings`` gives the memory or the segment length."""
+    run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
     config = run.config
-    span = eval_span(config)
-    if mem_len is not None:
-        span = dataclasses.replace(span, mem_len=mem_len)
-    tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
-    tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
+    lengths = eval_lengths(config, tgt_len=settings.tgt_len)
+    span = lengths.span
+    if settings.mem_len is not None:
+        span = dataclasses.replace(span, mem_len=settings.mem_len)
+    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=settings.max_tokens)
     stats = attention_statistics(
-        run.model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, progress=progress
+        run.model,
+        tokens,
+        tgt_len=lengths.tgt_len,
+        span=span,
+        batch_size=settings.batch_size,
+        progress=settings.progress,
     )
     return AttentionResult(
         run=str(run_dir),
-        split=split,
-        tgt_len=tgt_len,
+        split=settings.split,
+        tgt_len=lengths.tgt_len,
         mem_len=span.mem_len,
         queries=stats.queries,
         stats=stats,

@@ -1,20 +1,5 @@
-"""``txl compare``: the paper's headline comparison on one config. The Transformer-XL and the vanilla
-baseline (:func:`~txl.config.vanilla_baseline`: same sizes, data, steps and seed) train as two
-ordinary run folders, ``OUT/xl`` and ``OUT/vanilla``; running the command again continues an unfinished run
-and reuses a finished one. Reported side by side: validation and test loss, perplexity (and bits per
-character for character and byte corpora), the relative difference of the XL to each baseline, and each
-model's training throughput.
-
-Three rows, each over every token of the split, with the final weights of each run:
-
-- ``xl``: segments with memory, the run's evaluation lengths (its summary);
-- ``vanilla``: disjoint segments of its training length, as it was trained (its summary);
-- ``vanilla_sliding``: the paper's baseline protocol, every prediction from a window of the T training
-  tokens before it (:func:`~txl.analysis.context.sliding_losses`; with stride s each window predicts its
-  last s tokens, each seeing T - s + 1 to T tokens; s = 1 is the paper's).
-
-Also written: ``samples.md`` (200 tokens from each model after the same prompts, sampled with the same
-seed) and figures of both validation curves and of the training loss against tokens seen.
+"""``txl compare``: the paper's headline comparison on one config. The Transformer-XL and the vanilla baseline
+train as two run folders, ``OUT/xl`` and ``OUT/vanilla``, and are compared side by side.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..config import ConfigError, RunConfig, eval_span, vanilla_baseline
+from ..config import ConfigError, RunConfig, eval_lengths, eval_span, positive_int, vanilla_baseline
 from ..data import CorpusError, Vocab
 from ..evaluate import bits_name, metrics_from_loss
 from ..files import atomic_write_text
@@ -37,7 +22,7 @@ from ..inference import GenerationSettings, generate
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .common import split_tokens, train_or_reuse
-from .context import sliding_losses
+from .context import WindowSettings, sliding_losses
 from .report import SIGN_CONVENTION, format_table, new_figure
 
 if TYPE_CHECKING:
@@ -47,6 +32,7 @@ __all__ = [
     "MODELS",
     "Sample",
     "CompareResult",
+    "CompareSettings",
     "compare",
     "default_prompts",
     "default_stride",
@@ -57,6 +43,36 @@ __all__ = [
 MODELS = ("xl", "vanilla", "vanilla_sliding")
 """The rows of the comparison (keys of results.json)."""
 _LABELS = {"xl": "Transformer-XL", "vanilla": "vanilla", "vanilla_sliding": "vanilla, sliding window"}
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """How :func:`compare` names, evaluates and samples the two runs (the defaults are ``txl compare``'s)."""
+
+    config_name: str = ""
+    """The config's name, as reported (a preset or a TOML file)."""
+    overrides: tuple[str, ...] = ()
+    """The ``SECTION.FIELD=VALUE`` overrides applied to the config, as reported."""
+    stride: int | None = None
+    """Predictions per window of the vanilla sliding evaluation, at most the training segment (None:
+    :func:`default_stride`; 1 is the paper's protocol)."""
+    prompts: tuple[str, ...] | None = None
+    """Texts to continue in ``samples.md`` (None: three passages of the test split, else validation)."""
+    sample_tokens: int = 200
+    """Tokens each model writes per prompt (0: no samples)."""
+    seed: int = 0
+    """Sampling seed, the same for both models."""
+    overwrite: bool = False
+    """Train both runs again from scratch instead of continuing or reusing them."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+        if self.prompts is not None:
+            object.__setattr__(self, "prompts", tuple(self.prompts))
+        if self.stride is not None:
+            positive_int(self.stride, "stride")
 
 
 @dataclass(frozen=True)
@@ -79,7 +95,7 @@ class CompareResult:
     window: int
     models: dict[str, dict[str, Any]]
     relative: dict[str, dict[str, float]]
-    throughput: dict[str, float]
+    throughput: dict[str, float | None]
     actions: dict[str, str]
     samples: tuple[Sample, ...] = ()
     curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
@@ -200,43 +216,35 @@ def default_stride(window: int) -> int:
     return max(1, window // 4)
 
 
-def sliding_windows(n_tokens: int, *, window: int, stride: int) -> int:
-    """How many windows :func:`~txl.analysis.context.sliding_losses` reads to predict every target of
-    ``n_tokens`` tokens: one for the first ``window`` targets, then one per ``stride`` targets."""
-    head = min(window, n_tokens - 1)
-    return (1 if head > 0 else 0) + -(-max(n_tokens - 1 - head, 0) // stride)
+def sliding_windows(n_tokens: int, settings: WindowSettings) -> int:
+    """How many windows :func:`~txl.analysis.context.sliding_losses` reads with ``settings`` to predict every
+    target of ``n_tokens`` tokens: one for the first ``window`` targets, then one per ``stride`` targets."""
+    head = min(settings.window, n_tokens - 1)
+    return (1 if head > 0 else 0) + -(-max(n_tokens - 1 - head, 0) // settings.stride)
 
 
 def _estimate_sliding(
-    run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, stride: int
+    run: LoadedRun, splits: dict[str, np.ndarray], settings: WindowSettings
 ) -> tuple[int, float]:
     """(windows, seconds): the windows the sliding evaluation of ``splits`` reads and the time they take
     here, timed on 64 windows of the first split."""
-    windows = sum(sliding_windows(len(t), window=window, stride=stride) for t in splits.values())
+    windows = sum(sliding_windows(len(t), settings) for t in splits.values())
     first = next(iter(splits.values()), np.zeros(0, dtype=np.int64))
-    piece = first[: window + 1 + 63 * stride]
+    piece = first[: settings.window + 1 + 63 * settings.stride]
     if len(piece) < 2 or not windows:
         return windows, 0.0
     start = time.perf_counter()
-    sliding_losses(run.model, piece, window=window, stride=stride, batch_size=64)
+    sliding_losses(run.model, piece, replace(settings, batch_size=64, progress=False))
     seconds = time.perf_counter() - start
-    return windows, seconds * windows / sliding_windows(len(piece), window=window, stride=stride)
+    return windows, seconds * windows / sliding_windows(len(piece), settings)
 
 
 def _sliding_row(
-    run: LoadedRun, splits: dict[str, np.ndarray], *, window: int, stride: int, level: str, progress: bool
+    run: LoadedRun, splits: dict[str, np.ndarray], settings: WindowSettings, level: str
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"window": window, "stride": stride}
+    row: dict[str, Any] = {"window": settings.window, "stride": settings.stride}
     for split, tokens in splits.items():
-        losses = sliding_losses(
-            run.model,
-            tokens,
-            window=window,
-            stride=stride,
-            batch_size=max(1, 16384 // window),
-            progress=progress,
-            desc=f"vanilla sliding {split}",
-        )
+        losses = sliding_losses(run.model, tokens, replace(settings, desc=f"vanilla sliding {split}"))
         loss = float(losses.mean())
         prefix = "val" if split == "valid" else split
         row.update({f"{prefix}_loss": loss, f"{prefix}_tokens": len(losses)})
@@ -315,43 +323,34 @@ def samples_markdown(samples: Sequence[Sample], *, title: str, note: str) -> str
     return "\n".join(parts)
 
 
-def compare(
-    config: RunConfig,
-    out: Path,
-    *,
-    config_name: str = "",
-    overrides: Sequence[str] = (),
-    stride: int | None = None,
-    prompts: Sequence[str] | None = None,
-    sample_tokens: int = 200,
-    seed: int = 0,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> CompareResult:
-    """Train (or continue, or reuse) both runs under ``out`` and compare them (see the module docstring).
-    ``config`` is the Transformer-XL's; ``prompts``: texts to continue (default: three from the test split,
-    else the validation split); ``sample_tokens`` 0 skips the samples. Writes ``out/samples.md``."""
+def compare(config: RunConfig, out: Path, settings: CompareSettings = CompareSettings()) -> CompareResult:
+    """Train (or continue, or reuse) both runs under ``out`` and compare them. ``config`` is the
+    Transformer-XL's; the vanilla baseline (:func:`~txl.config.vanilla_baseline`: same sizes, data, steps
+    and seed) is derived from it. Running again continues an unfinished run and reuses a finished one.
+
+    Reported side by side: validation and test loss, perplexity (and bits per character for character and
+    byte corpora), the relative difference of the XL to each baseline, and each model's training
+    throughput. Three rows, each over every token of the split, with the final weights of each run:
+
+    - ``xl``: segments with memory, the run's evaluation lengths (its summary);
+    - ``vanilla``: disjoint segments of its training length, as it was trained (its summary);
+    - ``vanilla_sliding``: the paper's baseline protocol, every prediction from a window of the T training
+      tokens before it (:func:`~txl.analysis.context.sliding_losses`; with stride s each window predicts
+      its last s tokens, each seeing T - s + 1 to T tokens; s = 1 is the paper's).
+
+    Also written: ``out/samples.md`` (``settings.sample_tokens`` tokens from each model after the same
+    prompts, sampled with the same seed); the result carries both runs' curves for its figures."""
     if config.model.attention != "relative":
         raise ConfigError(
             'compare: the config must describe the Transformer-XL (model.attention = "relative"); '
             "the vanilla baseline is derived from it"
         )
     window = config.train.tgt_len
-    stride = default_stride(window) if stride is None else stride
+    stride = default_stride(window) if settings.stride is None else settings.stride
     if not 1 <= stride <= window:
         raise ConfigError(f"compare: --stride must be in 1..{window} (the training segment), got {stride}")
     out = Path(out)
-    summaries, actions = {}, {}
-    for name, cfg in (("xl", config), ("vanilla", vanilla_baseline(config))):
-        try:
-            summaries[name], actions[name] = train_or_reuse(
-                cfg, out / name, overwrite=overwrite, progress=progress
-            )
-        except Interrupted as exc:
-            raise Interrupted(
-                f"{name} interrupted at a checkpoint; run the same 'txl compare' command again to continue",
-                signum=exc.signum,
-            ) from None
+    summaries, actions = _train_both(config, out, settings)
     xl, vanilla = load_run(out / "xl", checkpoint="latest"), load_run(out / "vanilla", checkpoint="latest")
     level = xl.vocab.kind
     splits = {
@@ -359,7 +358,10 @@ def compare(
         for s in ("valid", "test")
         if f"{'val' if s == 'valid' else s}_loss" in summaries["vanilla"]
     }
-    windows, seconds = _estimate_sliding(vanilla, splits, window=window, stride=stride)
+    sliding = WindowSettings(
+        window, stride=stride, batch_size=max(1, 16384 // window), progress=settings.progress
+    )
+    windows, seconds = _estimate_sliding(vanilla, splits, sliding)
     print(
         f"vanilla sliding evaluation: {windows:,} windows of {window} tokens (stride {stride}) over "
         f"{' and '.join(splits) or 'no split'}: about {_duration(seconds)} here; --stride sets it (larger is "
@@ -373,10 +375,7 @@ def compare(
     models = {
         "xl": {**_row(summaries["xl"], keys + list(extra)), "eval": _lengths(xl.config)},
         "vanilla": {**_row(summaries["vanilla"], keys + list(extra)), "eval": _lengths(vanilla.config)},
-        "vanilla_sliding": {
-            **dict.fromkeys(keys),
-            **_sliding_row(vanilla, splits, window=window, stride=stride, level=level, progress=progress),
-        },
+        "vanilla_sliding": {**dict.fromkeys(keys), **_sliding_row(vanilla, splits, sliding, level)},
     }
     relative = {
         base: {
@@ -386,48 +385,77 @@ def compare(
         }
         for base in ("vanilla", "vanilla_sliding")
     }
-    xl_tps, vanilla_tps = (
-        summaries["xl"].get("train_tokens_per_s"),
-        summaries["vanilla"].get("train_tokens_per_s"),
-    )
-    throughput = {
-        "xl_tokens_per_s": xl_tps,
-        "vanilla_tokens_per_s": vanilla_tps,
-        "ratio_xl_over_vanilla": xl_tps / vanilla_tps if xl_tps and vanilla_tps else None,
-    }
-    samples: tuple[Sample, ...] = ()
-    if sample_tokens > 0:
-        samples = _samples(xl, vanilla, _prompt_ids(xl, prompts), new_tokens=sample_tokens, seed=seed)
-        gen = xl.config.generate
-        note = (
-            f"{sample_tokens} tokens from each model after the same prompt, the same seed and settings "
-            f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
-            f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of {window}."
-        )
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            out / "samples.md",
-            samples_markdown(samples, title=f"Samples: {config_name or 'compare'}", note=note) + "\n",
-        )
     return CompareResult(
-        config=config_name,
-        overrides=tuple(overrides),
+        config=settings.config_name,
+        overrides=settings.overrides,
         level=level,
-        stride=stride,
-        window=window,
+        stride=sliding.stride,
+        window=sliding.window,
         models=models,
         relative=relative,
-        throughput=throughput,
+        throughput=_throughput(summaries),
         actions=actions,
-        samples=samples,
+        samples=_write_samples(xl, vanilla, out, settings),
         curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")},
     )
 
 
-def _lengths(config: RunConfig) -> dict[str, Any]:
-    span = eval_span(config)
+def _train_both(
+    config: RunConfig, out: Path, settings: CompareSettings
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Train, continue or reuse ``out/xl`` and ``out/vanilla``: (their summaries, what was done), by name."""
+    summaries, actions = {}, {}
+    for name, cfg in (("xl", config), ("vanilla", vanilla_baseline(config))):
+        try:
+            summaries[name], actions[name] = train_or_reuse(
+                cfg, out / name, overwrite=settings.overwrite, progress=settings.progress
+            )
+        except Interrupted as exc:
+            raise Interrupted(
+                f"{name} interrupted at a checkpoint; run the same 'txl compare' command again to continue",
+                signum=exc.signum,
+            ) from None
+    return summaries, actions
+
+
+def _throughput(summaries: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Training tokens per second of each run, and their ratio."""
+    xl_tps = summaries["xl"].get("train_tokens_per_s")
+    vanilla_tps = summaries["vanilla"].get("train_tokens_per_s")
     return {
-        "tgt_len": config.eval.tgt_len or config.train.tgt_len,
+        "xl_tokens_per_s": xl_tps,
+        "vanilla_tokens_per_s": vanilla_tps,
+        "ratio_xl_over_vanilla": xl_tps / vanilla_tps if xl_tps and vanilla_tps else None,
+    }
+
+
+def _write_samples(
+    xl: LoadedRun, vanilla: LoadedRun, out: Path, settings: CompareSettings
+) -> tuple[Sample, ...]:
+    """Sample both models after the same prompts and write ``out/samples.md`` (none when
+    ``settings.sample_tokens`` is 0)."""
+    if settings.sample_tokens <= 0:
+        return ()
+    prompts = _prompt_ids(xl, settings.prompts)
+    samples = _samples(xl, vanilla, prompts, new_tokens=settings.sample_tokens, seed=settings.seed)
+    gen = xl.config.generate
+    note = (
+        f"{settings.sample_tokens} tokens from each model after the same prompt, the same seed and settings "
+        f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
+        f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of "
+        f"{vanilla.config.train.tgt_len}."
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = samples_markdown(samples, title=f"Samples: {settings.config_name or 'compare'}", note=note)
+    atomic_write_text(out / "samples.md", markdown + "\n")
+    return samples
+
+
+def _lengths(config: RunConfig) -> dict[str, Any]:
+    lengths = eval_lengths(config)
+    span = lengths.span
+    return {
+        "tgt_len": lengths.tgt_len,
         "mem_len": span.mem_len,
         "clamp_len": span.clamp_len,
         "same_length": span.same_length,
@@ -450,5 +478,4 @@ def _prompt_ids(run: LoadedRun, prompts: Sequence[str] | None) -> list[np.ndarra
         tokens = split_tokens(run.config, run.vocab, "test")
     except CorpusError:
         tokens = split_tokens(run.config, run.vocab, "valid")
-    length = 100 if run.vocab.kind in ("char", "byte") else 32
-    return default_prompts(tokens, run.vocab, length=length)
+    return default_prompts(tokens, run.vocab, length=100 if run.vocab.kind in ("char", "byte") else 32)

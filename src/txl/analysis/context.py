@@ -1,20 +1,5 @@
-"""Per-token losses and predictions of a model over a token array, with the context of every prediction
-under control. The analyses build on two protocols:
-
-- **stream** (:func:`stream_losses`, :func:`stream_predictions`): the array cut into B contiguous rows, each
-  read in segments of ``tgt_len`` tokens carrying memory (the Transformer-XL; the vanilla model then reads
-  disjoint segments). Every target is predicted once; each row starts ``first - 1`` tokens before its first
-  counted target, so that every counted target has at least ``first`` tokens before it in its row.
-- **sliding window** (:func:`sliding_losses`, :func:`sliding_predictions`): the vanilla model of the paper,
-  each prediction made by a window of the ``window`` tokens before it, recomputed from scratch. With
-  ``stride`` s a window predicts its last s tokens (s = 1 is the paper's protocol). The windows of a chunk
-  run as one batch and only the predicted positions reach the softmax (:func:`absolute_hidden`).
-
-Both return values for the targets ``first .. N-1`` in order (target t is ``tokens[t]`` given the tokens
-before it). Evaluation mode and ``torch.inference_mode``; the model's training flag is restored.
-
-Dimensions: N tokens, B rows, L row length, T segment or window length, W windows in a chunk, S stride,
-D model size, V vocabulary.
+"""Per-token losses and predictions over a token array with the context of every prediction under control:
+streams read in segments with memory (:func:`stream_losses`) and sliding windows (:func:`sliding_losses`).
 """
 
 from __future__ import annotations
@@ -22,23 +7,78 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Span
+from ..config import ConfigError, Span, positive_int
 from ..evaluate import SegmentLosses, eval_mode, segment_losses
 from ..model import TransformerXL
 
+# Dimensions: N tokens, B rows, L row length, T segment or window length, W windows in a chunk, S stride,
+# D model size, V vocabulary.
+
 __all__ = [
+    "StreamSettings",
+    "WindowSettings",
     "absolute_hidden",
     "stream_losses",
     "stream_predictions",
     "sliding_losses",
     "sliding_predictions",
 ]
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """How a token array is read as a stream (the protocol of ``txl eval``): cut into ``batch_size``
+    contiguous rows, each read in segments of ``tgt_len`` tokens carrying memory (the Transformer-XL; the
+    vanilla model then reads disjoint segments), every target predicted once."""
+
+    tgt_len: int
+    """Tokens per segment (T)."""
+    span: Span | None = None
+    """Memory, clamp and same-length attention of the reading (None: the model's)."""
+    batch_size: int = 8
+    """Rows read in parallel (B; fewer when the array has fewer targets)."""
+    progress: bool = False
+    """Show a progress bar."""
+    desc: str = "stream"
+    """The progress bar's label."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.tgt_len, "tgt_len")
+        positive_int(self.batch_size, "batch_size")
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """How the vanilla model reads a token array by sliding windows, the paper's protocol for it: each
+    prediction made by a window of the ``window`` tokens before it, recomputed from scratch. With ``stride``
+    s a window predicts its last s tokens (s = 1 is the paper's protocol). The windows of a chunk run as one
+    batch and only the predicted positions reach the softmax (:func:`absolute_hidden`)."""
+
+    window: int
+    """Tokens a prediction sees (T)."""
+    stride: int = 1
+    """Targets each window predicts, its last ones (S, at most ``window``)."""
+    batch_size: int = 64
+    """Windows per forward (W)."""
+    progress: bool = False
+    """Show a progress bar."""
+    desc: str = "sliding"
+    """The progress bar's label."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.window, "window")
+        positive_int(self.batch_size, "batch_size")
+        if not 1 <= self.stride <= self.window:
+            raise ConfigError(
+                f"stride: need 1 <= stride <= window, got window={self.window}, stride={self.stride}"
+            )
 
 
 @contextmanager
@@ -71,13 +111,8 @@ def _check_first(first: int, n: int) -> None:
 def _stream(
     model: TransformerXL,
     tokens: np.ndarray | Tensor,
-    *,
-    tgt_len: int,
-    span: Span | None,
+    settings: StreamSettings,
     first: int,
-    batch_size: int,
-    progress: bool,
-    desc: str,
     read: Callable[[SegmentLosses], Tensor],
     with_targets: bool,
 ) -> np.ndarray:
@@ -87,7 +122,7 @@ def _stream(
     ids = _as_tensor(tokens, device)
     n = ids.numel()
     _check_first(first, n)
-    rows = min(batch_size, n - first)
+    rows = min(settings.batch_size, n - first)
     per_row = math.ceil((n - first) / rows)  # counted targets per row (C)
     length = first - 1 + per_row  # inputs per row (L): first - 1 warm-up targets, then C counted ones
     # (B, L+1)
@@ -97,69 +132,44 @@ def _stream(
     )
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
     segments = segment_losses(
-        model, padded, tgt_len=tgt_len, span=span, batch_size=rows, log_probs=not with_targets
+        model,
+        padded,
+        tgt_len=settings.tgt_len,
+        span=settings.span,
+        batch_size=rows,
+        log_probs=not with_targets,
     )
     pieces = []
     with torch.inference_mode():
-        steps = math.ceil(length / tgt_len)
-        for segment in tqdm(segments, total=steps, desc=desc, disable=not progress, leave=False):
+        steps = math.ceil(length / settings.tgt_len)
+        bar = tqdm(segments, total=steps, desc=settings.desc, disable=not settings.progress, leave=False)
+        for segment in bar:
             pieces.append(read(segment).double().cpu())  # (B, T)
     values = torch.cat(pieces, dim=1)[:, first - 1 :]  # (B, C): the counted targets, row after row
     return values.reshape(-1)[: n - first].numpy()
 
 
 def stream_losses(
-    model: TransformerXL,
-    tokens: np.ndarray | Tensor,
-    *,
-    tgt_len: int,
-    span: Span | None = None,
-    first: int = 1,
-    batch_size: int = 8,
-    progress: bool = False,
-    desc: str = "stream",
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: StreamSettings, *, first: int = 1
 ) -> np.ndarray:
-    """Loss in nats (float64) of every target ``first .. N-1``, reading B = ``batch_size`` rows in segments
-    of ``tgt_len`` with memory (``span``: the model's by default). With ``first = 1`` this is the protocol
-    of :func:`txl.evaluate.evaluate` (same rows, same segments, the same mean)."""
-    return _stream(
-        model,
-        tokens,
-        tgt_len=tgt_len,
-        span=span,
-        first=first,
-        batch_size=batch_size,
-        progress=progress,
-        desc=desc,
-        read=lambda segment: segment.loss,
-        with_targets=True,
-    )
+    """Loss in nats (float64) of every target ``first .. N-1`` (target t is ``tokens[t]`` given the tokens
+    before it), reading the array as a stream. Each row starts ``first - 1`` tokens before its first counted
+    target, so that every counted target has at least ``first`` tokens before it in its row. With
+    ``first = 1`` this is the protocol of :func:`txl.evaluate.evaluate` (same rows, same segments, the same
+    mean). Evaluation and inference mode; the model's training flag is restored."""
+    return _stream(model, tokens, settings, first, lambda segment: segment.loss, True)
 
 
 def stream_predictions(
-    model: TransformerXL,
-    tokens: np.ndarray | Tensor,
-    *,
-    tgt_len: int,
-    span: Span | None = None,
-    first: int = 1,
-    batch_size: int = 8,
-    progress: bool = False,
-    desc: str = "stream",
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: StreamSettings, *, first: int = 1
 ) -> np.ndarray:
     """The most likely next token (int64) for every target ``first .. N-1``, as :func:`stream_losses`."""
-    return _stream(
-        model,
-        tokens,
-        tgt_len=tgt_len,
-        span=span,
-        first=first,
-        batch_size=batch_size,
-        progress=progress,
-        desc=desc,
-        read=lambda segment: segment.log_probs.argmax(-1),
-        with_targets=False,
-    )
+
+    def argmax(segment: SegmentLosses) -> Tensor:
+        assert segment.log_probs is not None  # asked for with log_probs=True
+        return segment.log_probs.argmax(-1)
+
+    return _stream(model, tokens, settings, first, argmax, False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,22 +190,19 @@ def _windows(
     model: TransformerXL,
     ids: Tensor,
     starts: np.ndarray,
-    *,
-    window: int,
     keep: int,
-    batch_size: int,
     read: Callable[[Tensor, Tensor], Tensor],
-    progress: bool,
-    desc: str,
+    settings: WindowSettings,
 ) -> Tensor:
-    """For each window ``ids[start : start + window]``, ``read(hidden, targets)`` of its last ``keep``
-    positions: (len(starts), keep). Windows run ``batch_size`` at a time."""
+    """For each window ``ids[start : start + settings.window]``, ``read(hidden, targets)`` of its last
+    ``keep`` positions: (len(starts), keep). Windows run ``settings.batch_size`` at a time."""
     device = ids.device
-    offsets = torch.arange(window + 1, device=device)  # (T+1,)
+    offsets = torch.arange(settings.window + 1, device=device)  # (T+1,)
     parts = []
-    chunks = range(0, len(starts), batch_size)
-    for begin in tqdm(chunks, desc=desc, disable=not progress or len(chunks) < 2, leave=False):
-        first = torch.as_tensor(starts[begin : begin + batch_size], device=device)  # (W,)
+    chunks = range(0, len(starts), settings.batch_size)
+    quiet = not settings.progress or len(chunks) < 2
+    for begin in tqdm(chunks, desc=settings.desc, disable=quiet, leave=False):
+        first = torch.as_tensor(starts[begin : begin + settings.batch_size], device=device)  # (W,)
         grid = ids[first[:, None] + offsets[None, :]]  # (W, T+1)
         hidden = absolute_hidden(model, grid[:, :-1])[:, -keep:]  # (W, S, D): only what is predicted
         targets = grid[:, -keep:]  # (W, S)
@@ -204,33 +211,29 @@ def _windows(
     return torch.cat(parts) if parts else torch.zeros(0, keep)
 
 
-def _check_window(model: TransformerXL, window: int, stride: int) -> None:
+def _check_vanilla(model: TransformerXL) -> None:
     if model.config.attention != "absolute":
         raise ValueError(
             "sliding-window evaluation is for the vanilla model (attention='absolute'); "
             "the Transformer-XL reads streams with memory (stream_losses)"
         )
-    if window < 1 or not 1 <= stride <= window:
-        raise ValueError(f"need window >= 1 and 1 <= stride <= window, got window={window}, stride={stride}")
+
+
+def _head(settings: WindowSettings, head: int) -> WindowSettings:
+    """The one window at the start: ``head`` tokens, alone, without a progress bar."""
+    return replace(settings, window=head, stride=head, batch_size=1, progress=False)
 
 
 def sliding_losses(
-    model: TransformerXL,
-    tokens: np.ndarray | Tensor,
-    *,
-    window: int,
-    stride: int = 1,
-    first: int = 1,
-    batch_size: int = 64,
-    progress: bool = False,
-    desc: str = "sliding",
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: WindowSettings, *, first: int = 1
 ) -> np.ndarray:
     """Loss in nats (float64) of every target ``first .. N-1`` by a vanilla model reading windows of
-    ``window`` tokens: target t is predicted from ``tokens[t - window : t]`` (from ``tokens[:t]`` while
-    t <= window, all by one window at the start). With ``stride`` s, a window ``tokens[e - window : e]``
-    predicts its last s targets (e-s+1 .. e), each seeing between window - s + 1 and window tokens.
-    ``batch_size`` windows run as one batch."""
-    _check_window(model, window, stride)
+    T = ``settings.window`` tokens: target t is predicted from ``tokens[t - T : t]`` (from ``tokens[:t]``
+    while t <= T, all by one window at the start). With stride s, a window ``tokens[e - T : e]`` predicts
+    its last s targets (e-s+1 .. e), each seeing between T - s + 1 and T tokens. Evaluation and inference
+    mode; the model's training flag is restored."""
+    _check_vanilla(model)
+    window, stride = settings.window, settings.stride
     ids = _as_tensor(tokens, _device(model))
     n = ids.numel()
     _check_first(first, n)
@@ -242,35 +245,15 @@ def sliding_losses(
     with _evaluating(model):
         head = min(window, n - 1)  # the first window predicts targets 1..head, each from all tokens before it
         if first <= head:
-            losses = _windows(
-                model,
-                ids,
-                np.zeros(1, dtype=np.int64),
-                window=head,
-                keep=head,
-                batch_size=1,
-                read=nll,
-                progress=False,
-                desc=desc,
-            )
-            out.append(losses[0, first - 1 :])
+            start = np.zeros(1, dtype=np.int64)
+            out.append(_windows(model, ids, start, head, nll, _head(settings, head))[0, first - 1 :])
         targets = np.arange(max(first, head + 1), n)  # each needs a window that ends at it
         if len(targets):
             ends = targets[stride - 1 :: stride]  # the last target of each full group of s
             partial = len(targets) % stride
             if partial:
                 ends = np.append(ends, n - 1)
-            losses = _windows(
-                model,
-                ids,
-                ends - window,
-                window=window,
-                keep=stride,
-                batch_size=batch_size,
-                read=nll,
-                progress=progress,
-                desc=desc,
-            ).reshape(-1)
+            losses = _windows(model, ids, ends - window, stride, nll, settings).reshape(-1)
             if partial:  # the last window's first s - r positions were predicted by the window before it
                 losses = torch.cat([losses[:-stride], losses[-partial:]])
             out.append(losses)
@@ -278,18 +261,13 @@ def sliding_losses(
 
 
 def sliding_predictions(
-    model: TransformerXL,
-    tokens: np.ndarray | Tensor,
-    *,
-    window: int,
-    positions: np.ndarray,
-    batch_size: int = 64,
-    progress: bool = False,
-    desc: str = "sliding",
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: WindowSettings, *, positions: np.ndarray
 ) -> np.ndarray:
     """The vanilla model's most likely token (int64) at each target position p in ``positions`` (1 <= p < N),
-    each from the window of the ``window`` tokens before it (``tokens[:p]`` while p <= window)."""
-    _check_window(model, window, 1)
+    each from the window of the T = ``settings.window`` tokens before it (``tokens[:p]`` while p <= T);
+    every position has a window of its own (``settings.stride`` is not used)."""
+    _check_vanilla(model)
+    window = settings.window
     ids = _as_tensor(tokens, _device(model))
     n = ids.numel()
     positions = np.asarray(positions, dtype=np.int64)
@@ -304,33 +282,10 @@ def sliding_predictions(
     early = positions <= head
     with _evaluating(model):
         if early.any():
-            preds = _windows(
-                model,
-                ids,
-                np.zeros(1, dtype=np.int64),
-                window=head,
-                keep=head,
-                batch_size=1,
-                read=argmax,
-                progress=False,
-                desc=desc,
-            )[0]
+            start = np.zeros(1, dtype=np.int64)
+            preds = _windows(model, ids, start, head, argmax, _head(settings, head))[0]
             result[early] = preds[positions[early] - 1].numpy()
         late = positions[~early]
         if len(late):
-            result[~early] = (
-                _windows(
-                    model,
-                    ids,
-                    late - window,
-                    window=window,
-                    keep=1,
-                    batch_size=batch_size,
-                    read=argmax,
-                    progress=progress,
-                    desc=desc,
-                )
-                .reshape(-1)
-                .numpy()
-            )
+            result[~early] = _windows(model, ids, late - window, 1, argmax, settings).reshape(-1).numpy()
     return result

@@ -1,20 +1,11 @@
-"""``txl analyze documents``: what resetting the memory at document boundaries does. Each run is evaluated on
-its validation and test splits twice, reading across documents (``continue``, the authors' way) and starting
-each document anew (``reset``: it attends to nothing before it), and the loss is also reported by position
-within a document (buckets 0-9, 10-99, 100-999, ...): does the start of a new document suffer from the
-previous one's memory, or gain from it? Given runs trained each way, the table is the 2 x 2 of the issue.
-
-Every figure is read from one pass of :func:`txl.evaluate.segment_losses` per split and way (the protocol of
-``txl eval``, whose loss it equals): the per-token losses are put back in token order, and each target's
-position is its distance from the last document start at or before it. A target at position 0 is a
-document's first token, predicted from the end of the previous document (the start is marked on the input,
-so that token itself is read with what came before in either way).
+"""``txl analyze documents``: what resetting the memory at document boundaries does, overall and by position
+within a document, reading across documents (``continue``) or starting each anew (``reset``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +13,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Span, eval_span, first_set
+from ..config import ConfigError, eval_lengths, first_set, positive_int
 from ..data import SegmentStream, check_documents, prepare_data
 from ..evaluate import eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
+from .context import StreamSettings
 from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
@@ -38,6 +30,7 @@ __all__ = [
     "DocumentSplit",
     "DocumentRun",
     "DocumentsResult",
+    "DocumentsSettings",
     "token_losses",
     "document_positions",
     "position_buckets",
@@ -45,6 +38,39 @@ __all__ = [
 ]
 
 DOCUMENT_MODES = ("continue", "reset")
+"""The two ways of reading: across documents (the authors' way) or starting each anew."""
+_SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class DocumentsSettings:
+    """What :func:`analyze_documents` evaluates and how; lengths not given are those ``txl eval`` takes from
+    the run (:func:`txl.config.eval_lengths`)."""
+
+    splits: tuple[str, ...] = ("valid", "test")
+    """The splits evaluated (each must exist)."""
+    max_tokens: int | None = None
+    """Only the first N targets of each split (None: all)."""
+    tgt_len: int | None = None
+    """Segment length (None: the run's evaluation segment)."""
+    batch_size: int | None = None
+    """Parallel streams (None: the run's ``eval.batch_size``)."""
+    mem_len: int | None = None
+    """Memory length (None: the run's evaluation memory)."""
+    checkpoint: str = "best"
+    """Which checkpoint of each run: best, latest, or a checkpoint folder."""
+    device: str = "cpu"
+    """Where the models run."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", tuple(self.splits))
+        if not self.splits or any(s not in _SPLITS for s in self.splits):
+            raise ConfigError(f"splits: expected some of {', '.join(_SPLITS)}, got {list(self.splits)}")
+        for name in ("max_tokens", "tgt_len", "batch_size"):
+            if getattr(self, name) is not None:
+                positive_int(getattr(self, name), name)
 
 
 @dataclass(frozen=True)
@@ -168,30 +194,34 @@ class DocumentsResult:
 def token_losses(
     model: TransformerXL,
     tokens: np.ndarray,
+    settings: StreamSettings,
     *,
     starts: np.ndarray | None,
-    batch_size: int,
-    tgt_len: int,
-    span: Span,
     device: torch.device | str | None = None,
-    progress: bool = False,
-    desc: str = "eval",
 ) -> np.ndarray:
     """The loss of every target of ``tokens`` (N,), in token order: (N - 1,) float64, entry i the loss of
     token i + 1 given what came before it in its stream, read as :func:`~txl.evaluate.evaluate` reads it
     (the rows the data fills, memory carried, with ``starts`` each document alone)."""
     n = len(tokens)
-    rows = eval_rows(n, batch_size)
+    rows = eval_rows(n, settings.batch_size)
     where = SegmentStream(
-        tokens, batch_size=rows, tgt_len=tgt_len, drop_last=False, starts=starts
+        tokens, batch_size=rows, tgt_len=settings.tgt_len, drop_last=False, starts=starts
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0
     segments = segment_losses(
-        model, tokens, tgt_len=tgt_len, span=span, batch_size=rows, device=device, starts=starts, name=desc
+        model,
+        tokens,
+        tgt_len=settings.tgt_len,
+        span=settings.span,
+        batch_size=rows,
+        device=device,
+        starts=starts,
+        name=settings.desc,
     )
-    total = -(-where.shape[1] // tgt_len)
-    for segment in tqdm(segments, total=total, desc=desc, disable=not progress, leave=False):
+    steps = -(-where.shape[1] // settings.tgt_len)
+    bar = tqdm(segments, total=steps, desc=settings.desc, disable=not settings.progress, leave=False)
+    for segment in bar:
         t = segment.loss.shape[1]
         index = where[:, position : position + t]  # (B, T)
         out[index[index >= 0] - 1] = segment.loss.cpu().numpy()[index >= 0]
@@ -221,25 +251,17 @@ def _split(
     model: TransformerXL,
     tokens: np.ndarray,
     starts: np.ndarray,
-    *,
     split: str,
-    batch_size: int,
-    tgt_len: int,
-    span: Span,
+    stream: StreamSettings,
     device: str,
-    progress: bool,
 ) -> DocumentSplit:
     losses = {
         mode: token_losses(
             model,
             tokens,
+            replace(stream, desc=f"{split} {mode}"),
             starts=starts if mode == "reset" else None,
-            batch_size=batch_size,
-            tgt_len=tgt_len,
-            span=span,
             device=device,
-            progress=progress,
-            desc=f"{split} {mode}",
         )
         for mode in DOCUMENT_MODES
     }
@@ -271,57 +293,45 @@ def _split(
 
 
 def analyze_documents(
-    run_dirs: Sequence[Path],
-    *,
-    splits: Sequence[str] = ("valid", "test"),
-    max_tokens: int | None = None,
-    tgt_len: int | None = None,
-    batch_size: int | None = None,
-    mem_len: int | None = None,
-    checkpoint: str = "best",
-    device: str = "cpu",
-    progress: bool = True,
+    run_dirs: Sequence[Path], settings: DocumentsSettings = DocumentsSettings()
 ) -> DocumentsResult:
-    """Evaluate each run on ``splits`` (each must exist) reading across documents and starting each anew,
-    overall and by position within a document. Lengths not given are those ``txl eval`` takes from the run
-    (:func:`~txl.config.eval_span`); ``max_tokens``: only the first N targets of each split. The corpus must
-    say where its documents begin (a ConfigError naming ``data.documents`` otherwise)."""
+    """Evaluate each run on the splits reading across documents and starting each anew, overall and by
+    position within a document. The corpus must say where its documents begin (a ConfigError naming
+    ``data.documents`` otherwise).
+
+    Every figure is read from one pass of :func:`txl.evaluate.segment_losses` per split and way (the
+    protocol of ``txl eval``, whose loss it equals): the per-token losses are put back in token order, and
+    each target's position is its distance from the last document start at or before it. A target at
+    position 0 is a document's first token, predicted from the end of the previous document (the start is
+    marked on the input, so that token itself is read with what came before in either way)."""
     runs = []
     for run_dir in run_dirs:
-        run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+        run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
         config = run.config
-        span = eval_span(config, mem_len=mem_len)
-        tgt = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
-        rows = first_set(batch_size, config.eval.batch_size)
-        data = prepare_data(config.data, vocab=run.vocab, splits=splits)
+        lengths = eval_lengths(config, tgt_len=settings.tgt_len, mem_len=settings.mem_len)
+        stream = StreamSettings(
+            lengths.tgt_len,
+            span=lengths.span,
+            batch_size=first_set(settings.batch_size, config.eval.batch_size),
+            progress=settings.progress,
+        )
+        data = prepare_data(config.data, vocab=run.vocab, splits=settings.splits)
         check_documents(data.corpus, "reset", name="txl analyze documents")
         results = []
-        for split in splits:
+        for split in settings.splits:
             tokens, starts = data.splits[split], data.starts[split]
-            if max_tokens is not None:
-                tokens = tokens[: max_tokens + 1]
+            if settings.max_tokens is not None:
+                tokens = tokens[: settings.max_tokens + 1]
                 starts = starts[starts < len(tokens)]
-            results.append(
-                _split(
-                    run.model,
-                    tokens,
-                    starts,
-                    split=split,
-                    batch_size=rows,
-                    tgt_len=tgt,
-                    span=span,
-                    device=device,
-                    progress=progress,
-                )
-            )
+            results.append(_split(run.model, tokens, starts, split, stream, settings.device))
         runs.append(
             DocumentRun(
                 run=str(run_dir),
                 trained=config.data.documents,
                 step=run.step,
-                tgt_len=tgt,
-                batch_size=rows,
-                mem_len=span.mem_len,
+                tgt_len=stream.tgt_len,
+                batch_size=stream.batch_size,
+                mem_len=lengths.span.mem_len,
                 splits=tuple(results),
             )
         )

@@ -1,16 +1,11 @@
-"""``txl analyze memory``: the loss of one trained Transformer-XL as a function of the memory it is given
-at evaluation, from none up to several times its training memory (the paper evaluates with a longer memory
-than it trains with). Each length is a full evaluation of the split with :func:`txl.evaluate.evaluate`:
-every token predicted once, memory carried across segments. The sweep starts from the settings ``txl eval``
-uses on the run (:func:`txl.config.eval_span`: its ``[eval]`` clamp and same-length attention, else the
-model's), and each length is also evaluated with ``clamp_len`` at the training attention length (training
-memory + training segment): beside the unclamped figure, it tells a gain lost to distances the model never
-saw in training from one the model cannot make.
+"""``txl analyze memory``: the loss of one trained Transformer-XL as a function of the memory it is given at
+evaluation, from none up to several times its training memory, each length a full evaluation of the split.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..config import Span, eval_span
+from ..config import ConfigError, SameLengthOff, Span, eval_lengths, first_set, positive_int, span_of
 from ..errors import TxlError
 from ..evaluate import EvalResult, evaluate
 from ..model import TransformerXL
@@ -29,7 +24,87 @@ from .report import format_table, new_figure, run_label
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["MemoryRow", "MemoryResult", "default_memory_lengths", "memory_sweep", "analyze_memory"]
+__all__ = [
+    "MemorySettings",
+    "SweepSettings",
+    "MemoryRow",
+    "MemoryResult",
+    "default_memory_lengths",
+    "memory_sweep",
+    "analyze_memory",
+]
+
+
+def _lengths(value: tuple[int, ...] | None, name: str) -> tuple[int, ...] | None:
+    """``value`` as a tuple of lengths >= 0 (None stays None), else a ConfigError naming ``name``."""
+    if value is None:
+        return None
+    lengths = tuple(value)
+    if any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in lengths):
+        raise ConfigError(f"{name}: memory lengths must be integers >= 0, got {list(lengths)}")
+    return lengths
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What :func:`analyze_memory` sweeps and how; every length not given starts where ``txl eval`` starts
+    on the run (its ``[eval]`` section, else training: :func:`txl.config.eval_lengths`)."""
+
+    lengths: tuple[int, ...] | None = None
+    """Evaluation memory lengths (None: :func:`default_memory_lengths` of the training memory)."""
+    clamp_len: int | None = None
+    """Clamp of the relative distances (None: the run's)."""
+    same_length: bool | None = None
+    """Same-length attention (None: the run's; off at memory 0)."""
+    split: str = "valid"
+    """The split evaluated."""
+    max_tokens: int | None = None
+    """Only the first N targets of the split (None: all)."""
+    tgt_len: int | None = None
+    """Segment length (None: the run's evaluation segment)."""
+    batch_size: int | None = None
+    """Parallel streams (None: the run's ``eval.batch_size``)."""
+    checkpoint: str = "best"
+    """Which checkpoint: best, latest, or a checkpoint folder."""
+    device: str = "cpu"
+    """Where the model runs."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", _lengths(self.lengths, "lengths") or None)
+        for name in ("clamp_len", "max_tokens", "tgt_len", "batch_size"):
+            if getattr(self, name) is not None:
+                positive_int(getattr(self, name), name)
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """The evaluations of :func:`memory_sweep`: one per memory length, each also with the clamp at the
+    training attention length."""
+
+    lengths: tuple[int, ...]
+    """Evaluation memory lengths."""
+    tgt_len: int
+    """Segment length."""
+    batch_size: int
+    """Parallel streams."""
+    clamp_len: int | None = None
+    """Clamp of the relative distances (None: none)."""
+    same_length: bool = False
+    """Same-length attention (off at memory 0, which leaves it nothing to act on)."""
+    train_attention_len: int | None = None
+    """Clamp of the second evaluation (None: the model's mem_len + ``tgt_len``)."""
+    progress: bool = False
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", _lengths(self.lengths, "lengths"))
+        positive_int(self.tgt_len, "tgt_len")
+        positive_int(self.batch_size, "batch_size")
+        for name in ("clamp_len", "train_attention_len"):
+            if getattr(self, name) is not None:
+                positive_int(getattr(self, name), name)
 
 
 @dataclass(frozen=True)
@@ -125,43 +200,35 @@ def default_memory_lengths(train_mem_len: int) -> tuple[int, ...]:
     return tuple(sorted({0, m // 4, m // 2, m, 2 * m, 4 * m, 8 * m}))
 
 
-def memory_sweep(
-    model: TransformerXL,
-    tokens: np.ndarray,
-    *,
-    lengths: Sequence[int],
-    tgt_len: int,
-    batch_size: int,
-    clamp_len: int | None = None,
-    same_length: bool = False,
-    train_attention_len: int | None = None,
-    progress: bool = False,
-) -> tuple[MemoryRow, ...]:
-    """Evaluate ``model`` on ``tokens`` once per memory length (segments of ``tgt_len``, ``batch_size``
-    streams); the other evaluation lengths are ``clamp_len`` and ``same_length`` (off at memory 0, which
-    leaves it nothing to act on), and again with ``clamp_len = train_attention_len`` (default: the model's
-    mem_len + ``tgt_len``)."""
+def memory_sweep(model: TransformerXL, tokens: np.ndarray, settings: SweepSettings) -> tuple[MemoryRow, ...]:
+    """Evaluate ``model`` on ``tokens`` once per memory length of ``settings`` (:func:`txl.evaluate.evaluate`:
+    every token predicted once, memory carried across segments), and again with the clamp at the training
+    attention length: beside the unclamped figure, it tells a gain lost to distances the model never saw
+    in training from one the model cannot make."""
     if model.config.attention != "relative":
         raise TxlError(
             "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
             "which has no memory)"
         )
-    attention_len = train_attention_len or model.config.mem_len + tgt_len
+    tgt_len, clamp_len = settings.tgt_len, settings.clamp_len
+    attention_len = settings.train_attention_len or model.config.mem_len + tgt_len
 
     def run(span: Span) -> EvalResult:
         return evaluate(
             model,
             tokens,
-            batch_size=batch_size,
+            batch_size=settings.batch_size,
             tgt_len=tgt_len,
             span=span,
-            progress=progress,
+            progress=settings.progress,
             desc=f"mem_len {span.mem_len}, clamp_len {span.clamp_len}",
         )
 
     rows = []
-    for mem_len in tqdm(lengths, desc="memory lengths", disable=not progress, leave=False):
-        span = Span(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length and mem_len > 0)
+    for mem_len in tqdm(settings.lengths, desc="memory lengths", disable=not settings.progress, leave=False):
+        with warnings.catch_warnings():  # the sweep says itself that memory 0 turns same-length off
+            warnings.simplefilter("ignore", SameLengthOff)
+            span = span_of(mem_len=mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
         result = run(span)
         # distances reach mem_len + tgt_len - 1: a clamp at or above that changes nothing
         reach = mem_len + tgt_len - 1
@@ -182,58 +249,46 @@ def memory_sweep(
     return tuple(rows)
 
 
-def analyze_memory(
-    run_dir: Path,
-    *,
-    lengths: Sequence[int] | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
-    split: str = "valid",
-    max_tokens: int | None = None,
-    tgt_len: int | None = None,
-    batch_size: int | None = None,
-    checkpoint: str = "best",
-    device: str = "cpu",
-    progress: bool = True,
-) -> MemoryResult:
-    """Load a run and sweep its evaluation memory (default: :func:`default_memory_lengths`). Everything
-    not given starts where ``txl eval`` starts on the run: segment length and streams from its ``[eval]``
-    section (else training), ``clamp_len`` and ``same_length`` by :func:`txl.config.eval_span`."""
-    run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+def analyze_memory(run_dir: Path, settings: MemorySettings = MemorySettings()) -> MemoryResult:
+    """Load a run and sweep its evaluation memory (:func:`memory_sweep`; the paper evaluates with a longer
+    memory than it trains with). Everything not given starts where ``txl eval`` starts on the run, and each
+    length is also evaluated with ``clamp_len`` at the training attention length (training memory +
+    training segment)."""
+    run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
     config = run.config
     if config.model.attention != "relative":
         raise TxlError(
             "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
             "which has no memory)"
         )
-    tokens = split_tokens(config, run.vocab, split, max_tokens=max_tokens)
+    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=settings.max_tokens)
     train_mem = config.model.mem_len
-    lengths = tuple(lengths) if lengths else default_memory_lengths(train_mem)
-    span = eval_span(config, mem_len=max(1, train_mem), clamp_len=clamp_len, same_length=same_length)
-    clamp_len, same_length = span.clamp_len, span.same_length
-    tgt_len = tgt_len or config.eval.tgt_len or config.train.tgt_len
-    batch_size = batch_size or config.eval.batch_size
-    attention_len = train_mem + config.train.tgt_len
-    rows = memory_sweep(
-        run.model,
-        tokens,
-        lengths=lengths,
-        tgt_len=tgt_len,
-        batch_size=batch_size,
-        clamp_len=clamp_len,
-        same_length=same_length,
+    lengths = eval_lengths(
+        config,
+        tgt_len=settings.tgt_len,
+        mem_len=max(1, train_mem),
+        clamp_len=settings.clamp_len,
+        same_length=settings.same_length,
+    )
+    span, attention_len = lengths.span, train_mem + config.train.tgt_len
+    sweep = SweepSettings(
+        lengths=settings.lengths or default_memory_lengths(train_mem),
+        tgt_len=lengths.tgt_len,
+        batch_size=first_set(settings.batch_size, config.eval.batch_size),
+        clamp_len=span.clamp_len,
+        same_length=span.same_length,
         train_attention_len=attention_len,
-        progress=progress,
+        progress=settings.progress,
     )
     return MemoryResult(
         run=str(run_dir),
-        split=split,
+        split=settings.split,
         step=run.step,
         train_mem_len=train_mem,
-        tgt_len=tgt_len,
-        batch_size=batch_size,
-        clamp_len=clamp_len,
-        same_length=same_length,
+        tgt_len=sweep.tgt_len,
+        batch_size=sweep.batch_size,
+        clamp_len=span.clamp_len,
+        same_length=span.same_length,
         train_attention_len=attention_len,
-        rows=rows,
+        rows=memory_sweep(run.model, tokens, sweep),
     )

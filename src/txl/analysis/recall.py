@@ -1,12 +1,5 @@
-"""``txl analyze recall``: the fastest demonstration that the memory works. On ``synthetic-recall`` (made by
-txl in memory: each line is ``f r|r``, and every symbol of the second copy of ``r`` repeats the one exactly
-D positions before it, D larger than the segment), the Transformer-XL (memory D) and the vanilla baseline
-train for a short budget, then each predicts every repeated symbol of the test split.
-
-The vanilla model sees at most its training segment (< D), so it is at chance (1/64, the symbols being
-uniform); the XL's memory covers D, so it can be exact. The XL reads the test split in segments with its
-memory; the vanilla model predicts each scored symbol from a full window of its training segment (its best
-case). Only symbols with at least D tokens before them are scored, the same ones for both.
+"""``txl analyze recall``: the fastest demonstration that the memory works. The Transformer-XL and the vanilla
+baseline train briefly on ``synthetic-recall``, then each predicts every symbol that repeats one D positions back.
 """
 
 from __future__ import annotations
@@ -25,14 +18,15 @@ from ..config import (
     RunConfig,
     TrainConfig,
     TransformerXLConfig,
-    eval_span,
+    eval_lengths,
+    positive_int,
     vanilla_baseline,
 )
 from ..data.corpora import RECALL_ALPHABET, load_corpus, recall_positions
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .common import split_tokens, train_or_reuse
-from .context import sliding_predictions, stream_predictions
+from .context import StreamSettings, WindowSettings, sliding_predictions, stream_predictions
 from .report import format_table, new_figure
 
 if TYPE_CHECKING:
@@ -41,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SEGMENT",
     "DEFAULT_STEPS",
+    "RecallSettings",
     "recall_config",
     "RecallResult",
     "recall_accuracy",
@@ -50,22 +45,41 @@ __all__ = [
 DEFAULT_SEGMENT = 16
 """Training segment of both models; the distance defaults to twice this."""
 DEFAULT_STEPS = 400
-"""Training steps of each model (the XL is exact after about 250 on this task)."""
+"""Training steps of each model."""
 
 
-def recall_config(
-    *, segment: int = DEFAULT_SEGMENT, distance: int | None = None, steps: int = DEFAULT_STEPS, seed: int = 0
-) -> RunConfig:
-    """The Transformer-XL run of the recall task: 2 layers, 4 heads, d_model 64, memory = distance (default
-    2 x segment), on ``synthetic-recall:distance=D,seed=S`` at character level."""
-    distance = 2 * segment if distance is None else distance
-    if segment < 1 or steps < 1:
-        raise ConfigError(f"recall: --segment and --steps must be positive, got {segment} and {steps}")
-    if distance <= segment:
-        raise ConfigError(
-            f"recall: --distance ({distance}) must exceed --segment ({segment}), or the vanilla "
-            "model sees the symbol to repeat"
-        )
+@dataclass(frozen=True)
+class RecallSettings:
+    """The recall task and its training budget (the defaults are ``txl analyze recall``'s)."""
+
+    segment: int = DEFAULT_SEGMENT
+    """Training segment of both models (the vanilla model's window)."""
+    distance: int | None = None
+    """D, positions between a symbol and its repeat (None: twice ``segment``); must exceed ``segment``."""
+    steps: int = DEFAULT_STEPS
+    """Training steps of each model."""
+    seed: int = 0
+    """Seed of the corpus and of training."""
+    overwrite: bool = False
+    """Train both runs again from scratch instead of continuing or reusing them."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.segment, "segment")
+        positive_int(self.steps, "steps")
+        if self.distance is not None and self.distance <= self.segment:
+            raise ConfigError(
+                f"distance: must exceed segment ({self.segment}), got {self.distance}; otherwise the "
+                "vanilla model sees the symbol to repeat"
+            )
+
+
+def recall_config(settings: RecallSettings = RecallSettings()) -> RunConfig:
+    """The Transformer-XL run of the recall task: 2 layers, 4 heads, d_model 64, memory = the distance
+    (default 2 x segment), on ``synthetic-recall:distance=D,seed=S`` at character level."""
+    segment, steps = settings.segment, settings.steps
+    distance = 2 * segment if settings.distance is None else settings.distance
     return RunConfig(
         model=TransformerXLConfig(
             vocab_size=len(RECALL_ALPHABET) + 3,
@@ -76,16 +90,16 @@ def recall_config(
             d_inner=128,
             mem_len=distance,
         ),
-        data=DataConfig(corpus=f"synthetic-recall:distance={distance},seed={seed}", vocab="char"),
+        data=DataConfig(corpus=f"synthetic-recall:distance={distance},seed={settings.seed}", vocab="char"),
         train=TrainConfig(
-            steps=steps,
+            steps=settings.steps,
             batch_size=16,
             tgt_len=segment,
             lr=3e-3,
             min_lr=3e-4,
             warmup_steps=min(50, steps // 4),
             clip=1.0,
-            seed=seed,
+            seed=settings.seed,
             log_every=10,
             eval_every=max(1, steps // 4),
             eval_tokens=4096,
@@ -168,50 +182,43 @@ def recall_accuracy(
     run: LoadedRun, tokens: np.ndarray, positions: np.ndarray, *, distance: int, progress: bool = False
 ) -> np.ndarray:
     """Whether ``run`` predicts the token at each of ``positions`` (all >= ``distance``) exactly: bool array.
-    Transformer-XL: a stream with its evaluation memory, every row warmed up by ``distance`` tokens;
-    vanilla: a window of its training segment before each position."""
+    Transformer-XL: a stream with its evaluation lengths, every row warmed up by ``distance`` tokens;
+    vanilla: a window of its training segment before each position (its best case)."""
     config = run.config
     if config.model.attention == "relative":
-        predictions = stream_predictions(
-            run.model,
-            tokens,
-            tgt_len=config.eval.tgt_len or config.train.tgt_len,
-            span=eval_span(config),
-            first=distance,
+        lengths = eval_lengths(config)
+        stream = StreamSettings(
+            lengths.tgt_len,
+            span=lengths.span,
             batch_size=config.eval.batch_size,
             progress=progress,
             desc="recall xl",
-        )[positions - distance]
-    else:
-        predictions = sliding_predictions(
-            run.model,
-            tokens,
-            window=config.train.tgt_len,
-            positions=positions,
-            progress=progress,
-            desc="recall vanilla",
         )
+        predictions = stream_predictions(run.model, tokens, stream, first=distance)[positions - distance]
+    else:
+        window = WindowSettings(config.train.tgt_len, progress=progress, desc="recall vanilla")
+        predictions = sliding_predictions(run.model, tokens, window, positions=positions)
     return predictions == np.asarray(tokens)[positions]
 
 
-def recall_task(
-    out: Path,
-    *,
-    segment: int = DEFAULT_SEGMENT,
-    distance: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    seed: int = 0,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> RecallResult:
+def recall_task(out: Path, settings: RecallSettings = RecallSettings()) -> RecallResult:
     """Train (or continue, or reuse) both models under ``out`` (``out/xl``, ``out/vanilla``) and measure
-    their recall on the test split."""
-    config = recall_config(segment=segment, distance=distance, steps=steps, seed=seed)
+    their recall on the test split.
+
+    On ``synthetic-recall`` (made by txl in memory: each line is ``f r|r``, and every symbol of the second
+    copy of ``r`` repeats the one exactly D positions before it, D larger than the segment), the vanilla
+    model sees at most its training segment (< D), so it is at chance (1/64, the symbols being uniform);
+    the XL's memory covers D, so it can be exact. The XL reads the test split in segments with its memory;
+    the vanilla model predicts each scored symbol from a full window of its training segment (its best
+    case). Only symbols with at least D tokens before them are scored, the same ones for both."""
+    config = recall_config(settings)
     distance = config.model.mem_len
     actions = {}
     for name, cfg in (("xl", config), ("vanilla", vanilla_baseline(config))):
         try:
-            actions[name] = train_or_reuse(cfg, Path(out) / name, overwrite=overwrite, progress=progress)[1]
+            actions[name] = train_or_reuse(
+                cfg, Path(out) / name, overwrite=settings.overwrite, progress=settings.progress
+            )[1]
         except Interrupted as exc:
             raise Interrupted(
                 f"{name} interrupted at a checkpoint; run the same 'txl analyze recall' command "
@@ -224,7 +231,7 @@ def recall_task(
     positions = positions[positions >= distance]
     tokens = split_tokens(config, runs["xl"].vocab, "test")
     hits = {
-        name: recall_accuracy(run, tokens, positions, distance=distance, progress=progress)
+        name: recall_accuracy(run, tokens, positions, distance=distance, progress=settings.progress)
         for name, run in runs.items()
     }
     offsets = _copy_offsets(corpus.text("test"), positions)
@@ -233,12 +240,12 @@ def recall_task(
     }
     return RecallResult(
         distance=distance,
-        segment=segment,
+        segment=settings.segment,
         xl_accuracy=float(hits["xl"].mean()),
         vanilla_accuracy=float(hits["vanilla"].mean()),
         chance=1 / len(RECALL_ALPHABET),
         positions=len(positions),
-        steps=steps,
+        steps=settings.steps,
         xl_mem_len=distance,
         runs=actions,
         by_offset=by_offset,

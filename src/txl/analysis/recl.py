@@ -1,32 +1,5 @@
-"""``txl analyze recl``: the relative effective context length (RECL) of a group of trained models, as
-Dai et al. (2019) define it (Section 4.2 and Appendix C, after Khandelwal et al. 2018's effective context
-length). RECL is a property of a model *within a group*: every model's gain is measured against the same
-baseline, the best model of the group at the shorter context.
-
-With l_i(c, t) the loss of model i of the group on target t given c tokens of context, N targets, and a
-ratio r in (0, 1] (the paper's r = 0.1, 0.5 and 1.0 are fractions of the targets: 1.0 is every target):
-
-    b(c, t)       = min_i l_i(c, t)                                  the group's baseline at context c
-    T_r(c)        = the ceil(r N) targets t with the largest b(c, t)  the top-r hardest positions
-    f_i(c, c')    = 1/|T_r(c)| sum_{t in T_r(c)} min(b(c, t), l_i(c', t))   relative loss, c' >= c
-    g_i(c, c')    = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)   relative perplexity gain
-
-and RECL_i(r) by the paper's thresholding with step delta and the fixed threshold 0.01: start with c the
-shortest measured context; while g_i(c, c + delta) >= 0.01, set c = c + delta; RECL_i(r) = c. (As
-b <= l_i, f_i(c, c) = mean_{T_r(c)} b(c, t) is the same for every model: all gain over one baseline.) A
-model whose gain still passes at the longest measured extension has a RECL of at least that c + delta;
-the result says so (:attr:`ReclModel.at_least`) instead of inventing a number.
-
-How a model gets exactly c tokens of context (:func:`context_losses`):
-
-- **Transformer-XL**: a stream with memory c and same-length attention, so that every query attends to
-  exactly c positions (itself and the c - 1 before it) in every layer. Further context can only reach it
-  through the cached states of lower layers, as in the model's normal use: this is the paper's attention
-  length. (For a one-layer model it is exactly a window of c tokens; tested.)
-- **vanilla**: a sliding window (stride 1) of the min(c, T) tokens before each target, T its training
-  segment: trained with absolute positions 0..T-1, it cannot use more than T.
-
-Every model scores the same targets, and each of them has at least max(c) tokens before it.
+"""``txl analyze recl``: the relative effective context length (RECL) of a group of trained models, as Dai et
+al. (2019) define it (Section 4.2 and Appendix C), measured on the same targets for every model.
 """
 
 from __future__ import annotations
@@ -40,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, Span, eval_span
+from ..config import ConfigError, RunConfig, Span, eval_lengths, positive_int
 from ..errors import TxlError
 from ..model import TransformerXL
-from ..runs import load_run
+from ..runs import LoadedRun, load_run
 from .common import split_tokens
-from .context import sliding_losses, stream_losses
+from .context import StreamSettings, WindowSettings, sliding_losses, stream_losses
 from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
@@ -58,6 +31,7 @@ __all__ = [
     "recl_from_gains",
     "context_losses",
     "default_recl_lengths",
+    "ReclSettings",
     "ReclModel",
     "ReclResult",
     "analyze_recl",
@@ -82,7 +56,7 @@ def relative_gains(
 
     ``losses``: (I, C, N), the loss of model i at context ``lengths[k]`` on target t. Returns the contexts c
     for which c + delta is among ``lengths`` (in the order of ``lengths``) and the gains (I, len(contexts)),
-    by the equations of the module docstring: T_r(c) is the ceil(r N) targets with the largest baseline
+    by the equations of :func:`analyze_recl`: T_r(c) is the ceil(r N) targets with the largest baseline
     b(c, t) (ties: the earlier target first), and g_i = 1 - exp(f_i(c, c + delta) - f_i(c, c)), which is
     (exp f_i(c, c) - exp f_i(c, c + delta)) / exp f_i(c, c) without overflow."""
     losses = np.asarray(losses, dtype=np.float64)
@@ -134,42 +108,70 @@ def context_losses(
     *,
     context: int,
     first: int,
-    batch_size: int = 8,
-    progress: bool = False,
+    settings: ReclSettings | None = None,
 ) -> np.ndarray:
-    """Loss of every target ``first .. N-1`` given ``context`` tokens (the protocol of the module docstring;
-    ``first`` >= context). ``config``: the run's, for its segment lengths and clamp."""
+    """Loss of every target ``first .. N-1`` given ``context`` tokens (``first`` >= context), by the protocol
+    of :func:`analyze_recl`. ``config``: the run's, for its segment lengths and clamp; ``settings``: the
+    rows the Transformer-XL reads in parallel and the progress bar."""
     if first < context:
         raise ValueError(f"first ({first}) must be at least the context ({context})")
+    settings = settings or ReclSettings()
     desc = f"context {context}"
     if config.model.attention == "relative":
-        span = Span(mem_len=context, clamp_len=eval_span(config).clamp_len, same_length=True)
-        tgt_len = config.eval.tgt_len or config.train.tgt_len
-        return stream_losses(
-            model,
-            tokens,
-            tgt_len=tgt_len,
-            span=span,
-            first=first,
-            batch_size=batch_size,
-            progress=progress,
-            desc=desc,
+        lengths = eval_lengths(config)
+        span = Span(mem_len=context, clamp_len=lengths.span.clamp_len, same_length=True)
+        stream = StreamSettings(
+            lengths.tgt_len, span=span, batch_size=settings.batch_size, progress=settings.progress, desc=desc
         )
+        return stream_losses(model, tokens, stream, first=first)
     window = min(context, config.train.tgt_len)
-    return sliding_losses(
-        model,
-        tokens,
-        window=window,
-        first=first,
-        batch_size=max(1, 8192 // window),
-        progress=progress,
-        desc=desc,
-    )
+    windows = WindowSettings(window, batch_size=max(1, 8192 // window), progress=settings.progress, desc=desc)
+    return sliding_losses(model, tokens, windows, first=first)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The analysis
 # ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReclSettings:
+    """What :func:`analyze_recl` measures and how (the defaults are ``txl analyze recl``'s)."""
+
+    lengths: tuple[int, ...] | None = None
+    """The contexts c (None: delta, 2 delta, ..., 8T, T the group's shortest training segment)."""
+    delta: int | None = None
+    """The extension c -> c + delta (None: T/2)."""
+    r: tuple[float, ...] = DEFAULT_R
+    """Fractions of the hardest targets, each in (0, 1]."""
+    threshold: float = THRESHOLD
+    """The least relative gain g(c, c + delta) that counts as still gaining."""
+    split: str = "valid"
+    """The split whose targets are scored."""
+    max_tokens: int | None = 20_000
+    """Targets scored (None: the whole split), after a warm-up of the longest context."""
+    batch_size: int = 8
+    """Rows the Transformer-XL reads in parallel."""
+    checkpoint: str = "best"
+    """Which checkpoint of each run: best, latest, or a checkpoint folder."""
+    device: str = "cpu"
+    """Where the models run."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.lengths is not None:
+            object.__setattr__(self, "lengths", tuple(self.lengths))
+            for c in self.lengths:
+                positive_int(c, "lengths")
+        if self.delta is not None:
+            positive_int(self.delta, "delta")
+        object.__setattr__(self, "r", tuple(self.r))
+        if not self.r or any(not 0 < v <= 1 for v in self.r):
+            raise ConfigError(f"r: must be fractions of the targets in (0, 1], got {list(self.r)}")
+        if self.max_tokens is not None:
+            positive_int(self.max_tokens, "max_tokens")
+        positive_int(self.batch_size, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -261,77 +263,69 @@ def default_recl_lengths(train_len: int) -> tuple[int, tuple[int, ...]]:
     return delta, tuple(range(delta, 8 * train_len + 1, delta))
 
 
-def analyze_recl(
-    run_dirs: Sequence[Path],
-    *,
-    lengths: Sequence[int] | None = None,
-    delta: int | None = None,
-    r: Sequence[float] = DEFAULT_R,
-    threshold: float = THRESHOLD,
-    split: str = "valid",
-    max_tokens: int | None = 20_000,
-    batch_size: int = 8,
-    checkpoint: str = "best",
-    device: str = "cpu",
-    progress: bool = True,
-) -> ReclResult:
-    """RECL of the group of runs in ``run_dirs`` (same corpus and vocabulary) on the first ``max_tokens``
-    targets of ``split`` after a warm-up of max(c) tokens, for each ratio in ``r`` (fractions). The losses
-    are measured at every context c of ``lengths`` and at c + ``delta``; the steps of the thresholding walk
-    through all of them. Defaults: :func:`default_recl_lengths`."""
+def analyze_recl(run_dirs: Sequence[Path], settings: ReclSettings | None = None) -> ReclResult:
+    """RECL of the group of runs in ``run_dirs`` (same corpus and vocabulary) on the first
+    ``settings.max_tokens`` targets of the split after a warm-up of max(c) tokens, for each ratio r. The
+    losses are measured at every context c and at c + delta; the steps of the thresholding walk through all
+    of them. Defaults: :func:`default_recl_lengths`.
+
+    RECL is a property of a model *within a group*: every model's gain is measured against the same
+    baseline, the best model of the group at the shorter context.
+
+    With l_i(c, t) the loss of model i of the group on target t given c tokens of context, N targets, and a
+    ratio r in (0, 1] (the paper's r = 0.1, 0.5 and 1.0 are fractions of the targets: 1.0 is every target):
+
+        b(c, t)       = min_i l_i(c, t)                                  the group's baseline at context c
+        T_r(c)        = the ceil(r N) targets t with the largest b(c, t)  the top-r hardest positions
+        f_i(c, c')    = 1/|T_r(c)| sum_{t in T_r(c)} min(b(c, t), l_i(c', t))   relative loss, c' >= c
+        g_i(c, c')    = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)   relative perplexity gain
+
+    and RECL_i(r) by the paper's thresholding with step delta and the fixed threshold 0.01: start with c the
+    shortest measured context; while g_i(c, c + delta) >= 0.01, set c = c + delta; RECL_i(r) = c. (As
+    b <= l_i, f_i(c, c) = mean_{T_r(c)} b(c, t) is the same for every model: all gain over one baseline.) A
+    model whose gain still passes at the longest measured extension has a RECL of at least that c + delta;
+    the result says so (:attr:`ReclModel.at_least`) instead of inventing a number.
+
+    How a model gets exactly c tokens of context (:func:`context_losses`):
+
+    - **Transformer-XL**: a stream with memory c and same-length attention, so that every query attends to
+      exactly c positions (itself and the c - 1 before it) in every layer. Further context can only reach it
+      through the cached states of lower layers, as in the model's normal use: this is the paper's attention
+      length. (For a one-layer model it is exactly a window of c tokens.)
+    - **vanilla**: a sliding window (stride 1) of the min(c, T) tokens before each target, T its training
+      segment: trained with absolute positions 0..T-1, it cannot use more than T.
+
+    Every model scores the same targets, and each of them has at least max(c) tokens before it.
+    """
+    settings = settings or ReclSettings()
     if len(run_dirs) < 1:
         raise TxlError("recl needs at least one run (the paper compares a group of models)")
-    runs = [load_run(Path(d), checkpoint=checkpoint, device=device) for d in run_dirs]
-    first_run = runs[0]
-    for d, run in zip(run_dirs, runs, strict=True):
-        if (
-            run.vocab.fingerprint != first_run.vocab.fingerprint
-            or run.config.data.corpus != first_run.config.data.corpus
-        ):
-            raise TxlError(
-                f"{d} uses another corpus or vocabulary than {run_dirs[0]}: RECL compares models on "
-                "the same targets"
-            )
-    train_len = min(run.config.train.tgt_len for run in runs)
-    default_delta, default_contexts = default_recl_lengths(train_len)
-    delta = delta or default_delta
-    contexts = tuple(sorted(set(lengths))) if lengths else default_contexts
-    if min(contexts) < 1 or delta < 1:
-        raise TxlError("recl: lengths and delta must be positive")
-    if not r or any(not 0 < v <= 1 for v in r):
-        raise TxlError(f"recl: r must be fractions of the targets in (0, 1], got {list(r)}")
+    runs = [load_run(Path(d), checkpoint=settings.checkpoint, device=settings.device) for d in run_dirs]
+    _check_group(run_dirs, runs)
+    default_delta, default_contexts = default_recl_lengths(min(run.config.train.tgt_len for run in runs))
+    delta = settings.delta or default_delta
+    contexts = tuple(sorted(set(settings.lengths))) if settings.lengths else default_contexts
     grid = tuple(sorted(set(contexts) | {c + delta for c in contexts}))
     first = grid[-1]
+    max_tokens = settings.max_tokens
     tokens = split_tokens(
-        first_run.config,
-        first_run.vocab,
-        split,
+        runs[0].config,
+        runs[0].vocab,
+        settings.split,
         max_tokens=None if max_tokens is None else max_tokens + first - 1,
     )
     if len(tokens) <= first + 1:
-        raise TxlError(f"the {split} split has {len(tokens)} tokens, too few for contexts up to {first}")
+        raise TxlError(
+            f"the {settings.split} split has {len(tokens)} tokens, too few for contexts up to {first}"
+        )
     losses = np.zeros((len(runs), len(grid), len(tokens) - first))
     for i, run in enumerate(runs):
-        done: dict[int, np.ndarray] = {}  # vanilla: every c >= T is the same window
-        for k, c in enumerate(
-            tqdm(grid, desc=f"model {i + 1}/{len(runs)}", disable=not progress, leave=False)
-        ):
-            key = c if run.config.model.attention == "relative" else min(c, run.config.train.tgt_len)
-            if key not in done:
-                done[key] = context_losses(
-                    run.model,
-                    run.config,
-                    tokens,
-                    context=c,
-                    first=first,
-                    batch_size=batch_size,
-                    progress=progress,
-                )
-            losses[i, k] = done[key]
+        losses[i] = _group_losses(run, tokens, grid, settings, label=f"model {i + 1}/{len(runs)}")
+    r = settings.r
     gains: dict[float, tuple[tuple[int, ...], np.ndarray]] = {
         v: relative_gains(losses, lengths=grid, delta=delta, r=v) for v in r
     }
-    recls = {v: recl_from_gains(*gains[v], delta=delta, threshold=threshold) for v in r}
+    recls = {v: recl_from_gains(*gains[v], delta=delta, threshold=settings.threshold) for v in r}
     models = tuple(
         ReclModel(
             run=str(d),
@@ -344,11 +338,41 @@ def analyze_recl(
         for i, (d, run) in enumerate(zip(run_dirs, runs, strict=True))
     )
     return ReclResult(
-        split=split,
+        split=settings.split,
         tokens=losses.shape[2],
         lengths=grid,
         delta=delta,
-        r=tuple(r),
-        threshold=threshold,
+        r=settings.r,
+        threshold=settings.threshold,
         models=models,
     )
+
+
+def _check_group(run_dirs: Sequence[Path], runs: Sequence[LoadedRun]) -> None:
+    """Every run reads the corpus and vocabulary of the first: RECL compares models on the same targets."""
+    for d, run in zip(run_dirs, runs, strict=True):
+        if (
+            run.vocab.fingerprint != runs[0].vocab.fingerprint
+            or run.config.data.corpus != runs[0].config.data.corpus
+        ):
+            raise TxlError(
+                f"{d} uses another corpus or vocabulary than {run_dirs[0]}: RECL compares models on "
+                "the same targets"
+            )
+
+
+def _group_losses(
+    run: LoadedRun, tokens: np.ndarray, grid: Sequence[int], settings: ReclSettings, *, label: str
+) -> np.ndarray:
+    """(len(grid), N - max(grid)): the run's losses at every context of ``grid``."""
+    relative = run.config.model.attention == "relative"
+    done: dict[int, np.ndarray] = {}  # vanilla: every c >= T is the same window
+    rows = []
+    for c in tqdm(grid, desc=label, disable=not settings.progress, leave=False):
+        key = c if relative else min(c, run.config.train.tgt_len)
+        if key not in done:
+            done[key] = context_losses(
+                run.model, run.config, tokens, context=c, first=grid[-1], settings=settings
+            )
+        rows.append(done[key])
+    return np.stack(rows)

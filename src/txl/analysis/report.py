@@ -1,7 +1,5 @@
 """What every analysis writes: ``results.json`` (plain JSON, non-finite numbers as null), a plain-text table
-and its figures as PNG files. Figures need matplotlib (the ``plots`` extra); without it the JSON is still
-written and :class:`PlotsUnavailable` says how to install it. Figures are built with
-``matplotlib.figure.Figure`` directly (no pyplot state, no display needed).
+and its figures as PNG files (matplotlib's ``Figure`` directly, no pyplot state; the ``plots`` extra).
 """
 
 from __future__ import annotations

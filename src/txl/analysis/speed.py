@@ -1,20 +1,5 @@
-"""``txl analyze speed``: the paper's Table 9, per-token evaluation time of the vanilla Transformer against
-the Transformer-XL at several attention lengths L (the same sizes, random weights and tokens: the time does
-not depend on their values).
-
-- **vanilla**: every prediction is made by a window of the L tokens before it, recomputed from scratch
-  (the window slides one position per prediction), and only the window's last position goes through the
-  softmax (:func:`txl.analysis.context.sliding_losses`). Timed two ways, each labelled: the paper's
-  protocol, **one window per forward** (batch 1, as the paper timed it), and **batched**, W windows per
-  forward (about 16k positions), which is per token much faster on a CPU and so understates the
-  Transformer-XL's advantage over the paper's setting.
-- **Transformer-XL**: one stream (batch 1) in segments of ``segment`` tokens with a memory of L positions
-  and same-length attention, so that every prediction attends to exactly L positions, as the paper
-  evaluates (enwik8: segments of 128, memory 3,800; WikiText-103: segments of 64, memory 640). The memory
-  is filled before the clock starts.
-
-Each time is the fastest of ``repeats`` runs (a shared machine adds noise, it never removes any); the
-ratios are vanilla over Transformer-XL time per token.
+"""``txl analyze speed``: the paper's Table 9, per-token evaluation time of the vanilla Transformer (a sliding
+window) against the Transformer-XL (memory) at several attention lengths, on random weights and tokens.
 """
 
 from __future__ import annotations
@@ -22,25 +7,72 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, vanilla_baseline
+from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, positive_int, vanilla_baseline
 from ..evaluate import eval_mode
-from ..model import TransformerXL
-from .context import sliding_losses
+from ..model import Memory, TransformerXL
+from .context import WindowSettings, sliding_losses
 from .report import format_table, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["SpeedRow", "SpeedResult", "DEFAULT_LENGTHS", "time_vanilla", "time_xl", "speed_benchmark"]
+__all__ = [
+    "SpeedSettings",
+    "SpeedRow",
+    "SpeedResult",
+    "DEFAULT_LENGTHS",
+    "time_vanilla",
+    "time_xl",
+    "speed_benchmark",
+]
 
 DEFAULT_LENGTHS = (128, 256, 512, 800)
+"""The attention lengths timed by default."""
+
+
+@dataclass(frozen=True)
+class SpeedSettings:
+    """What :func:`speed_benchmark` times (the defaults are ``txl analyze speed``'s)."""
+
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    """Attention lengths L."""
+    model: TransformerXLConfig | None = None
+    """The sizes (None: 2 layers, 4 heads of 32, d_model 128, d_inner 512, byte vocabulary); attention and
+    memory are set per length."""
+    segment: int = 64
+    """The Transformer-XL's segment length."""
+    tokens: int = 128
+    """Vanilla predictions timed per length."""
+    xl_tokens: int = 2048
+    """Transformer-XL predictions timed per length (rounded up to whole segments)."""
+    windows_per_batch: int | None = None
+    """Vanilla windows per forward of the batched timing (None: about 16k positions per batch)."""
+    repeats: int = 3
+    """Timed runs per measurement; the fastest counts."""
+    seed: int = 0
+    """Seed of the random weights and tokens."""
+    device: str = "cpu"
+    """Where the models run."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        if not self.lengths:
+            raise ConfigError("lengths: give at least one attention length")
+        for length in self.lengths:
+            positive_int(length, "lengths")
+        for name in ("segment", "tokens", "xl_tokens", "repeats"):
+            positive_int(getattr(self, name), name)
+        if self.windows_per_batch is not None:
+            positive_int(self.windows_per_batch, "windows_per_batch")
 
 
 @dataclass(frozen=True)
@@ -116,7 +148,7 @@ class SpeedResult:
         fig = new_figure(width=9.0)
         left, right = fig.subplots(1, 2)
         lengths = [r.length for r in self.rows]
-        # the Transformer-XL is 10-100x faster: on the vanilla model's axis its line would lie on zero, so it
+        # the Transformer-XL is much faster: on the vanilla model's axis its line would lie on zero, so it
         # has a second axis (right), in its own colour
         (vanilla,) = left.plot(
             lengths,
@@ -149,7 +181,7 @@ class SpeedResult:
         return fig
 
 
-def _fastest(run: Callable[[], None], repeats: int) -> float:
+def _fastest(run: Callable[[], object], repeats: int) -> float:
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
@@ -173,8 +205,10 @@ def time_vanilla(
     if ids.numel() < length + predictions + 1:
         raise ValueError(f"need {length + predictions + 1} tokens, got {tokens.numel()}")
 
+    settings = WindowSettings(length, batch_size=windows_per_batch)
+
     def run() -> None:  # targets length+1 .. length+predictions: every one has a full window
-        sliding_losses(model, ids, window=length, stride=1, first=length + 1, batch_size=windows_per_batch)
+        sliding_losses(model, ids, settings, first=length + 1)
 
     run()  # warm-up (allocator, kernels)
     return _fastest(run, repeats) / predictions
@@ -198,7 +232,7 @@ def time_xl(
     if ids.shape[1] < (warm + timed) * segment + 1:
         raise ValueError(f"need {(warm + timed) * segment + 1} tokens, got {tokens.numel()}")
 
-    def segments(first: int, count: int, memory):
+    def segments(first: int, count: int, memory: Memory | None) -> Memory | None:
         for s in range(first, first + count):
             x = ids[:, s * segment : (s + 1) * segment + 1]  # (1, T+1)
             memory = model(x[:, :-1], memory=memory, targets=x[:, 1:], span=span).memory
@@ -211,56 +245,54 @@ def time_xl(
     return seconds / (timed * segment)
 
 
-def speed_benchmark(
-    *,
-    lengths: Sequence[int] = DEFAULT_LENGTHS,
-    model: TransformerXLConfig | None = None,
-    segment: int = 64,
-    tokens: int = 128,
-    xl_tokens: int = 2048,
-    windows_per_batch: int | None = None,
-    repeats: int = 3,
-    seed: int = 0,
-    device: str = "cpu",
-    progress: bool = True,
-) -> SpeedResult:
-    """Time both models at every attention length. ``model``: the sizes (default: 2 layers, 4 heads of 32,
-    d_model 128, d_inner 512, byte vocabulary); its attention and memory are set per length. ``tokens``:
-    vanilla predictions timed per length, ``xl_tokens`` for the XL (rounded up to whole segments).
-    ``windows_per_batch``: vanilla windows per forward of the batched timing (default: about 16k positions
-    per batch); the paper's protocol is always timed too, one window per forward."""
-    for name, value in (
-        ("segment", segment),
-        ("tokens", tokens),
-        ("xl_tokens", xl_tokens),
-        ("repeats", repeats),
-    ):
-        if value < 1:
-            raise ConfigError(f"speed: {name} must be positive, got {value}")
-    if not lengths or min(lengths) < 1:
-        raise ConfigError(f"speed: attention lengths must be positive, got {list(lengths)}")
-    sizes = model or TransformerXLConfig(
+def speed_benchmark(settings: SpeedSettings = SpeedSettings()) -> SpeedResult:
+    """Time both models at every attention length L; the ratios are vanilla over Transformer-XL time per
+    token, and each time is the fastest of ``settings.repeats`` runs (a shared machine adds noise, it never
+    removes any).
+
+    - **vanilla**: every prediction is made by a window of the L tokens before it, recomputed from scratch
+      (the window slides one position per prediction), and only the window's last position goes through
+      the softmax (:func:`txl.analysis.context.sliding_losses`). Timed two ways, each labelled: the paper's
+      protocol, **one window per forward** (batch 1, as the paper timed it), and **batched**, W windows per
+      forward, which is per token much faster on a CPU and so understates the Transformer-XL's advantage
+      over the paper's setting.
+    - **Transformer-XL**: one stream (batch 1) in segments of ``settings.segment`` tokens with a memory of L
+      positions and same-length attention, so that every prediction attends to exactly L positions, as the
+      paper evaluates (enwik8: segments of 128, memory 3,800; WikiText-103: segments of 64, memory 640).
+      The memory is filled before the clock starts."""
+    sizes = settings.model or TransformerXLConfig(
         vocab_size=256, n_layer=2, n_head=4, d_head=32, d_model=128, d_inner=512
     )
     sizes = dataclasses.replace(
         sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None, same_length=False
     )
-    generator = torch.Generator().manual_seed(seed)
+    segment, tokens, xl_tokens, device = (
+        settings.segment,
+        settings.tokens,
+        settings.xl_tokens,
+        settings.device,
+    )
+    generator = torch.Generator().manual_seed(settings.seed)
     rows = []
-    for length in tqdm(lengths, desc="attention lengths", disable=not progress, leave=False):
+    for length in tqdm(
+        settings.lengths, desc="attention lengths", disable=not settings.progress, leave=False
+    ):
         xl_config = RunConfig(model=dataclasses.replace(sizes, mem_len=length))
-        torch.manual_seed(seed)
+        torch.manual_seed(settings.seed)
         xl = TransformerXL(xl_config.model).to(device)
         vanilla = TransformerXL(vanilla_baseline(xl_config).model).to(device)
         needed = max(
             length + tokens + 1, (math.ceil(length / segment) + math.ceil(xl_tokens / segment)) * segment + 1
         )
         ids = torch.randint(0, sizes.vocab_size, (needed,), generator=generator).to(device)
-        per_batch = min(windows_per_batch or max(1, 16384 // length), tokens)  # W: at most every window
-        xl_s = time_xl(xl, ids, length=length, segment=segment, predictions=xl_tokens, repeats=repeats)
+        # W: at most every window
+        per_batch = min(settings.windows_per_batch or max(1, 16384 // length), tokens)
+        xl_s = time_xl(
+            xl, ids, length=length, segment=segment, predictions=xl_tokens, repeats=settings.repeats
+        )
         vanilla_s, batched_s = (
             time_vanilla(
-                vanilla, ids, length=length, predictions=tokens, windows_per_batch=w, repeats=repeats
+                vanilla, ids, length=length, predictions=tokens, windows_per_batch=w, repeats=settings.repeats
             )
             for w in (1, per_batch)
         )
@@ -280,10 +312,10 @@ def speed_benchmark(
     return SpeedResult(
         model={f: getattr(sizes, f) for f in fields},
         params=params,
-        segment=segment,
-        tokens=tokens,
+        segment=settings.segment,
+        tokens=settings.tokens,
         xl_tokens=math.ceil(xl_tokens / segment) * segment,
-        repeats=repeats,
+        repeats=settings.repeats,
         threads=torch.get_num_threads(),
         device=str(device),
         rows=tuple(rows),

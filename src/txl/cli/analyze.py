@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ConfigError, apply_overrides, load_config, preset_names
 from . import _positive_int
 from .command import Command, Group
-from .options import RESULTS, add_output_options, add_run_options
+from .options import RESULTS, add_output_options, add_run_options, settings_from
 
 __all__ = ["ANALYZE", "COMPARE", "ANALYSES"]
 
@@ -35,147 +35,89 @@ def _report(args: argparse.Namespace, result: Any) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from ..analysis.compare import compare
+    from ..analysis.compare import CompareSettings, compare
 
     config = apply_overrides(load_config(args.config), args.set)
-    result = compare(
-        config,
-        Path(args.out),
+    settings = settings_from(
+        CompareSettings,
+        args,
         config_name=args.config,
-        overrides=args.set,
-        stride=args.stride,
+        overrides=tuple(args.set),
         prompts=args.prompt,
-        sample_tokens=args.sample_tokens,
-        seed=args.seed,
-        overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, compare(config, Path(args.out), settings))
 
 
 def _cmd_analyze_memory(args: argparse.Namespace) -> int:
     from ..analysis.common import parse_ints
-    from ..analysis.memory import analyze_memory
+    from ..analysis.memory import MemorySettings, analyze_memory
 
-    lengths = parse_ints(args.lengths, name="--lengths") if args.lengths else None
-    result = analyze_memory(
-        Path(args.run_dir),
-        lengths=lengths,
-        clamp_len=args.clamp_len,
-        same_length=args.same_length,
-        split=args.split,
-        max_tokens=args.max_tokens,
-        tgt_len=args.tgt_len,
-        batch_size=args.batch_size,
-        checkpoint=args.checkpoint,
-        device=args.device,
+    settings = settings_from(
+        MemorySettings,
+        args,
+        lengths=parse_ints(args.lengths, name="--lengths") if args.lengths else None,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_memory(Path(args.run_dir), settings))
 
 
 def _cmd_analyze_documents(args: argparse.Namespace) -> int:
-    from ..analysis.documents import analyze_documents
+    from ..analysis.documents import DocumentsSettings, analyze_documents
 
-    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
     if not splits or any(s not in ("train", "valid", "test") for s in splits):
         raise ConfigError(
             f"--splits: expected a comma-separated list of train, valid, test, got {args.splits!r}"
         )
-    result = analyze_documents(
-        [Path(r) for r in args.run_dir],
-        splits=splits,
-        max_tokens=args.max_tokens,
-        tgt_len=args.tgt_len,
-        batch_size=args.batch_size,
-        mem_len=args.mem_len,
-        checkpoint=args.checkpoint,
-        device=args.device,
-        progress=not args.quiet,
-    )
-    return _report(args, result)
+    settings = settings_from(DocumentsSettings, args, splits=splits, progress=not args.quiet)
+    return _report(args, analyze_documents([Path(r) for r in args.run_dir], settings))
 
 
 def _cmd_analyze_speed(args: argparse.Namespace) -> int:
     from ..analysis.common import parse_ints
-    from ..analysis.speed import speed_benchmark
+    from ..analysis.speed import SpeedSettings, speed_benchmark
     from ..config import TransformerXLConfig
 
-    sizes = TransformerXLConfig(
-        vocab_size=args.vocab_size,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        d_head=args.d_head,
-        d_model=args.d_model,
-        d_inner=args.d_inner,
-    )
-    result = speed_benchmark(
+    settings = settings_from(
+        SpeedSettings,
+        args,
         lengths=parse_ints(args.lengths, name="--lengths", minimum=1),
-        model=sizes,
-        segment=args.segment,
-        tokens=args.tokens,
-        xl_tokens=args.xl_tokens,
-        windows_per_batch=args.windows_per_batch,
-        repeats=args.repeats,
-        device=args.device,
+        model=settings_from(TransformerXLConfig, args),  # the sizes: --n-layer, --d-model, ...
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, speed_benchmark(settings))
 
 
 def _cmd_analyze_recl(args: argparse.Namespace) -> int:
     from ..analysis.common import parse_floats, parse_ints
-    from ..analysis.recl import analyze_recl
+    from ..analysis.recl import ReclSettings, analyze_recl
 
-    lengths = parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None
-    r = parse_floats(args.r, name="--r")
-    if any(not 0 < v <= 1 for v in r):
+    fractions = parse_floats(args.r, name="--r")
+    if any(not 0 < v <= 1 for v in fractions):
         raise ConfigError(f"--r: fractions of the targets in (0, 1], got {args.r!r}")
-    result = analyze_recl(
-        [Path(d) for d in args.run_dirs],
-        lengths=lengths,
-        delta=args.delta,
-        r=r,
-        split=args.split,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-        checkpoint=args.checkpoint,
-        device=args.device,
+    settings = settings_from(
+        ReclSettings,
+        args,
+        lengths=parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None,
+        r=fractions,
         progress=not args.quiet,
     )
-    return _report(args, result)
+    return _report(args, analyze_recl([Path(d) for d in args.run_dirs], settings))
 
 
 def _cmd_analyze_recall(args: argparse.Namespace) -> int:
-    from ..analysis.recall import recall_task
+    from ..analysis.recall import RecallSettings, recall_task
 
-    result = recall_task(
-        Path(args.out),
-        segment=args.segment,
-        distance=args.distance,
-        steps=args.steps,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
-    return _report(args, result)
+    settings = settings_from(RecallSettings, args, progress=not args.quiet)
+    return _report(args, recall_task(Path(args.out), settings))
 
 
 def _cmd_analyze_attention(args: argparse.Namespace) -> int:
-    from ..analysis.attention import analyze_attention
+    from ..analysis.attention import AttentionSettings, analyze_attention
 
-    result = analyze_attention(
-        Path(args.run_dir),
-        split=args.split,
-        max_tokens=args.max_tokens,
-        mem_len=args.mem_len,
-        tgt_len=args.tgt_len,
-        batch_size=args.batch_size,
-        checkpoint=args.checkpoint,
-        device=args.device,
-        progress=not args.quiet,
-    )
-    return _report(args, result)
+    settings = settings_from(AttentionSettings, args, progress=not args.quiet)
+    return _report(args, analyze_attention(Path(args.run_dir), settings))
 
 
 _COMPARE_HELP = """\
