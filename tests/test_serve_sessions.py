@@ -16,7 +16,7 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import train_char_run  # noqa: E402
-from txl.evaluate import segment_losses  # noqa: E402
+from txl.evaluate import EvalSettings, segment_losses  # noqa: E402
 from txl.inference import GenerationSettings, generate  # noqa: E402
 from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402
@@ -80,7 +80,9 @@ def test_a_session_completion_continues_the_last_positions_of_a_long_reading(cli
     tgt_len, span = scoring_lengths(run.config, memory=True)
     ids = torch.as_tensor(run.vocab.encode(READ), dtype=torch.long)
     segments = list(
-        segment_losses(run.model, ids[None], tgt_len=tgt_len, span=span, batch_size=1, reuse_keys=False)
+        segment_losses(
+            run.model, ids[None], EvalSettings(tgt_len=tgt_len, span=span, batch_size=1, reuse_keys=False)
+        )
     )
     memory = segments[-1].memory
     assert memory.length == 48 > run.config.model.mem_len == 16

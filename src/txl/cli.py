@@ -317,20 +317,20 @@ def _check_training_fits(config: Any, *, group: Any) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate_run
+    from .evaluate import EvalSettings, evaluate_run
 
     _device(args.device)
     if args.mem_len == 0 and args.same_length:
         raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
     with _library_warnings(args):
-        record = evaluate_run(
-            args.run_dir,
-            split=args.split,
-            checkpoint=args.checkpoint,
+        settings = EvalSettings(
             device=args.device,
             max_tokens=args.max_tokens,
             progress=not args.quiet,
-            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
+            **_given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length"),
+        )
+        record = evaluate_run(
+            args.run_dir, settings, split=args.split, checkpoint=args.checkpoint, documents=args.documents
         )
     print(json.dumps(record) if args.json else _eval_summary(record))
     return 0

@@ -29,10 +29,11 @@ from torch import Tensor
 from .config import ConfigError, eval_span, first_set
 from .data.vocab import start_token
 from .errors import TxlError
-from .evaluate import RaggedSettings, eval_mode, score_rows
+from .evaluate import RaggedSettings, score_rows
 from .harness_tasks import check_task_names
 from .inference import GenerationSettings, draw, rows_for
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
+from .model import eval_mode
 from .runs import load_run
 
 

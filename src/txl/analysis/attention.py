@@ -26,8 +26,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span
 from ..errors import TxlError
-from ..evaluate import eval_mode
-from ..model import TransformerXL
+from ..model import TransformerXL, eval_mode
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
 from ..runs import load_run
 from .common import split_tokens

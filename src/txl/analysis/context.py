@@ -29,8 +29,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Span
-from ..evaluate import SegmentLosses, eval_mode, segment_losses
-from ..model import TransformerXL
+from ..evaluate import EvalSettings, SegmentLosses, segment_losses
+from ..model import TransformerXL, eval_mode
 
 __all__ = [
     "absolute_hidden",
@@ -96,9 +96,8 @@ def _stream(
         + torch.arange(length + 1, device=device)[None, :]
     )
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
-    segments = segment_losses(
-        model, padded, tgt_len=tgt_len, span=span, batch_size=rows, log_probs=not with_targets
-    )
+    settings = EvalSettings(tgt_len=tgt_len, span=span, batch_size=rows, log_probs=not with_targets)
+    segments = segment_losses(model, padded, settings)
     pieces = []
     with torch.inference_mode():
         steps = math.ceil(length / tgt_len)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span, first_set
 from ..data import SegmentStream, check_documents, prepare_data
-from ..evaluate import eval_rows, metrics_from_loss, segment_losses
+from ..evaluate import EvalSettings, eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
 from .report import format_table, new_figure, run_label
@@ -187,9 +187,8 @@ def token_losses(
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0
-    segments = segment_losses(
-        model, tokens, tgt_len=tgt_len, span=span, batch_size=rows, device=device, starts=starts, name=desc
-    )
+    settings = EvalSettings(tgt_len=tgt_len, span=span, batch_size=rows, device=device, name=desc)
+    segments = segment_losses(model, tokens, settings, starts=starts)
     total = -(-where.shape[1] // tgt_len)
     for segment in tqdm(segments, total=total, desc=desc, disable=not progress, leave=False):
         t = segment.loss.shape[1]

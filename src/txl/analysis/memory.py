@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..config import Span, eval_span
 from ..errors import TxlError
-from ..evaluate import EvalResult, evaluate
+from ..evaluate import EvalResult, EvalSettings, evaluate
 from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
@@ -149,15 +149,11 @@ def memory_sweep(
     attention_len = train_attention_len or model.config.mem_len + tgt_len
 
     def run(span: Span) -> EvalResult:
-        return evaluate(
-            model,
-            tokens,
-            batch_size=batch_size,
-            tgt_len=tgt_len,
-            span=span,
-            progress=progress,
-            desc=f"mem_len {span.mem_len}, clamp_len {span.clamp_len}",
+        desc = f"mem_len {span.mem_len}, clamp_len {span.clamp_len}"
+        settings = EvalSettings(
+            batch_size=batch_size, tgt_len=tgt_len, span=span, progress=progress, name=desc
         )
+        return evaluate(model, tokens, settings)
 
     rows = []
     for mem_len in tqdm(lengths, desc="memory lengths", disable=not progress, leave=False):

@@ -30,8 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, vanilla_baseline
-from ..evaluate import eval_mode
-from ..model import TransformerXL
+from ..model import TransformerXL, eval_mode
 from .context import sliding_losses
 from .report import format_table, new_figure
 

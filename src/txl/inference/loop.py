@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..evaluate import eval_mode
-from ..model import Memory
+from ..model import Memory, eval_mode
 from ..model.transformer import config_of
 from .rows import RowBatch, WindowRows, has_memory, prepare_rows, rows_for
 from .sampling import draw

@@ -13,7 +13,7 @@ One dimension legend for every module of ``model/`` (each letter means one thing
 from .attention import AbsoluteMultiHeadAttention, RelativeMultiHeadAttention, rel_shift
 from .cache import KVCache
 from .memory import Memory, update_memory
-from .transformer import ModelOutput, TransformerXL, attention_mask
+from .transformer import ModelOutput, TransformerXL, attention_mask, eval_mode
 
 __all__ = [
     "TransformerXL",
@@ -23,6 +23,7 @@ __all__ = [
     "update_memory",
     "rel_shift",
     "attention_mask",
+    "eval_mode",
     "RelativeMultiHeadAttention",
     "AbsoluteMultiHeadAttention",
 ]

@@ -23,7 +23,8 @@ exactly the losses it has read alone (to rounding) as long as the memory holds t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
-__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of"]
+__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of", "eval_mode"]
 
 
 @dataclass
@@ -64,6 +65,19 @@ def config_of(model: nn.Module) -> TransformerXLConfig:
             f"the model must be a txl TransformerXL (or carry its config), got {type(model).__name__}"
         )
     return config
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in evaluation mode inside the block; every module's own training flag restored after (also
+    when the block raises): the one way to switch a model to evaluation for a while."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
 
 
 def attention_mask(

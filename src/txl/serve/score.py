@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
-from ..evaluate import SegmentLosses, segment_losses
+from ..evaluate import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL
 
 __all__ = ["Scores", "score_tokens", "score_segments", "scores_of", "token_pieces", "scoring_lengths"]
@@ -65,7 +65,7 @@ def score_segments(
     # txl eval's loop (a generator: closed early, it restores the training flags now)
     segments = cast(
         Generator[SegmentLosses, None, None],
-        segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1),
+        segment_losses(model, ids[None], EvalSettings(tgt_len=tgt_len, span=span, batch_size=1)),
     )
     with closing(segments):  # stopped early: the generator restores the training flags now
         for segment in segments:
