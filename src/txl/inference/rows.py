@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import Span
+from ..config import Span, has_memory
 from ..model import KVCache, Memory
 from ..model.decode import Decoder
 from ..model.transformer import config_of
 from .settings import DEFAULT_CONTEXT, GenerationSettings
 
-__all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows", "has_memory"]
+__all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows"]
 
 
 def _prompt(prompt: Any, *, vocab_size: int, device: torch.device) -> Tensor:
@@ -76,14 +76,6 @@ def _left_pad(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
         tokens[r, width - len(row) :] = row
         starts[r, width - len(row)] = True
     return tokens, starts
-
-
-def has_memory(model: nn.Module, span: Span | None = None) -> bool:
-    """Whether ``model`` decodes with a memory under ``span`` (default: the model's): relative attention and
-    ``mem_len > 0``; else its rows are :class:`WindowRows`."""
-    config = config_of(model)
-    span = config.span if span is None else span
-    return config.attention == "relative" and span.mem_len > 0
 
 
 def _no_memory_why(model: nn.Module) -> str:
@@ -175,7 +167,7 @@ class RowBatch:
         self.size = _check_size(rows)
         """R, the rows of the batch."""
         self.span: Span = config.span if settings.span is None else settings.span
-        if not has_memory(model, self.span):
+        if not has_memory(config, self.span):
             raise ValueError(
                 f"RowBatch needs a model with memory, not {_no_memory_why(model)}: use WindowRows"
             )
@@ -491,5 +483,6 @@ def rows_for(
 ) -> RowBatch | WindowRows:
     """The rows that decode ``model``: a :class:`RowBatch` when it has memory under ``settings.span``, else
     :class:`WindowRows`."""
-    span = config_of(model).span if settings.span is None else settings.span
-    return RowBatch(model, rows, settings) if has_memory(model, span) else WindowRows(model, rows, settings)
+    config = config_of(model)
+    span = config.span if settings.span is None else settings.span
+    return RowBatch(model, rows, settings) if has_memory(config, span) else WindowRows(model, rows, settings)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import span_of
+from ..data.vocab import start_token
 from ..errors import TxlWarning
 from ..model.transformer import config_of
 from .loop import generate, stream
@@ -93,11 +94,10 @@ def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"
             f"{len(missing)} prompt word(s) not in the vocabulary, read as <unk>: {describe_unknown(missing)}"
         )
         warnings.warn(UnknownTokensWarning(message), stacklevel=3)
-    if ids.numel() == 0:
-        eos = getattr(vocab, "eos_id", None)
-        if eos is None:
+    if ids.numel() == 0:  # a document boundary to start from: only a vocabulary with <eos> has one
+        if getattr(vocab, "eos_id", None) is None:
             raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
-        ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+        ids = torch.tensor([start_token(vocab)], dtype=torch.long)  # (1,)
     return ids
 
 

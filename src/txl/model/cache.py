@@ -34,10 +34,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..config import Span, TransformerXLConfig
-from .memory import Memory, next_reach
+from ..config import Span, TransformerXLConfig, cache_slots, has_memory
+from .memory import Memory, full_reach, next_reach
 
-__all__ = ["KVCache", "LayerCache"]
+__all__ = ["KVCache", "LayerCache", "CACHE_SIZES"]
+
+CACHE_SIZES = ("n_layer", "n_head", "d_head", "d_model")
+"""The sizes a key/value cache is built for: a model must have the same to use it (:meth:`KVCache.fits`)."""
 
 
 class LayerCache:
@@ -101,7 +104,7 @@ class KVCache:
         device: torch.device | str | None = None,
     ) -> None:
         span = config.span if span is None else span
-        if config.attention != "relative" or span.mem_len == 0:
+        if not has_memory(config, span):
             raise ValueError(
                 "a key/value cache needs a Transformer-XL with memory (relative attention, mem_len > 0)"
             )
@@ -127,7 +130,7 @@ class KVCache:
         self.batch_size = batch_size
         self.longest = max(span.mem_len, m0)
         """The most positions ever remembered at once (``mem_len``, or a longer memory given at the start)."""
-        self._slack = max(span.mem_len // 4, 16)  # room to slide before moving back
+        self._slack = cache_slots(span.mem_len) - span.mem_len  # room to slide before moving back
         n, b, h, dh, d = config.n_layer, batch_size, config.n_head, config.d_head, config.d_model
         slots = self.longest + self._slack
         self.hidden = torch.zeros(n, b, slots, d, dtype=dtype, device=device)  # (L, B, S, D)
@@ -176,11 +179,13 @@ class KVCache:
             reach=None if self.reach is None else self.reach.clone(),
         )
 
+    def fits(self, config: TransformerXLConfig) -> bool:
+        """Whether this cache's buffers fit a model of ``config``: the same :data:`CACHE_SIZES`."""
+        return all(getattr(self.config, f) == getattr(config, f) for f in CACHE_SIZES)
+
     def full_reach(self) -> Tensor:
         """The reach, with None spelled out: (B,) int64, the window's length for every row without one."""
-        if self.reach is not None:
-            return self.reach
-        return torch.full((self.batch_size,), self.length, dtype=torch.int64, device=self.device)
+        return full_reach(self.reach, batch_size=self.batch_size, length=self.length, device=self.device)
 
     def reset_rows(self, rows: Tensor | Sequence[int] | slice) -> None:
         """Those rows start anew: their reach becomes 0, so nothing they remember is attended (nothing else
@@ -197,9 +202,10 @@ class KVCache:
         it from ``Memory.zeros(config, B, mem_len)``)."""
         index = _rows(rows, self.device)
         n = torch.arange(self.batch_size, device=self.device)[index].numel()
-        sizes = ("n_layer", "n_head", "d_head", "d_model")
-        if any(getattr(self.config, f) != getattr(source.config, f) for f in sizes):
-            raise ValueError(f"put_rows: the source cache was built for other sizes ({', '.join(sizes)})")
+        if not source.fits(self.config):
+            raise ValueError(
+                f"put_rows: the source cache was built for other sizes ({', '.join(CACHE_SIZES)})"
+            )
         if source.dtype != self.dtype or source.device != self.device:
             raise ValueError(
                 f"put_rows: the source holds {source.dtype} on {source.device}, this cache {self.dtype} on "

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import AbsoluteContext, RelativeContext
-from .cache import KVCache
+from .cache import CACHE_SIZES, KVCache
 from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
@@ -305,10 +305,9 @@ class TransformerXL(nn.Module):
             )
         if self.config.attention != "relative":
             raise ValueError("a key/value cache needs a Transformer-XL with relative attention")
-        sizes = ("n_layer", "n_head", "d_head", "d_model")
-        if any(getattr(self.config, f) != getattr(cache.config, f) for f in sizes):
+        if not cache.fits(self.config):
             raise ValueError(
-                f"this key/value cache was built for other sizes ({', '.join(sizes)}) than the model's"
+                f"this key/value cache was built for other sizes ({', '.join(CACHE_SIZES)}) than the model's"
             )
         param = self.u
         if param.dtype != cache.dtype or param.device != cache.device:

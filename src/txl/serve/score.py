@@ -15,7 +15,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
+from ..config import RunConfig, SameLengthOff, Span, eval_lengths
 from ..evaluate import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL
 
@@ -42,15 +42,14 @@ class Scores:
 
 def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
     """The segment length and span a run is evaluated with when ``txl eval`` is given no flags (the one
-    resolver, :func:`~txl.config.eval_span`): the run's ``[eval]`` settings, else its model's and training's.
+    resolver, :func:`~txl.config.eval_lengths`): the run's ``[eval]`` settings, else its model's and training's.
     ``memory=False`` is ``txl eval --mem-len 0``: same-length attention then goes off (it needs a memory;
     the answer's span says so, the warning is not repeated). The vanilla baseline always has no memory."""
-    tgt_len = first_set(config.eval.tgt_len, config.train.tgt_len)
-    if config.model.attention != "relative":
-        return tgt_len, eval_span(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SameLengthOff)
-        return tgt_len, eval_span(config, mem_len=None if memory else 0)
+        given = None if memory or config.model.attention != "relative" else 0
+        lengths = eval_lengths(config, mem_len=given)
+    return lengths.tgt_len, lengths.span
 
 
 def score_segments(

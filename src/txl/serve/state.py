@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from ..config import has_memory
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
@@ -82,8 +83,7 @@ class ServeState:
     @property
     def cached(self) -> bool:
         """Whether the model has memory (sessions need it)."""
-        model = self.run.config.model
-        return model.attention == "relative" and model.mem_len > 0
+        return has_memory(self.run.config.model)
 
 
 def state_of(request: Request) -> ServeState:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..config import has_memory
 from ..evaluate import RaggedSettings, ragged_losses
 from ..inference import GenerationSettings
 from ..inference.text import TextStream
@@ -181,8 +182,7 @@ class Completion:
     def resume_prompt(self, choice: int) -> Tensor:
         """(P,) what a parked choice is prefilled with: its last token (with memory) or its whole text."""
         c = self.choices[choice]
-        config = self.run.config.model
-        if config.attention == "relative" and config.mem_len > 0:
+        if has_memory(self.run.config.model):
             return torch.tensor(c.ids[-1:])
         return torch.cat([self.prompts[c.prompt].ids, torch.tensor(c.ids, dtype=torch.long)])
 
