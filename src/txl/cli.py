@@ -402,16 +402,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         session_ttl=args.session_ttl,
         api_key=key,
-    )
-    serve(
-        Path(args.run_dir),
         host=args.host,
         port=args.port,
-        device=args.device,
-        checkpoint=args.checkpoint,
-        settings=settings,
         log_level=args.log_level,
     )
+    serve(Path(args.run_dir), settings, device=args.device, checkpoint=args.checkpoint)
     return 0
 
 

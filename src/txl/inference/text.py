@@ -129,7 +129,8 @@ def generate_text(
     if settings.max_new_tokens == 0:
         return ""
     show = None if on_text is None else (lambda _row, piece: on_text(piece))
-    (pieces,) = _decode_rows(model, vocab, [ids], settings, generator=generator, on_text=show)
+    streams = [TextStream(vocab, ids.tolist(), stop=settings.stop)]
+    (pieces,) = _decode_rows(model, [ids], streams, settings, generator=generator, on_text=show)
     return (
         cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
         if pieces.stopped
@@ -225,22 +226,17 @@ class TextStream:
 
 def _decode_rows(
     model: nn.Module,
-    vocab: _Vocab,
     ids: list[Tensor],
+    pieces: list[TextStream],
     settings: GenerationSettings,
     *,
     generator: torch.Generator | Sequence[torch.Generator] | None,
     on_text: Callable[[int, str], None] | None,
-    prompt_texts: Sequence[str | None] | None = None,
 ) -> list[TextStream]:
-    """Generate the rows after the prompt ids (P_r,) as one batch; the returned :class:`TextStream` of each
-    row holds its new ids and its new text (cut before a stop string), which ``on_text(row, piece)`` received
-    piece by piece. A row that meets a stop string is done (the batch ends when every row is)."""
-    texts = [None] * len(ids) if prompt_texts is None else prompt_texts
-    pieces = [
-        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
-        for row, t in zip(ids, texts, strict=True)
-    ]
+    """Generate the rows after the prompt ids (P_r,) as one batch into each row's :class:`TextStream` of
+    ``pieces`` (made from those ids), which then holds its new ids and its new text (cut before a stop
+    string), which ``on_text(row, piece)`` received piece by piece. A row that meets a stop string is done (the
+    batch ends when every row is)."""
     tokens_only = replace(settings, stop=())
     if not settings.stop and on_text is None:
         gen = generate(model, ids, tokens_only, generator=generator)
@@ -373,15 +369,12 @@ def generate_from_run(
     seed = 0 if settings.seed is None else settings.seed
     generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
     start = time.perf_counter()
-    pieces = _decode_rows(
-        model,
-        vocab,
-        [encoded[i] for i in rows],
-        settings,
-        generator=generators,
-        on_text=on_text,
-        prompt_texts=texts,
-    )
+    ids = [encoded[i] for i in rows]
+    streams = [
+        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
+        for row, t in zip(ids, texts, strict=True)
+    ]
+    pieces = _decode_rows(model, ids, streams, settings, generator=generators, on_text=on_text)
     seconds = time.perf_counter() - start
     count = sum(len(p.new_ids) for p in pieces)
     # the exact decoding, which the printed pieces may only approach

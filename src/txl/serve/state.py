@@ -20,7 +20,14 @@ __all__ = ["ServeSettings", "ServeState", "state_of"]
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """Limits of one server; each is a ``txl serve`` flag."""
+    """Where one server listens and its limits; each is a ``txl serve`` flag."""
+
+    host: str = "127.0.0.1"
+    """The address to listen on (``--host``)."""
+    port: int = 8000
+    """The port to listen on; 0: any free port (``--port``)."""
+    log_level: str = "info"
+    """uvicorn's log level (``--log-level``)."""
 
     max_tokens: int = 1024
     """The largest ``max_tokens`` a completion may ask for (``--max-tokens-limit``)."""
