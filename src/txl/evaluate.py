@@ -1,8 +1,7 @@
 """The one evaluation protocol (:func:`segment_losses`, segments with memory; :func:`ragged_losses`, rows of
-different lengths) and its reductions (:func:`evaluate`, :func:`evaluate_run`), set by :class:`EvalSettings`.
+different lengths) and its reductions (:func:`evaluate`, :func:`evaluate_run`), set by :class:`EvalSettings`."""
 
-Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
-"""
+# Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
 
 from __future__ import annotations
 

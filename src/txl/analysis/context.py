@@ -43,7 +43,7 @@ __all__ = [
 
 @contextmanager
 def _evaluating(model: TransformerXL) -> Iterator[None]:
-    """Eval mode (:func:`txl.evaluate.eval_mode`) and inference mode inside."""
+    """Eval mode (:func:`txl.model.eval_mode`) and inference mode inside."""
     with eval_mode(model), torch.inference_mode():
         yield
 

@@ -1,8 +1,7 @@
 """The decoding loop: rows of a :class:`~txl.inference.rows.RowBatch` (or :class:`~.rows.WindowRows`) fed
-one sampled token per step, yielding a :class:`Step`; :func:`generate` and :func:`stream` are thin wrappers.
+one sampled token per step, yielding a :class:`Step`; :func:`generate` and :func:`stream` are thin wrappers."""
 
-Dimensions: B batch (rows), P prompt length (the longest), N new tokens, V vocabulary.
-"""
+# Dimensions: B batch (rows), P prompt length (the longest), N new tokens, V vocabulary.
 
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
-"""Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory: one
-key/value cache and one :class:`~txl.model.decode.Decoder`) and :class:`WindowRows` (a model without memory:
-a recomputed window), with one interface. A prompt is prefilled apart (:meth:`RowBatch.prefill`, the one
-chunked-prefill recipe), then joins free rows of the batch (:meth:`RowBatch.join`, the one shared-cache
-recipe); every :meth:`RowBatch.step` decodes all rows at once, and a row that ends is freed at once.
+"""Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory,
+one key/value cache) and :class:`WindowRows` (a model without memory, a recomputed window), one interface."""
 
-Dimensions: R rows of the batch, n rows of one prefill, P prompt length (the longest), V vocabulary, M memory
-length, C context window (the memoryless path), W window width (at most C).
-
-Each row attends only to its own tokens (a document of its own: left padding is never attended, and a row
-joined into a shared cache sees only its own reach), so each row decodes exactly as it would alone.
-"""
+# Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory: one
+# key/value cache and one :class:`~txl.model.decode.Decoder`) and :class:`WindowRows` (a model without memory:
+# a recomputed window), with one interface. A prompt is prefilled apart (:meth:`RowBatch.prefill`, the one
+# chunked-prefill recipe), then joins free rows of the batch (:meth:`RowBatch.join`, the one shared-cache
+# recipe); every :meth:`RowBatch.step` decodes all rows at once, and a row that ends is freed at once.
+#
+# Dimensions: R rows of the batch, n rows of one prefill, P prompt length (the longest), V vocabulary, M memory
+# length, C context window (the memoryless path), W window width (at most C).
+#
+# Each row attends only to its own tokens (a document of its own: left padding is never attended, and a row
+# joined into a shared cache sees only its own reach), so each row decodes exactly as it would alone.
 
 from __future__ import annotations
 

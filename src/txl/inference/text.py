@@ -1,9 +1,11 @@
-"""Text in and out of the decoding loop: prompts encoded once (:func:`read_prompt`, which ``txl serve`` uses
-too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
-and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
+"""Text in and out of the decoding loop: prompts, stop strings and streamed text (:class:`TextStream`), one
+text generation (:func:`generate_text`) and sampling from a trained run (:func:`generate_from_run`)."""
 
-The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
-"""
+# Text in and out of the decoding loop: prompts encoded once (:func:`read_prompt`, which ``txl serve`` uses
+# too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
+# and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
+#
+# The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from ..config import span_of
+from ..config import has_memory, span_of
 from ..data.vocab import start_token
 from ..errors import TxlWarning
+from ..limits import TOKEN_BYTES, cache_bytes, check_fits
 from ..model.transformer import config_of
 from .loop import generate, stream
 from .settings import GenerationSettings
@@ -314,6 +317,31 @@ def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSet
     )
 
 
+def _check_fits(run: LoadedRun, settings: GenerationSettings) -> None:
+    """Refuse (:class:`~txl.errors.SizeError`, one line) a memory or a generation length whose buffers cannot
+    fit, before the first token: the key/value cache of ``settings.span`` (the model's when None) and the
+    ``max_new_tokens`` of one sample."""
+    model = run.config.model
+    param = next(run.model.parameters())
+    span = model.span if settings.span is None else settings.span
+    if has_memory(model, span):
+        m = span.mem_len
+        check_fits(
+            cache_bytes(model, batch=1, mem_len=m, dtype_bytes=param.element_size()),
+            setting=f"the model's mem_len {m}" if settings.span is None else f"--mem-len {m}",
+            what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
+            lower="--mem-len",
+            device=param.device,
+        )
+    new = settings.max_new_tokens
+    check_fits(
+        new * TOKEN_BYTES,
+        setting=f"--max-new-tokens {new}",
+        what="the tokens of one sample",
+        lower="--max-new-tokens",
+    )
+
+
 def generate_from_run(
     run: LoadedRun,
     prompt: str | Sequence[str],
@@ -332,10 +360,12 @@ def generate_from_run(
     ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
     the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
     made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
-    unknown prompt tokens raise ValueError."""
+    unknown prompt tokens raise ValueError; a memory or ``max_new_tokens`` whose buffers cannot fit, a
+    :class:`~txl.errors.SizeError` before the first token."""
     settings = run_settings(run) if settings is None else settings
     if not isinstance(settings, GenerationSettings):
         raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    _check_fits(run, settings)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or any(not isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")

@@ -1,31 +1,33 @@
-"""The key/value cache of incremental decoding: for every layer, the keys and values of the remembered
-positions (projections of fixed hidden states, computed once) and the hidden states themselves (the memory as
-data, :meth:`KVCache.memory`). This module only stores and slides; it knows no model and no module. The model
-appends to it (``TransformerXL.forward(..., cache=...)``), and the one-position decoder (``decode.py``) reads
-its windows.
+"""The key/value cache of incremental decoding: per layer, the keys and values of the remembered positions
+and their hidden states. It only stores and slides; it knows no model."""
 
-Dimensions (the legend of ``model/``): L layers, B batch, T new positions, M memory length, S buffer slots,
-H heads, Dh head size, D model size, K keys in view.
-
-Sliding: each buffer holds S >= M + T slots, the remembered positions in ``[start, end)`` in order. A step
-writes the T new positions at ``end`` (no copy of the memory), then drops the oldest by moving ``start``, so
-that at most ``mem_len`` remain: exactly ``update_memory``'s concatenate-and-truncate. When a step would run
-past the end of the buffer, the remembered slots move back to the front, once every ``mem_len / 4`` steps or
-so (the copy is amortised to about four positions per step; the buffers hold 1.25 ``mem_len``).
-
-A cache built from a :class:`Memory` holds its hidden states but not yet their keys and values: slots
-``[projected, end)`` are *unprojected*. The next segment through ``forward`` projects them with its own
-positions (:meth:`LayerCache.unprojected`, then :meth:`LayerCache.append` of both), as the memory path does.
-
-    cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
-    out = model(prompt, cache=cache, last_only=True)     # out.log_probs (B, 1, V); keys/values appended
-    cache.memory()                                       # == the memory the segment-wise model would carry
-
-Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
-belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
-starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
-into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
-"""
+# The key/value cache of incremental decoding: for every layer, the keys and values of the remembered
+# positions (projections of fixed hidden states, computed once) and the hidden states themselves (the memory as
+# data, :meth:`KVCache.memory`). This module only stores and slides; it knows no model and no module. The model
+# appends to it (``TransformerXL.forward(..., cache=...)``), and the one-position decoder (``decode.py``) reads
+# its windows.
+#
+# Dimensions (the legend of ``model/``): L layers, B batch, T new positions, M memory length, S buffer slots,
+# H heads, Dh head size, D model size, K keys in view.
+#
+# Sliding: each buffer holds S >= M + T slots, the remembered positions in ``[start, end)`` in order. A step
+# writes the T new positions at ``end`` (no copy of the memory), then drops the oldest by moving ``start``, so
+# that at most ``mem_len`` remain: exactly ``update_memory``'s concatenate-and-truncate. When a step would run
+# past the end of the buffer, the remembered slots move back to the front, once every ``mem_len / 4`` steps or
+# so (the copy is amortised to about four positions per step; the buffers hold 1.25 ``mem_len``).
+#
+# A cache built from a :class:`Memory` holds its hidden states but not yet their keys and values: slots
+# ``[projected, end)`` are *unprojected*. The next segment through ``forward`` projects them with its own
+# positions (:meth:`LayerCache.unprojected`, then :meth:`LayerCache.append` of both), as the memory path does.
+#
+#     cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
+#     out = model(prompt, cache=cache, last_only=True)     # out.log_probs (B, 1, V); keys/values appended
+#     cache.memory()                                       # == the memory the segment-wise model would carry
+#
+# Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
+# belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
+# starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
+# into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
 
 from __future__ import annotations
 

@@ -1,24 +1,26 @@
-"""One-position decoding: everything that exists only to make one new token per row cheap. A
-:class:`Decoder` is a value the caller holds, over a model and a :class:`~txl.model.cache.KVCache`: it
-prefills the cache with a prompt (through the model's ordinary ``forward``) and then steps one position at
-a time with tables derived from the weights (the projected distance table, transposed weights, the output
-layer in column blocks). The maths is the model's (``attention.py``, ``layers.py``); this room only lays it
-out for a few rows at a time and is tested against the plain path.
+"""One-position decoding: everything that exists only to make one new token per row cheap (a :class:`Decoder`
+over a model and a key/value cache, stepping with tables derived from the weights)."""
 
-Dimensions (the legend of ``model/``): B batch, M memory length, K keys in view, R distances in a table,
-H heads, Dh head size, D model size, F feed-forward size, E output embedding size, V vocabulary, N rows,
-J column blocks of width W.
-
-    cache = KVCache(model.config, batch_size=B, span=span, memory=memory)
-    decoder = Decoder(model, cache)
-    log_probs = decoder.prefill(prompt)         # (B, V): the next token after the prompt
-    log_probs = decoder.step(next_token)        # (B, V), one position further; the cache slides
-
-The tables are copies of the weights (transposed, as many numbers as the linear weights) made once per model
-and settings and remembered here, one entry per model (a weak reference: nothing is stored on the model),
-until a weight changes (its storage or version counter: an optimizer step, ``load_state_dict``) or the
-intra-op thread count moves; a series of generations pays for them once.
-"""
+# One-position decoding: everything that exists only to make one new token per row cheap. A
+# :class:`Decoder` is a value the caller holds, over a model and a :class:`~txl.model.cache.KVCache`: it
+# prefills the cache with a prompt (through the model's ordinary ``forward``) and then steps one position at
+# a time with tables derived from the weights (the projected distance table, transposed weights, the output
+# layer in column blocks). The maths is the model's (``attention.py``, ``layers.py``); this room only lays it
+# out for a few rows at a time and is tested against the plain path.
+#
+# Dimensions (the legend of ``model/``): B batch, M memory length, K keys in view, R distances in a table,
+# H heads, Dh head size, D model size, F feed-forward size, E output embedding size, V vocabulary, N rows,
+# J column blocks of width W.
+#
+#     cache = KVCache(model.config, batch_size=B, span=span, memory=memory)
+#     decoder = Decoder(model, cache)
+#     log_probs = decoder.prefill(prompt)         # (B, V): the next token after the prompt
+#     log_probs = decoder.step(next_token)        # (B, V), one position further; the cache slides
+#
+# The tables are copies of the weights (transposed, as many numbers as the linear weights) made once per model
+# and settings and remembered here, one entry per model (a weak reference: nothing is stored on the model),
+# until a weight changes (its storage or version counter: an optimizer step, ``load_state_dict``) or the
+# intra-op thread count moves; a series of generations pays for them once.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""The recurrent memory of Transformer-XL as plain data, and the one function that updates it.
+"""The recurrent memory of Transformer-XL as plain data, and the one function that updates it."""
 
-Memory holds, for every layer, the hidden states that entered it on the last M positions (the embedding
-output and the output of every layer but the last: n_layer tensors), batch-first (B, M, D). It never requires grad
-(stop-gradient, Section 3.2), can be sliced by batch row, moved between devices, saved and restored.
-
-Documents: a memory may also carry, per row, its *reach*: how many of its last positions belong to the
-row's current document (a stream read with ``starts``, see ``TransformerXL.forward``). The next segment's
-queries of that row attend only those. :func:`next_reach` is the one rule that moves it along a segment.
-"""
+# Memory holds, for every layer, the hidden states that entered it on the last M positions (the embedding
+# output and the output of every layer but the last: n_layer tensors), batch-first (B, M, D). It never requires grad
+# (stop-gradient, Section 3.2), can be sliced by batch row, moved between devices, saved and restored.
+#
+# Documents: a memory may also carry, per row, its *reach*: how many of its last positions belong to the
+# row's current document (a stream read with ``starts``, see ``TransformerXL.forward``). The next segment's
+# queries of that row attend only those. :func:`next_reach` is the one rule that moves it along a segment.
 
 from __future__ import annotations
 

@@ -1,25 +1,27 @@
 """The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
-softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a caller's
-:class:`KVCache`). One-position decoding, which needs tables of its own, lives in ``decode.py``.
+softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a :class:`KVCache`)."""
 
-Dimensions (the legend of ``model/``): B batch, T segment length, M memory length, K = M + T keys, D model
-size, V vocabulary, L layers.
-
-    out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
-    out.loss      # (B, T) per-token negative log-likelihood in nats
-    out.memory    # pass to the next segment
-    out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
-    out.log_probs # (B, T, V) log-probabilities of the next token (no targets given)
-    cache = KVCache(model.config, batch_size=B)            # keys and values of the memory projected once
-    out = model(tokens, cache=cache, last_only=True)       # out.log_probs (B, 1, V); the cache slides
-    out = model(tokens, memory=memory, starts=starts)      # starts (B, T) bool: documents begin there
-
-Documents: with ``starts``, a token that begins a document, and every later token of its row, attends to
-nothing before it (neither earlier positions of the segment nor the memory); the memory carries each row's
-reach (:class:`Memory`), so that the boundary holds in the next segments too. The model computes everything
-as without starts and only masks more keys (:func:`document_mask`), so a document read after others gets
-exactly the losses it has read alone (to rounding) as long as the memory holds the whole document.
-"""
+# The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
+# softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a caller's
+# :class:`KVCache`). One-position decoding, which needs tables of its own, lives in ``decode.py``.
+#
+# Dimensions (the legend of ``model/``): B batch, T segment length, M memory length, K = M + T keys, D model
+# size, V vocabulary, L layers.
+#
+#     out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
+#     out.loss      # (B, T) per-token negative log-likelihood in nats
+#     out.memory    # pass to the next segment
+#     out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
+#     out.log_probs # (B, T, V) log-probabilities of the next token (no targets given)
+#     cache = KVCache(model.config, batch_size=B)            # keys and values of the memory projected once
+#     out = model(tokens, cache=cache, last_only=True)       # out.log_probs (B, 1, V); the cache slides
+#     out = model(tokens, memory=memory, starts=starts)      # starts (B, T) bool: documents begin there
+#
+# Documents: with ``starts``, a token that begins a document, and every later token of its row, attends to
+# nothing before it (neither earlier positions of the segment nor the memory); the memory carries each row's
+# reach (:class:`Memory`), so that the boundary holds in the next segments too. The model computes everything
+# as without starts and only masks more keys (:func:`document_mask`), so a document read after others gets
+# exactly the losses it has read alone (to rounding) as long as the memory holds the whole document.
 
 from __future__ import annotations
 

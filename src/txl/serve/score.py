@@ -1,8 +1,7 @@
-"""The model's surprisal at every token of a text, segment by segment with or without memory (``txl eval``'s
-reading of one stream), the lengths a run is scored with, and the text each token stands for. Torch only.
+"""The model's surprisal at every token of a text, segment by segment with or without memory, the lengths a
+run is scored with, and the text each token stands for. Torch only."""
 
-Dimensions: N tokens of the text, T segment length.
-"""
+# Dimensions: N tokens of the text, T segment length.
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""What ``txl serve``'s requests do on the model's thread: a completion (its prompts read, its choices decoded as
-rows), a text scored, a text read into a session; plain token events and results (:mod:`txl.serve.openai`
-shapes them). Readings use the evaluation lengths with memory, generation the model's memory length.
+"""What ``txl serve``'s requests do on the model's thread: a completion, a text scored, a text read into a
+session, as plain token events and results (:mod:`txl.serve.openai` shapes them)."""
 
-Dimensions: N tokens read, V vocabulary, M memory positions.
-"""
+# What ``txl serve``'s requests do on the model's thread: a completion (its prompts read, its choices decoded as
+# rows), a text scored, a text read into a session; plain token events and results (:mod:`txl.serve.openai`
+# shapes them). Readings use the evaluation lengths with memory, generation the model's memory length.
+#
+# Dimensions: N tokens read, V vocabulary, M memory positions.
 
 from __future__ import annotations
 
