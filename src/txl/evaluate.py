@@ -716,7 +716,7 @@ def evaluate_run(
     ``[eval]`` section, else its training segment (``tgt_len``) or its model's lengths (see
     :func:`~txl.config.eval_lengths`, which also says what a memory of 0 does to same-length attention).
     ``documents``: "continue" or "reset" (see ``data.documents``; None: the run's own)."""
-    device = "cpu" if settings.device is None else settings.device
+    device = "cpu" if settings.device is None else str(settings.device)
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
     config = run.config
     if settings.span is None:

@@ -140,10 +140,11 @@ class ModelArgs:
         if str(args.get("batch_size")).startswith("auto"):
             raise ConfigError("model_args batch_size: 'auto' is not supported; give a number of requests")
         ints = {"batch_size": 1, "mem_len": 0, "tgt_len": 1, "clamp_len": 1, "seed": 0}
-        parsed = {k: _int_arg(k, v, low=ints[k]) if k in ints else v for k, v in args.items()}
+        parsed: dict[str, Any] = {k: _int_arg(k, v, low=ints[k]) if k in ints else v for k, v in args.items()}
         if "same_length" in parsed:
             parsed["same_length"] = _bool_arg("same_length", parsed["same_length"])
-        return cls(**{k: str(v) if k in ("checkpoint", "device") else v for k, v in parsed.items()})
+        typed: dict[str, Any] = {k: str(v) if k in ("checkpoint", "device") else v for k, v in parsed.items()}
+        return cls(**typed)
 
     def lengths(self) -> dict[str, Any]:
         """The lengths to read with, as :func:`~txl.config.eval_lengths` takes them."""
