@@ -9,6 +9,7 @@ import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis.context import stream_losses
+from txl.config import EvalLengths
 from txl.evaluate import EvalSettings, evaluate, segment_losses
 from txl.model import eval_mode
 from txl.serve.score import score_tokens
@@ -67,7 +68,7 @@ def test_readers_of_the_protocol_agree():
     per_token = torch.cat(
         [s.loss for s in segment_losses(model, tokens, EvalSettings(tgt_len=4, span=span, batch_size=1))], 1
     )
-    scored = score_tokens(model, tokens, tgt_len=4, span=span).losses
+    scored = score_tokens(model, tokens, EvalLengths(4, span)).losses
     streamed = torch.from_numpy(stream_losses(model, tokens, tgt_len=4, span=span, batch_size=1))
     mean = evaluate(model, tokens, EvalSettings(batch_size=1, tgt_len=4, span=span)).loss
     torch.testing.assert_close(scored, per_token[0, :49], atol=0, rtol=0)
@@ -85,5 +86,5 @@ def test_eval_mode_restores_every_flag_even_on_errors_and_early_stops():
     assert {name: m.training for name, m in model.named_modules()} == before
     tokens = torch.randint(0, V, (50,), generator=torch.Generator().manual_seed(3))
     calls = iter([False, False, True])
-    score_tokens(model, tokens, tgt_len=4, span=Span(mem_len=5), should_stop=lambda: next(calls))
+    score_tokens(model, tokens, EvalLengths(4, Span(mem_len=5)), should_stop=lambda: next(calls))
     assert {name: m.training for name, m in model.named_modules()} == before

@@ -54,9 +54,9 @@ def _session(client, *texts: str) -> str:
 
 def _one_pass(run, text: str) -> list[float]:
     """-loss of every token of ``text`` but the first, read in one pass with the evaluation lengths."""
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
     ids = torch.as_tensor(run.vocab.encode(text), dtype=torch.long)
-    return (-score_tokens(run.model, ids, tgt_len=tgt_len, span=span).losses).tolist()
+    return (-score_tokens(run.model, ids, lengths).losses).tolist()
 
 
 def test_a_session_echo_scores_the_prompt_after_what_it_read(client, run):
@@ -77,7 +77,8 @@ def test_a_session_completion_continues_the_last_positions_of_a_long_reading(cli
     choice = client.post(f"/v1/sessions/{sid}/completions", json=body).json()["choices"][0]
     # the reference: the reading's memory (48 positions of READ but its last token), its last 16 kept, then
     # READ's last token and the prompt fed after it, and greedy generation
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
+    tgt_len, span = lengths.tgt_len, lengths.span
     ids = torch.as_tensor(run.vocab.encode(READ), dtype=torch.long)
     segments = list(
         segment_losses(

@@ -406,7 +406,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
     )
-    serve(Path(args.run_dir), settings, device=args.device, checkpoint=args.checkpoint)
+    serve(Path(args.run_dir), settings=settings, device=args.device, checkpoint=args.checkpoint)
     return 0
 
 

@@ -17,7 +17,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import ConfigError, Span, TransformerXLConfig, eval_lengths, first_set, has_memory, positive_int
+from .config import (
+    ConfigError,
+    EvalLengths,
+    Span,
+    TransformerXLConfig,
+    eval_lengths,
+    first_set,
+    has_memory,
+    positive_int,
+)
 from .data import SegmentStream, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
@@ -302,13 +311,7 @@ def segment_losses(
             loss = loss.double()  # (B', T)
             if batch.mask is not None:
                 loss = loss * batch.mask
-            yield SegmentLosses(
-                loss=loss,
-                targets=batch.targets,
-                mask=batch.mask,
-                log_probs=out.log_probs if log_probs else None,
-                memory=memory,
-            )
+            yield SegmentLosses(loss, batch.targets, batch.mask, out.log_probs if log_probs else None, memory)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -721,37 +724,37 @@ def evaluate_run(
     config = run.config
     if settings.span is None:
         lengths = eval_lengths(config, tgt_len=settings.tgt_len, **settings.given_lengths())
-        tgt_len, span = lengths.tgt_len, lengths.span
     else:
-        tgt_len, span = eval_lengths(config, tgt_len=settings.tgt_len).tgt_len, settings.span
-    batch_size = first_set(settings.batch_size, config.eval.batch_size)
+        lengths = EvalLengths(eval_lengths(config, tgt_len=settings.tgt_len).tgt_len, settings.span)
     if documents is not None and documents not in ("continue", "reset"):
         raise ConfigError(f"--documents: must be 'continue' or 'reset', got {documents!r}")
     documents = first_set(documents, config.data.documents)
     data = prepare_data(config.data, vocab=run.vocab, splits=(split,))
     check_documents(data.corpus, documents, name="--documents")
     tokens = data.splits[split]
-    used = EvalSettings(
-        tgt_len=tgt_len,
-        batch_size=batch_size,
-        span=span,
-        max_tokens=settings.max_tokens,
-        precision=settings.precision,
-        reuse_keys=settings.reuse_keys,
-        progress=settings.progress,
+    used = replace(
+        settings,
+        tgt_len=lengths.tgt_len,
+        batch_size=first_set(settings.batch_size, config.eval.batch_size),
+        span=lengths.span,
+        mem_len=None,
+        clamp_len=None,
+        same_length=None,
+        device=None,  # the model's, where it was loaded
         name=settings.name or split,
     )
     result = evaluate(
         run.model, tokens, used, starts=data.starts.get(split) if documents == "reset" else None
     )
+    span = lengths.span
     return {
         "run": str(run_dir),
         "split": split,
         "checkpoint": run.checkpoint.name,
         "step": run.step,
         **result.as_dict(kind=run.vocab.kind),
-        "tgt_len": tgt_len,
-        "batch_size": batch_size,
+        "tgt_len": used.tgt_len,
+        "batch_size": used.batch_size,
         "mem_len": span.mem_len,
         "clamp_len": span.clamp_len,
         "same_length": span.same_length,

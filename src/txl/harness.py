@@ -195,16 +195,16 @@ class TxlLM(TemplateLM):
         super().__init__()
         if settings is not None and model_args:
             raise ConfigError("model_args: give a ModelArgs or keywords, not both")
-        args = ModelArgs.parse(model_args) if settings is None else settings
-        loaded = load_run(Path(run), checkpoint=args.checkpoint, device=args.device)
+        asked = ModelArgs.parse(model_args) if settings is None else settings
+        loaded = load_run(Path(run), checkpoint=asked.checkpoint, device=asked.device)
         config = loaded.config
         self.run = loaded
         self.model = loaded.model.eval()
         self.vocab = loaded.vocab
-        lengths = eval_lengths(config, **args.lengths())
+        lengths = eval_lengths(config, **asked.lengths())
         self.span, self.tgt_len = lengths.span, lengths.tgt_len
-        self.batch_size = first_set(args.batch_size, config.eval.batch_size)
-        self.seed = args.seed
+        self.batch_size = first_set(asked.batch_size, config.eval.batch_size)
+        self.seed = asked.seed
         self.start = start_token(self.vocab)
         self.unknown: dict[str, None] = {}
         """The distinct words read as ``<unk>`` since the last warning (word vocabularies)."""

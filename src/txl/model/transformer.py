@@ -25,6 +25,7 @@ softmax, with the segment-level recurrence carried explicitly as :class:`Memory`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -258,40 +259,27 @@ class TransformerXL(nn.Module):
         the cache's) then carries the boundary into the next segments. None: one stream per row, as before."""
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
-        if cache is not None and torch.is_grad_enabled():
-            with torch.no_grad():  # the cache keeps values, not a graph
-                return self.forward(
-                    tokens,
-                    memory=memory,
-                    targets=targets,
-                    span=span,
-                    cache=cache,
-                    last_only=last_only,
-                    starts=starts,
-                )
         if cache is None:
             self._check_inputs(tokens, memory, targets)
         else:
-            self._check_cache(tokens, cache, memory=memory, span=span, targets=targets)
-        h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache, starts=starts)
-        b, t = tokens.shape
-        if targets is not None:
-            flat = h.reshape(b * t, -1)  # (B*T, D)
-            loss = self.softmax.nll(flat, targets.reshape(-1)).view(b, t)  # (B, T)
-            return ModelOutput(log_probs=None, loss=loss, memory=new_memory)
-        last = h[:, -1:] if last_only else h  # (B, T', D)
-        log_probs = self.softmax.log_prob(last.reshape(-1, self.config.d_model))  # (B*T', V)
+            self._check_cache(tokens, cache, (memory, span, targets))
+        # the cache keeps values, not a graph
+        with torch.no_grad() if cache is not None else contextlib.nullcontext():
+            h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache, starts=starts)
+            b, t = tokens.shape
+            if targets is not None:
+                flat = h.reshape(b * t, -1)  # (B*T, D)
+                loss = self.softmax.nll(flat, targets.reshape(-1)).view(b, t)  # (B, T)
+                return ModelOutput(log_probs=None, loss=loss, memory=new_memory)
+            last = h[:, -1:] if last_only else h  # (B, T', D)
+            log_probs = self.softmax.log_prob(last.reshape(-1, self.config.d_model))  # (B*T', V)
         return ModelOutput(log_probs=log_probs.view(b, last.shape[1], -1), loss=None, memory=new_memory)
 
     def _check_cache(
-        self,
-        tokens: Tensor,
-        cache: KVCache,
-        *,
-        memory: Memory | None,
-        span: Span | None,
-        targets: Tensor | None,
+        self, tokens: Tensor, cache: KVCache, given: tuple[Memory | None, Span | None, Tensor | None]
     ) -> None:
+        """Refuse a cache call that cannot run: ``given`` is the call's (memory, span, targets)."""
+        memory, span, targets = given
         if memory is not None:
             raise ValueError("with a cache, pass no memory (the cache holds it)")
         if span is not None and span != cache.span:
