@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..files import check_output
 from .command import Command, Group
+from .options import given
 
 __all__ = ["DATA", "DOWNLOAD", "LIST"]
 
@@ -25,8 +26,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     folder = download_corpus(
         args.name,
         dest=Path(args.dest) if args.dest else None,
-        url=args.url,
-        sha256=args.sha256,
+        **given(args, "url", "sha256"),
         progress=not args.quiet,
     )
     print(folder)

@@ -81,6 +81,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     from ..inference.text import generate_from_run, run_settings
     from ..runs import load_run
+    from ..serve.card import default_prompt
 
     prompts = _generate_prompts(args)
     if args.greedy and args.temperature not in (None, 0):
@@ -88,7 +89,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     check_device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     if not prompts:
-        prompts = ["\n" if run.config.generate.prompt is None else run.config.generate.prompt]
+        prompts = [default_prompt(run)]
     rows = len(prompts) * args.num_samples
     shown = 0 if args.stream else -1  # the row printed as it is produced (the others when all are done)
     made: dict[int, list[str]] = {}  # each row's prompt as read, then its pieces: printed if interrupted
@@ -116,7 +117,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             sampling = given(args, "max_new_tokens", "temperature", "top_k", "top_p", "seed")
             if args.greedy:
                 sampling["temperature"] = 0.0
-            settings = replace(run_settings(run, mem_len=args.mem_len), **sampling, stop=tuple(args.stop))
+            settings = replace(run_settings(run, **given(args, "mem_len")), **sampling, stop=tuple(args.stop))
             result = generate_from_run(
                 run, prompts, settings, num_samples=args.num_samples, on_start=start, on_text=show
             )
