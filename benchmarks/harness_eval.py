@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from txl.data.corpora import load_corpus
-from txl.evaluate import evaluate_run
+from txl.evaluate import EvalSettings, evaluate_run, perplexity
 from txl.harness import HarnessSettings, TxlLM, run_tasks
 from txl.runs import load_run_config
 
@@ -89,7 +89,7 @@ def main() -> None:
     )
 
     start = time.perf_counter()
-    own = evaluate_run(args.run_dir, split=args.split, batch_size=1)
+    own = evaluate_run(args.run_dir, EvalSettings(batch_size=1), split=args.split)
     seconds = time.perf_counter() - start
     nats = own["loss"] * own["tokens"]
     print(
@@ -99,7 +99,7 @@ def main() -> None:
                 "seconds": round(seconds, 1),
                 "bits_per_token": own["bits_per_token"],
                 "bits_per_byte": nats / math.log(2) / len(text.encode()),
-                "word_perplexity": math.exp(nats / words),
+                "word_perplexity": perplexity(nats / words),
                 "tokens": own["tokens"],
                 "mem_len": own["mem_len"],
                 "tgt_len": own["tgt_len"],

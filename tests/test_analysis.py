@@ -44,7 +44,7 @@ from txl.data.corpora import (
     recall_positions,
     synthetic_recall_text,
 )
-from txl.evaluate import evaluate
+from txl.evaluate import EvalSettings, evaluate
 from txl.runs import LoadedRun
 
 # -- the vanilla recipe -----------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_stream_losses_are_evaluate_token_by_token(tiny_config, rows):
     model = TransformerXL(tiny_config).double()
     x = torch.randint(0, 37, (203,))
     losses = stream_losses(model, x, StreamSettings(tgt_len=5, batch_size=rows))
-    result = evaluate(model, x, batch_size=rows, tgt_len=5)
+    result = evaluate(model, x, EvalSettings(batch_size=rows, tgt_len=5))
     assert losses.shape == (202,) and result.tokens == 202
     assert losses.mean() == pytest.approx(result.loss, abs=1e-12)
 
@@ -422,8 +422,10 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
     assert [r.mem_len for r in rows] == lengths
     for row in rows:
         span = Span(mem_len=row.mem_len, clamp_len=clamp_len, same_length=same_length and row.mem_len > 0)
-        result = evaluate(model, x, batch_size=2, tgt_len=8, span=span)
-        clamped = evaluate(model, x, batch_size=2, tgt_len=8, span=dataclasses.replace(span, clamp_len=24))
+        result = evaluate(model, x, EvalSettings(batch_size=2, tgt_len=8, span=span))
+        clamped = evaluate(
+            model, x, EvalSettings(batch_size=2, tgt_len=8, span=dataclasses.replace(span, clamp_len=24))
+        )
         assert (row.loss, row.tokens, row.same_length) == (
             pytest.approx(result.loss, abs=1e-12),
             299,
@@ -435,7 +437,7 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
         assert row.clamped_loss == pytest.approx(clamped.loss, abs=1e-12)
         assert row.clamped_ppl == pytest.approx(np.exp(row.clamped_loss))
     # the settings matter on this model: same-length and the clamp change the loss at memory 32
-    plain = evaluate(model, x, batch_size=2, tgt_len=8, span=Span(mem_len=32))
+    plain = evaluate(model, x, EvalSettings(batch_size=2, tgt_len=8, span=Span(mem_len=32)))
     assert (rows[2].loss != pytest.approx(plain.loss, abs=1e-10)) == (same_length or clamp_len is not None)
     assert rows[2].clamped_loss != pytest.approx(rows[2].loss, abs=1e-10) or clamp_len == 20
 

@@ -19,7 +19,7 @@ import pytest
 from txl.cli import main
 from txl.config import apply_overrides, load_config, vanilla_baseline
 from txl.data import encode_split, load_corpus, load_vocab
-from txl.evaluate import evaluate
+from txl.evaluate import EvalSettings, evaluate
 from txl.runs import latest_checkpoint, load_run
 from txl.train.trainer import train
 
@@ -117,7 +117,7 @@ def test_compare_evaluates_the_vanilla_model_on_its_training_segments(compared):
     run = load_run(compared / "vanilla", checkpoint="latest")
     corpus = load_corpus(run.config.data.corpus)
     tokens = encode_split(corpus, "valid", run.vocab)
-    as_trained = evaluate(run.model, tokens, batch_size=run.config.eval.batch_size, tgt_len=16)
+    as_trained = evaluate(run.model, tokens, EvalSettings(batch_size=run.config.eval.batch_size, tgt_len=16))
     assert _results(compared)["vanilla"]["val_loss"] == pytest.approx(as_trained.loss, rel=1e-6)
 
 

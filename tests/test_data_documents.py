@@ -32,7 +32,7 @@ from txl.data import SegmentStream, load_corpus, prepare_data
 from txl.data.corpora import CorpusError, stdlib_files
 from txl.data.encoded import cache_path, encode_documents
 from txl.data.vocab import ByteVocab, CharVocab, WordVocab
-from txl.evaluate import evaluate, segment_losses
+from txl.evaluate import EvalSettings, evaluate, segment_losses
 from txl.model import TransformerXL
 from txl.runs import latest_checkpoint
 from txl.train.trainer import resume, train
@@ -356,8 +356,9 @@ def _doc_tokens() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     return np.concatenate(docs), starts, docs
 
 
-def _per_token(model, tokens, **kwargs) -> np.ndarray:
-    losses = [s.loss[0] for s in segment_losses(model, tokens, batch_size=1, tgt_len=12, **kwargs)]
+def _per_token(model, tokens, starts=None, **kwargs) -> np.ndarray:
+    settings = EvalSettings(batch_size=1, tgt_len=12, **kwargs)
+    losses = [s.loss[0] for s in segment_losses(model, tokens, settings, starts=starts)]
     return torch.cat(losses).numpy()  # (N - 1,) target i + 1
 
 
@@ -382,7 +383,7 @@ def test_reset_evaluation_gives_each_document_its_losses_alone(reuse_keys):
     assert np.abs(together - across).max() > 1e-3  # reading across documents is another thing
     # evaluate() with the starts is the mean of the same losses
     result = evaluate(
-        model, tokens, batch_size=1, tgt_len=12, span=span, starts=starts, reuse_keys=reuse_keys
+        model, tokens, EvalSettings(batch_size=1, tgt_len=12, span=span, reuse_keys=reuse_keys), starts=starts
     )
     assert abs(result.loss - together.mean()) < 1e-12 and result.tokens == len(tokens) - 1
 
@@ -412,8 +413,8 @@ def test_reset_evaluation_reads_each_document_alone_in_any_number_of_streams(reu
     assert len(reference) == len(tokens) - 1
     for rows in (1, 2, 3, 4, 5, 8, 32):
         result = evaluate(
-            model, tokens, batch_size=rows, tgt_len=12, span=Span(mem_len=80), starts=starts,
-            reuse_keys=reuse_keys,
+            model, tokens, EvalSettings(batch_size=rows, tgt_len=12, span=Span(mem_len=80),
+            reuse_keys=reuse_keys), starts=starts,
         )  # fmt: skip
         assert abs(result.loss - reference.mean()) < 1e-12 and result.tokens == len(tokens) - 1, rows
         losses = token_losses(
@@ -421,8 +422,8 @@ def test_reset_evaluation_reads_each_document_alone_in_any_number_of_streams(reu
         )
         assert np.abs(losses - reference).max() < 1e-12, rows
     short = [
-        evaluate(model, tokens, batch_size=rows, tgt_len=12, span=Span(mem_len=8), starts=starts,
-                 reuse_keys=reuse_keys).loss
+        evaluate(model, tokens, EvalSettings(batch_size=rows, tgt_len=12, span=Span(mem_len=8),
+                 reuse_keys=reuse_keys), starts=starts).loss
         for rows in (1, 2, 4, 7)
     ]  # fmt: skip
     assert max(short) - min(short) < 1e-12, short

@@ -31,7 +31,7 @@ from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import SINGLE, Distributed, launch_command
 from txl.errors import TxlError
-from txl.evaluate import evaluate
+from txl.evaluate import EvalSettings, evaluate
 from txl.runs import latest_checkpoint, load_run, read_metrics
 from txl.train.trainer import resume, train
 
@@ -240,13 +240,13 @@ import json, sys
 from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import from_environment
-from txl.evaluate import evaluate
+from txl.evaluate import EvalSettings, evaluate
 from txl.runs import load_run
 
 run = load_run(sys.argv[1], checkpoint="latest")
 tokens = prepare_data(run.config.data, vocab=run.vocab, splits=("valid",)).splits["valid"]
 group = from_environment("cpu")
-result = evaluate(run.model, tokens, batch_size=6, tgt_len=24, max_tokens=2999, group=group)
+result = evaluate(run.model, tokens, EvalSettings(batch_size=6, tgt_len=24, max_tokens=2999), group=group)
 if group.is_main:
     open(sys.argv[2], "w").write(json.dumps(result.as_dict()))
 group.close()
@@ -267,7 +267,7 @@ def test_evaluation_under_two_processes_equals_one_process(runs, tmp_path):
     two = json.loads((tmp_path / "result.json").read_text())
     run = load_run(runs["two"], checkpoint="latest")
     tokens = prepare_data(run.config.data, vocab=run.vocab, splits=("valid",)).splits["valid"]
-    one = evaluate(run.model, tokens, batch_size=6, tgt_len=24, max_tokens=2999).as_dict()
+    one = evaluate(run.model, tokens, EvalSettings(batch_size=6, tgt_len=24, max_tokens=2999)).as_dict()
     assert two["tokens"] == one["tokens"] == 2999  # every token once; the last rows padded and masked
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)  # float32 forward on 3 rows instead of 6
 

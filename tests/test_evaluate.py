@@ -9,7 +9,9 @@ import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis.context import StreamSettings, stream_losses
-from txl.evaluate import eval_mode, evaluate, segment_losses
+from txl.config import EvalLengths
+from txl.evaluate import EvalSettings, evaluate, segment_losses
+from txl.model import eval_mode
 from txl.serve.score import score_tokens
 
 V = 40
@@ -48,7 +50,9 @@ def test_segment_losses_equal_the_loop_written_out(span, reuse_keys):
     want = _naive(model, rows, tgt_len=6, span=span)
     for given in (tokens, rows):  # the array, or the streams as rows
         segments = list(
-            segment_losses(model, given, tgt_len=6, span=span, batch_size=3, reuse_keys=reuse_keys)
+            segment_losses(
+                model, given, EvalSettings(tgt_len=6, span=span, batch_size=3, reuse_keys=reuse_keys)
+            )
         )
         assert [s.loss.shape[1] for s in segments] == [6, 6, 6, 2]
         got = torch.cat([s.loss for s in segments], dim=1)
@@ -62,13 +66,13 @@ def test_readers_of_the_protocol_agree():
     tokens = torch.randint(0, V, (50,), generator=torch.Generator().manual_seed(2))
     span = Span(mem_len=5, same_length=True)
     per_token = torch.cat(
-        [s.loss for s in segment_losses(model, tokens, tgt_len=4, span=span, batch_size=1)], 1
+        [s.loss for s in segment_losses(model, tokens, EvalSettings(tgt_len=4, span=span, batch_size=1))], 1
     )
-    scored = score_tokens(model, tokens, tgt_len=4, span=span).losses
+    scored = score_tokens(model, tokens, EvalLengths(4, span)).losses
     streamed = torch.from_numpy(
         stream_losses(model, tokens, StreamSettings(tgt_len=4, span=span, batch_size=1))
     )
-    mean = evaluate(model, tokens, batch_size=1, tgt_len=4, span=span).loss
+    mean = evaluate(model, tokens, EvalSettings(batch_size=1, tgt_len=4, span=span)).loss
     torch.testing.assert_close(scored, per_token[0, :49], atol=0, rtol=0)
     torch.testing.assert_close(streamed, per_token[0, :49], atol=0, rtol=0)
     assert mean == pytest.approx(float(per_token.sum() / 49), abs=1e-12)
@@ -84,5 +88,5 @@ def test_eval_mode_restores_every_flag_even_on_errors_and_early_stops():
     assert {name: m.training for name, m in model.named_modules()} == before
     tokens = torch.randint(0, V, (50,), generator=torch.Generator().manual_seed(3))
     calls = iter([False, False, True])
-    score_tokens(model, tokens, tgt_len=4, span=Span(mem_len=5), should_stop=lambda: next(calls))
+    score_tokens(model, tokens, EvalLengths(4, Span(mem_len=5)), should_stop=lambda: next(calls))
     assert {name: m.training for name, m in model.named_modules()} == before

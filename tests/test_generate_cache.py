@@ -472,12 +472,12 @@ def test_outputs_are_ordinary_tensors_usable_for_training():
 def test_evaluation_reusing_keys_equals_recomputing_them(variant, span, tgt_len):
     """evaluate() with the key/value cache (the default) gives the losses of forward with a memory, segment by
     segment, for every stream; the last batch is shorter and padded."""
-    from txl.evaluate import evaluate
+    from txl.evaluate import EvalSettings, evaluate
 
     model = _model(torch.float64, **VARIANTS[variant])
     tokens = torch.randint(0, V, (203,), generator=torch.Generator().manual_seed(5))
-    cached = evaluate(model, tokens, batch_size=3, tgt_len=tgt_len, span=span)
-    plain = evaluate(model, tokens, batch_size=3, tgt_len=tgt_len, span=span, reuse_keys=False)
+    cached = evaluate(model, tokens, EvalSettings(batch_size=3, tgt_len=tgt_len, span=span))
+    plain = evaluate(model, tokens, EvalSettings(batch_size=3, tgt_len=tgt_len, span=span, reuse_keys=False))
     assert cached.tokens == plain.tokens == 202
     assert cached.loss == pytest.approx(plain.loss, abs=1e-12)
 

@@ -25,7 +25,7 @@ lm_eval = pytest.importorskip(
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from txl.data.vocab import start_token  # noqa: E402
-from txl.evaluate import evaluate  # noqa: E402
+from txl.evaluate import EvalSettings, evaluate  # noqa: E402
 from txl.harness import TxlLM  # noqa: E402
 
 DOCS = [
@@ -76,7 +76,7 @@ def test_rolling_with_short_memory_equals_txl_evaluate(trained_run):
     got = _rolling(lm, docs)
     for doc, value in zip(docs, got, strict=True):
         ids = torch.tensor([lm.start, *lm.vocab.encode(doc).tolist()])
-        result = evaluate(lm.model, ids, batch_size=1, tgt_len=8, span=Span(mem_len=16))
+        result = evaluate(lm.model, ids, EvalSettings(batch_size=1, tgt_len=8, span=Span(mem_len=16)))
         assert value == pytest.approx(-result.loss * result.tokens, abs=1e-6)
     # and the memory matters: without it the same documents score otherwise
     assert _rolling(_lm(trained_run, tgt_len=8, mem_len=0, batch_size=3), docs) != pytest.approx(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.evaluate import RaggedSettings, ragged_losses, score_rows, segment_losses
+from txl.evaluate import EvalSettings, RaggedSettings, ragged_losses, score_rows, segment_losses
 from txl.model import Memory
 
 V = 40
@@ -35,11 +35,8 @@ def _alone(model, row, *, tgt_len, span, memory=None):
         segment_losses(
             model,
             torch.tensor(row)[None],
-            tgt_len=tgt_len,
-            span=span,
-            batch_size=1,
+            EvalSettings(tgt_len=tgt_len, span=span, batch_size=1, log_probs=True),
             memory=memory,
-            log_probs=True,
         )
     )
     loss = torch.cat([s.loss[0] for s in segments])

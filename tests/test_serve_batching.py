@@ -371,7 +371,8 @@ def test_the_key_comes_from_the_flag_or_the_environment(run_dir, monkeypatch, ca
 
 def test_a_text_read_in_two_session_calls_scores_as_one_pass(server, run):
     url, _ = server
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
+    tgt_len = lengths.tgt_len
     text = (Path(__file__).parent / "serve_helpers.py").read_text(encoding="utf-8")[: 2 * tgt_len + 40]
     ids = torch.as_tensor(run.vocab.encode(text), dtype=torch.long)
     cut = tgt_len + 1  # the first call's inputs fill one segment: the second starts where one pass does
@@ -383,7 +384,7 @@ def test_a_text_read_in_two_session_calls_scores_as_one_pass(server, run):
         second = c.post(f"/v1/sessions/{sid}/score", json={"text": text[cut:]}).json()
         assert first["tokens"][0]["logprob"] is None and second["tokens"][0]["logprob"] is not None
         read = [t["logprob"] for t in first["tokens"][1:] + second["tokens"]]
-        one_pass = score_tokens(run.model, ids, tgt_len=tgt_len, span=span).losses
+        one_pass = score_tokens(run.model, ids, lengths).losses
         assert read == pytest.approx((-one_pass).tolist(), abs=1e-5)
         # the memory mattered: the second part alone scores otherwise
         alone = c.post("/v1/score", json={"text": text[cut - 1 :]}).json()
@@ -408,8 +409,8 @@ def test_a_session_completion_continues_what_it_read(server, run):
         # what it generated joined the memory: the next text scores as the continuation of all of it
         after = c.post(f"/v1/sessions/{sid}/score", json={"text": "xt"}).json()
         whole = torch.as_tensor(run.vocab.encode(read + prompt + generated + "xt"), dtype=torch.long)
-        tgt_len, span = scoring_lengths(run.config, memory=True)
-        losses = score_tokens(run.model, whole, tgt_len=tgt_len, span=span).losses
+        lengths = scoring_lengths(run.config, memory=True)
+        losses = score_tokens(run.model, whole, lengths).losses
         assert [t["logprob"] for t in after["tokens"]] == pytest.approx((-losses[-2:]).tolist(), abs=1e-5)
         # a completion with no prompt continues from the last token read
         more = c.post(f"/v1/sessions/{sid}/completions", json={"max_tokens": 3, "temperature": 0}).json()

@@ -16,7 +16,7 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import train_char_run  # noqa: E402
-from txl.evaluate import segment_losses  # noqa: E402
+from txl.evaluate import EvalSettings, segment_losses  # noqa: E402
 from txl.inference import GenerationSettings, generate  # noqa: E402
 from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402
@@ -54,9 +54,9 @@ def _session(client, *texts: str) -> str:
 
 def _one_pass(run, text: str) -> list[float]:
     """-loss of every token of ``text`` but the first, read in one pass with the evaluation lengths."""
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
     ids = torch.as_tensor(run.vocab.encode(text), dtype=torch.long)
-    return (-score_tokens(run.model, ids, tgt_len=tgt_len, span=span).losses).tolist()
+    return (-score_tokens(run.model, ids, lengths).losses).tolist()
 
 
 def test_a_session_echo_scores_the_prompt_after_what_it_read(client, run):
@@ -77,10 +77,13 @@ def test_a_session_completion_continues_the_last_positions_of_a_long_reading(cli
     choice = client.post(f"/v1/sessions/{sid}/completions", json=body).json()["choices"][0]
     # the reference: the reading's memory (48 positions of READ but its last token), its last 16 kept, then
     # READ's last token and the prompt fed after it, and greedy generation
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
+    tgt_len, span = lengths.tgt_len, lengths.span
     ids = torch.as_tensor(run.vocab.encode(READ), dtype=torch.long)
     segments = list(
-        segment_losses(run.model, ids[None], tgt_len=tgt_len, span=span, batch_size=1, reuse_keys=False)
+        segment_losses(
+            run.model, ids[None], EvalSettings(tgt_len=tgt_len, span=span, batch_size=1, reuse_keys=False)
+        )
     )
     memory = segments[-1].memory
     assert memory.length == 48 > run.config.model.mem_len == 16

@@ -123,7 +123,7 @@ def _eval_seconds(config: RunConfig, data: PreparedData) -> float:
     length."""
     import torch
 
-    from .evaluate import evaluate
+    from .evaluate import EvalSettings, evaluate
     from .model import TransformerXL
 
     torch.manual_seed(0)
@@ -133,7 +133,7 @@ def _eval_seconds(config: RunConfig, data: PreparedData) -> float:
     valid = data.splits["valid"]
     piece = valid[: min(len(valid), 2 * ec.batch_size * tgt_len + 1)]
     start = time.perf_counter()
-    evaluate(model, piece, batch_size=ec.batch_size, tgt_len=tgt_len, span=eval_span(config))
+    evaluate(model, piece, EvalSettings(batch_size=ec.batch_size, tgt_len=tgt_len, span=eval_span(config)))
     seconds = time.perf_counter() - start
     total = sum(len(data.splits[s]) for s in ("valid", "test") if s in data.splits)
     return seconds * total / max(len(piece), 1)

@@ -1,56 +1,54 @@
-"""The one evaluation protocol and its reductions. :func:`segment_losses` reads a token array as B streams in
-segments, carrying memory from segment to segment (in a key/value cache where it applies), and yields the
-per-token losses of each segment; every target is predicted exactly once. :func:`evaluate` reduces them to
-perplexity and bits per token over a split, ``analysis.context``, ``serve``'s scoring and the ONNX check read
-the same segments. Evaluation may use other lengths than training (a longer memory, another segment length,
-a clamp, same-length attention), given as a :class:`~txl.config.Span`. Given the token indices where
-documents begin (``starts``), each document attends to nothing before it (``data.documents = "reset"``);
-without them the streams read on across documents. :func:`ragged_losses` (and :func:`score_rows`, its
-values joined per row) reads many rows of different lengths the same way, rows leaving the batch as they
-finish (lm-evaluation-harness requests, a server's prompts and sessions). :func:`evaluate_run` evaluates a
-trained run folder (what ``txl eval`` does). :func:`eval_mode` is the one way to switch a model to evaluation
-for a while.
+"""The one evaluation protocol (:func:`segment_losses`, segments with memory; :func:`ragged_losses`, rows of
+different lengths) and its reductions (:func:`evaluate`, :func:`evaluate_run`), set by :class:`EvalSettings`."""
 
-Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
-"""
+# Dimensions: N tokens, B streams (rows), T segment length, V vocabulary.
 
 from __future__ import annotations
 
 import math
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import ConfigError, Span, TransformerXLConfig, eval_span, first_set
+from .config import (
+    ConfigError,
+    EvalLengths,
+    Span,
+    TransformerXLConfig,
+    eval_lengths,
+    first_set,
+    has_memory,
+    positive_int,
+)
 from .data import SegmentStream, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
 from .limits import cache_bytes, check_fits
-from .model import KVCache, Memory, TransformerXL
+from .model import KVCache, Memory, TransformerXL, eval_mode
 from .runs import load_run
 
 __all__ = [
     "EvalResult",
+    "EvalSettings",
     "RaggedSettings",
     "RowScores",
     "RowSegment",
     "SegmentLosses",
     "bits_name",
     "check_eval_fits",
-    "eval_mode",
     "eval_rows",
     "evaluate",
     "evaluate_run",
     "metrics_from_loss",
+    "perplexity",
     "ragged_losses",
     "score_rows",
     "segment_losses",
@@ -81,11 +79,16 @@ def bits_name(kind: str | None) -> str | None:
     return {"char": "bpc", "byte": "bpb"}.get(kind or "")
 
 
+def perplexity(loss: float) -> float:
+    """The perplexity of a mean loss in nats, exp(loss) (inf when it overflows)."""
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
 def metrics_from_loss(loss: float, *, kind: str | None = None) -> dict[str, float]:
-    """Perplexity exp(loss) (inf when it overflows) and bits per token loss / ln 2 (also under
-    :func:`bits_name` of the vocabulary's ``kind``)."""
+    """Perplexity (:func:`perplexity`) and bits per token loss / ln 2 (also under :func:`bits_name` of the
+    vocabulary's ``kind``)."""
     bits = loss / math.log(2)
-    out = {"ppl": math.exp(loss) if loss < 700 else float("inf"), "bits_per_token": bits}
+    out = {"ppl": perplexity(loss), "bits_per_token": bits}
     name = bits_name(kind)
     if name:
         out[name] = bits
@@ -104,51 +107,99 @@ def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
     return min(batch_size, -(-used // world_size) * world_size)
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a token array or a run is evaluated (:func:`segment_losses`, :func:`evaluate`,
+    :func:`evaluate_run`); derive others with ``dataclasses.replace``."""
+
+    tgt_len: int | None = None
+    """T, the targets per segment. :func:`segment_losses` and :func:`evaluate` need it; for
+    :func:`evaluate_run` None is the run's (:func:`~txl.config.eval_lengths`)."""
+    batch_size: int | None = None
+    """B, the streams read side by side. :func:`segment_losses` and :func:`evaluate` need it; for
+    :func:`evaluate_run` None is the run's ``eval.batch_size``."""
+    span: Span | None = None
+    """The memory length, clamp and same-length attention (None: the model's; for :func:`evaluate_run`, the
+    run's evaluation span)."""
+    mem_len: int | None = None
+    """For :func:`evaluate_run` only: the memory length (None: the run's ``[eval]``, else the model's), as
+    :func:`~txl.config.eval_lengths` resolves it (a memory of 0 turns off same-length attention not given)."""
+    clamp_len: int | None = None
+    """For :func:`evaluate_run` only: the clamp (None: the run's, as ``mem_len``)."""
+    same_length: bool | None = None
+    """For :func:`evaluate_run` only: same-length attention (None: the run's, as ``mem_len``)."""
+    max_tokens: int | None = None
+    """Evaluate only this many targets (a prefix of the tokens); None: all of them."""
+    device: torch.device | str | None = None
+    """Where to compute (None: the model's device; for :func:`evaluate_run`, "cpu")."""
+    precision: str = "fp32"
+    """"fp32", or "bf16" (autocast)."""
+    reuse_keys: bool = True
+    """Keep the keys and values of remembered positions in a :class:`~txl.model.KVCache` (a Transformer-XL
+    in float32) instead of projecting the memory again at every segment; the losses are the same up to
+    float rounding. False recomputes them, as training does."""
+    log_probs: bool = False
+    """:func:`segment_losses` also returns the (B, T, V) log-probabilities (and the memory)."""
+    progress: bool = False
+    """Show a progress bar (:func:`evaluate`)."""
+    name: str | None = None
+    """What the tokens are called in errors and on the progress bar (None: "tokens", "eval" for
+    :func:`evaluate`, the split for :func:`evaluate_run`)."""
+
+    def __post_init__(self) -> None:
+        for field in ("tgt_len", "batch_size"):
+            if getattr(self, field) is not None:
+                positive_int(getattr(self, field), field)
+        if self.span is not None and self.given_lengths():
+            raise ConfigError("span: give a whole span or mem_len, clamp_len and same_length, not both")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision: must be 'fp32' or 'bf16', got {self.precision!r}")
+
+    def given_lengths(self) -> dict[str, Any]:
+        """The lengths given one by one (mem_len, clamp_len, same_length), by name."""
+        lengths = {"mem_len": self.mem_len, "clamp_len": self.clamp_len, "same_length": self.same_length}
+        return {k: v for k, v in lengths.items() if v is not None}
+
+    def resolved(self, model: TransformerXL) -> tuple[int, int, Span]:
+        """T, B and the span to read with: ``span`` else the model's (lengths one by one need a run)."""
+        if self.tgt_len is None or self.batch_size is None:
+            raise ValueError("tgt_len and batch_size must be given to evaluate a token array")
+        if self.given_lengths():
+            raise ValueError("mem_len, clamp_len and same_length apply to a run (evaluate_run); give a span")
+        return self.tgt_len, self.batch_size, model.config.span if self.span is None else self.span
+
+
 def check_eval_fits(
     config: TransformerXLConfig,
+    settings: EvalSettings,
     *,
-    batch_size: int,
     rows: int,
-    tgt_len: int,
     steps: int,
     mem_len: int,
     cached: bool,
-    device: torch.device | str = "cpu",
 ) -> None:
     """Refuse (:class:`~txl.errors.SizeError`, one line) an evaluation whose largest buffers cannot fit on
-    ``device``, before any is allocated: B ``rows`` (of the ``batch_size`` asked for, those the data fills),
-    segments of T ``steps`` attending to K keys (the whole memory from the start when ``cached``, a memory that
-    grows with the stream otherwise), the hidden states and keys and values of every layer,
-    N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities, 2 x (B, H, T, K), and the
-    log-probabilities (B, T, V), in float32; with a cache at least what the cache allocates
-    (:func:`txl.limits.cache_bytes`). A lower bound: what it refuses would fail."""
+    ``settings.device``, before any is allocated: B ``rows`` (of the ``settings.batch_size`` asked for, those
+    the data fills), segments of T ``steps`` attending to K keys (the whole memory ``mem_len`` from the start
+    when ``cached``, a memory that grows with the stream otherwise), the hidden states and keys and values of
+    every layer, N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities, 2 x (B, H, T, K), and
+    the log-probabilities (B, T, V), in float32; with a cache at least what the cache allocates
+    (:func:`txl.limits.cache_bytes`). A lower bound: what it refuses would fail. The message names
+    ``settings.tgt_len``."""
     keys = mem_len + steps
     width = config.d_model + 2 * config.n_head * config.d_head
     floats = config.n_layer * rows * keys * width + 2 * rows * config.n_head * steps * keys
     need = 4 * (floats + rows * steps * config.vocab_size)
     if cached:
         need = max(need, cache_bytes(config, batch=rows, mem_len=mem_len))
-    filled = "" if rows == batch_size else f" ({rows} rows filled)"
+    filled = "" if rows == settings.batch_size else f" ({rows} rows filled)"
     check_fits(
         need,
-        setting=f"--batch-size {batch_size}{filled} --tgt-len {tgt_len} --mem-len {mem_len}",
+        setting=f"--batch-size {settings.batch_size}{filled} --tgt-len {settings.tgt_len} --mem-len {mem_len}",
         what=f"the memory and attention of {config.n_layer} layers, d_model {config.d_model}",
         lower="--batch-size, --tgt-len or --mem-len",
-        device=device,
+        device="cpu" if settings.device is None else settings.device,
     )
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` in evaluation mode inside the block; every module's own training flag restored after (also
-    when the block raises)."""
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        yield model
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
 
 
 @dataclass(frozen=True)
@@ -176,42 +227,29 @@ class SegmentLosses:
 def segment_losses(
     model: TransformerXL,
     tokens: np.ndarray | Tensor,
+    settings: EvalSettings,
     *,
-    tgt_len: int,
-    span: Span | None = None,
-    batch_size: int,
     rows: slice | None = None,
     memory: Memory | None = None,
-    device: torch.device | str | None = None,
-    precision: str = "fp32",
-    reuse_keys: bool = True,
-    log_probs: bool = False,
-    name: str = "tokens",
     starts: np.ndarray | None = None,
 ) -> Iterator[SegmentLosses]:
-    """Per-token losses of ``tokens`` segment by segment: the array (N,) cut into ``batch_size`` contiguous
-    streams (:class:`~txl.data.SegmentStream`, the last segment padded), or given as streams already, (B, L+1)
-    ids with ``batch_size`` = B, each row's inputs ``row[:-1]`` and targets ``row[1:]``. Each segment of
-    ``tgt_len`` attends over the memory of the previous ones with ``span`` (default: the model's), starting
-    from ``memory`` (default: none). ``rows``: only these streams (a data-parallel rank's share).
+    """Per-token losses of ``tokens`` segment by segment: the array (N,) cut into ``settings.batch_size``
+    contiguous streams (:class:`~txl.data.SegmentStream`, the last segment padded), or given as streams
+    already, (B, L+1) ids with B = ``settings.batch_size``, each row's inputs ``row[:-1]`` and targets
+    ``row[1:]``. Each segment of ``settings.tgt_len`` attends over the memory of the previous ones with
+    ``settings.span`` (default: the model's), starting from ``memory`` (default: none). ``rows``: only these
+    streams (a data-parallel rank's share). See :class:`EvalSettings` for ``reuse_keys`` (a key/value cache,
+    as generation uses), ``log_probs`` (also the log-probabilities and the memory), ``precision`` and
+    ``device``.
 
-    ``reuse_keys``: a Transformer-XL in float32 keeps the keys and values of the remembered positions in a
-    :class:`~txl.model.KVCache` (computed once, when the position was in the current segment) instead of
-    projecting the whole memory again at every segment, as generation does; the losses are the same up to
-    float rounding. With a memory of 512 and segments of 64 that removes 8/9 of the key and value
-    projections. False recomputes them, as training does (where the weights change between segments).
-    ``log_probs``: also the (B, T, V) log-probabilities (the losses are then read from them) and the memory.
     ``starts``: the token indices of the (N,) array where documents begin (:attr:`PreparedData.starts`): each
     segment's ``Batch.starts`` are passed to the model, so that a document attends to nothing before it (a
     memory long enough, and each document's losses are those it has read alone). The streams are then cut at
     document starts, each token kept at its offset in the segment (:class:`~txl.data.SegmentStream`), so that
-    every document is read whole in one stream and the losses do not depend on ``batch_size`` (to rounding).
-    None: read across them.
-
-    Runs in evaluation mode (restored after) without gradients; ``precision`` "bf16" runs under autocast.
-    ``name`` names the array in errors (a split)."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    span = model.config.span if span is None else span
+    every document is read whole in one stream and the losses do not depend on the batch size (to rounding).
+    None: read across them. Runs in evaluation mode (restored after) without gradients."""
+    tgt_len, batch_size, span = settings.resolved(model)
+    device = torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
     batches: Iterable[Batch]
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
         if starts is not None:
@@ -229,14 +267,19 @@ def segment_losses(
     else:
         try:
             batches = SegmentStream(
-                tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=name, starts=starts
+                tokens,
+                batch_size=batch_size,
+                tgt_len=tgt_len,
+                drop_last=False,
+                name=settings.name or "tokens",
+                starts=starts,
             )
         except ValueError as exc:
             raise TxlError(str(exc)) from None
     rows = slice(0, batch_size) if rows is None else rows
     cache = None
-    relative = model.config.attention == "relative" and span.mem_len > 0
-    if reuse_keys and not log_probs and relative and precision == "fp32":
+    log_probs, bf16 = settings.log_probs, settings.precision == "bf16"
+    if settings.reuse_keys and not log_probs and has_memory(model.config, span) and not bf16:
         dtype = next(model.parameters()).dtype
         cache = KVCache(
             model.config,
@@ -251,7 +294,7 @@ def segment_losses(
     with eval_mode(model), torch.no_grad():
         for batch in batches:
             batch = batch.select(rows).to(device)  # (B', T): these streams
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
                 # starts only where there are some: a stream without documents calls the model as before
                 extra = {} if batch.starts is None else {"starts": batch.starts}
                 if log_probs:
@@ -268,13 +311,7 @@ def segment_losses(
             loss = loss.double()  # (B', T)
             if batch.mask is not None:
                 loss = loss * batch.mask
-            yield SegmentLosses(
-                loss=loss,
-                targets=batch.targets,
-                mask=batch.mask,
-                log_probs=out.log_probs if log_probs else None,
-                memory=memory,
-            )
+            yield SegmentLosses(loss, batch.targets, batch.mask, out.log_probs if log_probs else None, memory)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -304,11 +341,9 @@ class RaggedSettings:
     """Also each row's memory after its last input (what reading on from it needs)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.tgt_len, bool) or not isinstance(self.tgt_len, int) or self.tgt_len < 1:
-            raise ValueError(f"tgt_len must be a positive integer, got {self.tgt_len!r}")
-        size = self.batch_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"batch_size must be a positive integer or None, got {size!r}")
+        positive_int(self.tgt_len, "tgt_len")
+        if self.batch_size is not None:
+            positive_int(self.batch_size, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -387,7 +422,7 @@ def ragged_losses(
     starts: list[Memory | None] = [None] * len(ids) if memory is None else list(memory)
     if len(starts) != len(ids):
         raise ValueError(f"memory: {len(starts)} memories given for {len(ids)} rows")
-    cached = model.config.attention == "relative" and span.mem_len > 0
+    cached = has_memory(model.config, span)
     if not cached and any(m is not None for m in starts):
         raise ValueError("memory: the model reads without memory here (vanilla baseline or mem_len 0)")
     if any(m is not None and m.batch_size != 1 for m in starts):
@@ -620,71 +655,48 @@ def _row_memory(cache: KVCache, b: int, *, before: int, t: int, n: int) -> Memor
 def evaluate(
     model: TransformerXL,
     tokens: np.ndarray | torch.Tensor,
+    settings: EvalSettings,
     *,
-    batch_size: int,
-    tgt_len: int,
-    span: Span | None = None,
-    device: torch.device | str | None = None,
-    precision: str = "fp32",
-    max_tokens: int | None = None,
-    progress: bool = False,
-    desc: str = "eval",
     group: Distributed = SINGLE,
-    reuse_keys: bool = True,
     starts: np.ndarray | None = None,
 ) -> EvalResult:
     """Mean negative log-likelihood of every token of ``tokens`` (after the first) given all before it in
-    its stream, carrying memory across segments (:func:`segment_losses`, whose ``reuse_keys`` this passes
-    on). ``span`` sets the memory length, clamp and same-length attention (default: the model's).
-    ``max_tokens`` limits evaluation to a prefix. Under data parallelism (``group``) every process reads its
+    its stream, carrying memory across segments (:func:`segment_losses`, read as ``settings`` says; its
+    ``max_tokens`` limits evaluation to a prefix). Under data parallelism (``group``) every process reads its
     rows (streams) of each batch, with their memory, and the loss sums and token counts are added up over the
     processes: the figure is the one process's. Only the rows the data fills are made (:func:`eval_rows`),
     and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`).
     ``starts``: where documents begin (token indices of ``tokens``): each then attends to nothing before it
     (see :func:`segment_losses`)."""
-    group.rows(batch_size, field="eval.batch_size")  # the setting as given must split over the processes
-    if max_tokens is not None:
-        tokens = tokens[: max_tokens + 1]
+    tgt_len, asked, span = settings.resolved(model)
+    group.rows(asked, field="eval.batch_size")  # the setting as given must split over the processes
+    if settings.max_tokens is not None:
+        tokens = tokens[: settings.max_tokens + 1]
         if starts is not None:
             starts = starts[starts < len(tokens)]
-    span = model.config.span if span is None else span
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    asked = batch_size
-    batch_size = eval_rows(len(tokens), batch_size, world_size=group.world_size)
-    cached = reuse_keys and model.config.attention == "relative" and span.mem_len > 0 and precision == "fp32"
-    if batch_size >= 1 and tgt_len >= 1 and len(tokens) >= 2:
+    device = torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
+    settings = replace(settings, span=span, device=device, name=settings.name or "eval")
+    batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
+    cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
+    if len(tokens) >= 2:
         row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
         check_eval_fits(
             model.config,
-            batch_size=asked,
+            settings,
             rows=batch_size,
-            tgt_len=tgt_len,
             steps=min(tgt_len, row_len),
             # a cache holds the whole memory from the start; a memory grows with the stream
             mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
             cached=cached,
-            device=device,
         )
     rows = group.rows(batch_size, field="eval.batch_size")
-    segments = segment_losses(
-        model,
-        tokens,
-        tgt_len=tgt_len,
-        span=span,
-        batch_size=batch_size,
-        rows=rows,
-        device=device,
-        precision=precision,
-        reuse_keys=reuse_keys,
-        name=desc,
-        starts=starts,
-    )
+    filled = replace(settings, batch_size=batch_size)
+    segments = segment_losses(model, tokens, filled, rows=rows, starts=starts)
     n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    for segment in tqdm(
-        segments, total=n_batches, desc=desc, disable=not progress or not group.is_main, leave=False
-    ):
+    shown = settings.progress and group.is_main
+    for segment in tqdm(segments, total=n_batches, desc=settings.name, disable=not shown, leave=False):
         count += segment.count
         total += segment.loss.sum()
     total = group.all_reduce_sum(total)
@@ -695,55 +707,54 @@ def evaluate(
 
 def evaluate_run(
     run_dir: Path,
+    settings: EvalSettings = EvalSettings(),
     *,
     split: str = "valid",
     checkpoint: str = "best",
-    device: str = "cpu",
-    tgt_len: int | None = None,
-    batch_size: int | None = None,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
-    max_tokens: int | None = None,
-    progress: bool = False,
     documents: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a trained run over a whole split (its first ``max_tokens``) and return one record: the run,
-    split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint`` is
-    named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
+    """Evaluate a trained run over a whole split (its first ``settings.max_tokens``) and return one record: the
+    run, split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint``
+    is named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
     ``[eval]`` section, else its training segment (``tgt_len``) or its model's lengths (see
-    :func:`~txl.config.eval_span`, which also says what a memory of 0 does to same-length attention).
+    :func:`~txl.config.eval_lengths`, which also says what a memory of 0 does to same-length attention).
     ``documents``: "continue" or "reset" (see ``data.documents``; None: the run's own)."""
+    device = "cpu" if settings.device is None else str(settings.device)
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
     config = run.config
-    span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
-    tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
-    batch_size = first_set(batch_size, config.eval.batch_size)
+    if settings.span is None:
+        lengths = eval_lengths(config, tgt_len=settings.tgt_len, **settings.given_lengths())
+    else:
+        lengths = EvalLengths(eval_lengths(config, tgt_len=settings.tgt_len).tgt_len, settings.span)
     if documents is not None and documents not in ("continue", "reset"):
         raise ConfigError(f"--documents: must be 'continue' or 'reset', got {documents!r}")
     documents = first_set(documents, config.data.documents)
     data = prepare_data(config.data, vocab=run.vocab, splits=(split,))
     check_documents(data.corpus, documents, name="--documents")
     tokens = data.splits[split]
-    result = evaluate(
-        run.model,
-        tokens,
-        batch_size=batch_size,
-        tgt_len=tgt_len,
-        span=span,
-        max_tokens=max_tokens,
-        progress=progress,
-        desc=split,
-        starts=data.starts.get(split) if documents == "reset" else None,
+    used = replace(
+        settings,
+        tgt_len=lengths.tgt_len,
+        batch_size=first_set(settings.batch_size, config.eval.batch_size),
+        span=lengths.span,
+        mem_len=None,
+        clamp_len=None,
+        same_length=None,
+        device=None,  # the model's, where it was loaded
+        name=settings.name or split,
     )
+    result = evaluate(
+        run.model, tokens, used, starts=data.starts.get(split) if documents == "reset" else None
+    )
+    span = lengths.span
     return {
         "run": str(run_dir),
         "split": split,
         "checkpoint": run.checkpoint.name,
         "step": run.step,
         **result.as_dict(kind=run.vocab.kind),
-        "tgt_len": tgt_len,
-        "batch_size": batch_size,
+        "tgt_len": used.tgt_len,
+        "batch_size": used.batch_size,
         "mem_len": span.mem_len,
         "clamp_len": span.clamp_len,
         "same_length": span.same_length,

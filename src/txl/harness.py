@@ -1,16 +1,10 @@
-"""A trained txl run as a model of EleutherAI's lm-evaluation-harness (``lm-eval``), registered as ``"txl"``:
-log-likelihoods read segment by segment with the memory, rolling log-likelihoods with every token predicted
-once (both through :func:`txl.evaluate.ragged_losses`), and generation through txl's decoding core. What the harness asks and how it scores is the harness's;
-reading a run is :mod:`txl.runs`', the model's maths :mod:`txl.model`'s, decoding :mod:`txl.inference`'s.
+"""A trained txl run as a model of EleutherAI's lm-evaluation-harness, registered as ``"txl"`` (needs the
+``harness`` extra; without it, importing this module raises :class:`HarnessMissing`, naming the extra).
+What the harness asks and how it scores is the harness's; reading rows is :mod:`txl.evaluate`'s."""
 
-Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
-
-    lm = TxlLM(run="runs/shakespeare", mem_len=192)
-    lm_eval.simple_evaluate(model=lm, tasks=["txl_wikitext_local"], task_manager=task_manager())
-
-Needs the ``harness`` extra (``pip install 'transformer-xl[harness]'``); without it, importing this module raises
-:class:`HarnessMissing`, whose message names the extra.
-"""
+# Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
+#     lm = TxlLM(run="runs/shakespeare", mem_len=192)
+#     lm_eval.simple_evaluate(model=lm, tasks=["txl_wikitext_local"], task_manager=task_manager())
 
 from __future__ import annotations
 
@@ -19,20 +13,21 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .config import ConfigError, eval_span, first_set
+from .config import ConfigError, eval_lengths, first_set
 from .data.vocab import start_token
 from .errors import TxlError
-from .evaluate import RaggedSettings, eval_mode, score_rows
+from .evaluate import RaggedSettings, score_rows
 from .harness_tasks import check_task_names
 from .inference import GenerationSettings, draw, rows_for
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
+from .model import eval_mode
 from .runs import load_run
 
 
@@ -51,6 +46,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "TxlLM",
+    "ModelArgs",
     "HarnessMissing",
     "HarnessSettings",
     "run_tasks",
@@ -105,6 +101,56 @@ def _bool_arg(name: str, value: Any) -> bool | None:
     raise ConfigError(f"model_args {name}: must be true or false, got {value!r}")
 
 
+@dataclass(frozen=True)
+class ModelArgs:
+    """How :class:`TxlLM` reads a run: lm-eval's ``model_args``."""
+
+    checkpoint: str = "best"
+    """As :func:`txl.runs.find_checkpoint` names them."""
+    device: str = "cpu"
+    """Where the model runs."""
+    batch_size: int | None = None
+    """Requests read together (None: the run's ``eval.batch_size``)."""
+    mem_len: int | None = None
+    """The memory length (None: the run's evaluation lengths, :func:`~txl.config.eval_lengths`); 0 reads
+    without memory, the harness's way for a fixed-context model."""
+    tgt_len: int | None = None
+    """The segment length (None: the run's, as ``mem_len``)."""
+    clamp_len: int | None = None
+    """The clamp (None: the run's, as ``mem_len``)."""
+    same_length: bool | None = None
+    """Same-length attention (None: the run's, as ``mem_len``)."""
+    seed: int = 1234
+    """The seed of sampled generations."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch_size", 1), ("mem_len", 0), ("tgt_len", 1), ("clamp_len", 1), ("seed", 0)):
+            _int_arg(name, getattr(self, name), low=low)
+        _bool_arg("same_length", self.same_length)
+
+    @classmethod
+    def parse(cls, model_args: dict[str, Any]) -> ModelArgs:
+        """The fields given as keywords, values as given or as text (``--model_args mem_len=0``);
+        ``max_batch_size`` (which ``simple_evaluate`` passes) is dropped: batches here have the given size."""
+        args = {k: v for k, v in model_args.items() if k != "max_batch_size" and v is not None}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ConfigError(f"model_args {unknown[0]}: unknown (known: {', '.join(sorted(known))})")
+        if str(args.get("batch_size")).startswith("auto"):
+            raise ConfigError("model_args batch_size: 'auto' is not supported; give a number of requests")
+        ints = {"batch_size": 1, "mem_len": 0, "tgt_len": 1, "clamp_len": 1, "seed": 0}
+        parsed: dict[str, Any] = {k: _int_arg(k, v, low=ints[k]) if k in ints else v for k, v in args.items()}
+        if "same_length" in parsed:
+            parsed["same_length"] = _bool_arg("same_length", parsed["same_length"])
+        typed: dict[str, Any] = {k: str(v) if k in ("checkpoint", "device") else v for k, v in parsed.items()}
+        return cls(**typed)
+
+    def lengths(self) -> dict[str, Any]:
+        """The lengths to read with, as :func:`~txl.config.eval_lengths` takes them."""
+        return {k: getattr(self, k) for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The harness's model
 # ---------------------------------------------------------------------------------------------------------
@@ -143,39 +189,22 @@ class TxlLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(
-        self,
-        run: str | Path,
-        checkpoint: str = "best",
-        device: str = "cpu",
-        batch_size: int | str | None = None,
-        mem_len: int | str | None = None,
-        tgt_len: int | str | None = None,
-        clamp_len: int | str | None = None,
-        same_length: bool | str | None = None,
-        max_batch_size: int | None = None,
-        seed: int | str = 1234,
-    ) -> None:
+    def __init__(self, run: str | Path, settings: ModelArgs | None = None, **model_args: Any) -> None:
+        """``settings``, or the same fields as keywords (``model_args``, as lm-eval passes them: text values
+        parsed, see :meth:`ModelArgs.parse`)."""
         super().__init__()
-        del max_batch_size  # passed by simple_evaluate; batches here have the given size
-        if str(batch_size).startswith("auto"):
-            raise ConfigError("model_args batch_size: 'auto' is not supported; give a number of requests")
-        loaded = load_run(Path(run), checkpoint=str(checkpoint), device=str(device))
+        if settings is not None and model_args:
+            raise ConfigError("model_args: give a ModelArgs or keywords, not both")
+        asked = ModelArgs.parse(model_args) if settings is None else settings
+        loaded = load_run(Path(run), checkpoint=asked.checkpoint, device=asked.device)
         config = loaded.config
         self.run = loaded
         self.model = loaded.model.eval()
         self.vocab = loaded.vocab
-        self.span = eval_span(
-            config,
-            mem_len=_int_arg("mem_len", mem_len, low=0),
-            clamp_len=_int_arg("clamp_len", clamp_len, low=1),
-            same_length=_bool_arg("same_length", same_length),
-        )
-        self.tgt_len = first_set(
-            _int_arg("tgt_len", tgt_len, low=1), config.eval.tgt_len, config.train.tgt_len
-        )
-        self.batch_size = first_set(_int_arg("batch_size", batch_size, low=1), config.eval.batch_size)
-        self.seed = first_set(_int_arg("seed", seed, low=0), 1234)
+        lengths = eval_lengths(config, **asked.lengths())
+        self.span, self.tgt_len = lengths.span, lengths.tgt_len
+        self.batch_size = first_set(asked.batch_size, config.eval.batch_size)
+        self.seed = asked.seed
         self.start = start_token(self.vocab)
         self.unknown: dict[str, None] = {}
         """The distinct words read as ``<unk>`` since the last warning (word vocabularies)."""

@@ -19,8 +19,7 @@ from tqdm.auto import tqdm
 # Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, N layers.
 from ..config import ConfigError, Span, eval_lengths, positive_int
 from ..errors import TxlError
-from ..evaluate import eval_mode
-from ..model import TransformerXL
+from ..model import TransformerXL, eval_mode
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
 from ..runs import load_run
 from .common import split_tokens

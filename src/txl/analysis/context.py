@@ -15,8 +15,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, Span, positive_int
-from ..evaluate import SegmentLosses, eval_mode, segment_losses
-from ..model import TransformerXL
+from ..evaluate import EvalSettings, SegmentLosses, segment_losses
+from ..model import TransformerXL, eval_mode
 
 # Dimensions: N tokens, B rows, L row length, T segment or window length, W windows in a chunk, S stride,
 # D model size, V vocabulary.
@@ -83,7 +83,7 @@ class WindowSettings:
 
 @contextmanager
 def _evaluating(model: TransformerXL) -> Iterator[None]:
-    """Eval mode (:func:`txl.evaluate.eval_mode`) and inference mode inside."""
+    """Eval mode (:func:`txl.model.eval_mode`) and inference mode inside."""
     with eval_mode(model), torch.inference_mode():
         yield
 
@@ -131,14 +131,10 @@ def _stream(
         + torch.arange(length + 1, device=device)[None, :]
     )
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
-    segments = segment_losses(
-        model,
-        padded,
-        tgt_len=settings.tgt_len,
-        span=settings.span,
-        batch_size=rows,
-        log_probs=not with_targets,
+    evaluation = EvalSettings(
+        tgt_len=settings.tgt_len, span=settings.span, batch_size=rows, log_probs=not with_targets
     )
+    segments = segment_losses(model, padded, evaluation)
     pieces = []
     with torch.inference_mode():
         steps = math.ceil(length / settings.tgt_len)

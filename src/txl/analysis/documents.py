@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, eval_lengths, first_set, positive_int
 from ..data import SegmentStream, check_documents, prepare_data
-from ..evaluate import eval_rows, metrics_from_loss, segment_losses
+from ..evaluate import EvalSettings, eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
 from .context import StreamSettings
@@ -209,16 +209,10 @@ def token_losses(
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0
-    segments = segment_losses(
-        model,
-        tokens,
-        tgt_len=settings.tgt_len,
-        span=settings.span,
-        batch_size=rows,
-        device=device,
-        starts=starts,
-        name=settings.desc,
+    evaluation = EvalSettings(
+        tgt_len=settings.tgt_len, span=settings.span, batch_size=rows, device=device, name=settings.desc
     )
+    segments = segment_losses(model, tokens, evaluation, starts=starts)
     steps = -(-where.shape[1] // settings.tgt_len)
     bar = tqdm(segments, total=steps, desc=settings.desc, disable=not settings.progress, leave=False)
     for segment in bar:

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, SameLengthOff, Span, eval_lengths, first_set, positive_int, span_of
 from ..errors import TxlError
-from ..evaluate import EvalResult, evaluate
+from ..evaluate import EvalResult, EvalSettings, evaluate
 from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
@@ -214,15 +214,11 @@ def memory_sweep(model: TransformerXL, tokens: np.ndarray, settings: SweepSettin
     attention_len = settings.train_attention_len or model.config.mem_len + tgt_len
 
     def run(span: Span) -> EvalResult:
-        return evaluate(
-            model,
-            tokens,
-            batch_size=settings.batch_size,
-            tgt_len=tgt_len,
-            span=span,
-            progress=settings.progress,
-            desc=f"mem_len {span.mem_len}, clamp_len {span.clamp_len}",
+        desc = f"mem_len {span.mem_len}, clamp_len {span.clamp_len}"
+        evaluation = EvalSettings(
+            batch_size=settings.batch_size, tgt_len=tgt_len, span=span, progress=settings.progress, name=desc
         )
+        return evaluate(model, tokens, evaluation)
 
     rows = []
     for mem_len in tqdm(settings.lengths, desc="memory lengths", disable=not settings.progress, leave=False):

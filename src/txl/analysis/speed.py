@@ -15,8 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, RunConfig, Span, TransformerXLConfig, positive_int, vanilla_baseline
-from ..evaluate import eval_mode
-from ..model import Memory, TransformerXL
+from ..model import Memory, TransformerXL, eval_mode
 from .context import WindowSettings, sliding_losses
 from .report import format_table, new_figure
 

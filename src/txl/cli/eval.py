@@ -9,26 +9,19 @@ from typing import Any
 from . import _positive_int
 from .command import Command
 from .common import check_device, check_same_length, figures, library_warnings
-from .options import CHECKPOINT_HELP, add_span_flags, given
+from .options import CHECKPOINT_HELP, add_span_flags, given, settings_from
 
 __all__ = ["EVAL"]
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate_run
+    from ..evaluate import EvalSettings, evaluate_run
 
     check_device(args.device)
     check_same_length(args)
     with library_warnings(args):
-        record = evaluate_run(
-            args.run_dir,
-            split=args.split,
-            checkpoint=args.checkpoint,
-            device=args.device,
-            max_tokens=args.max_tokens,
-            progress=not args.quiet,
-            **given(args, "tgt_len", "batch_size", "mem_len", "clamp_len", "same_length", "documents"),
-        )
+        settings = settings_from(EvalSettings, args, progress=not args.quiet)
+        record = evaluate_run(args.run_dir, settings, **given(args, "split", "checkpoint", "documents"))
     print(json.dumps(record) if args.json else _eval_summary(record))
     return 0
 

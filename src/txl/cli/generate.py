@@ -76,31 +76,6 @@ class _PromptFlag(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
-def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
-    """Refuse a memory or generation length whose buffers cannot fit, before the first token."""
-    from ..limits import TOKEN_BYTES, cache_bytes, check_fits
-
-    model = run.config.model
-    param = next(run.model.parameters())
-    mem_len = model.mem_len if args.mem_len is None else args.mem_len
-    if model.attention == "relative" and mem_len > 0:
-        setting = f"--mem-len {mem_len}" if args.mem_len is not None else f"the model's mem_len {mem_len}"
-        check_fits(
-            cache_bytes(model, batch=1, mem_len=mem_len, dtype_bytes=param.element_size()),
-            setting=setting,
-            what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
-            lower="--mem-len",
-            device=param.device,
-        )
-    new = run.config.generate.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
-    check_fits(
-        new * TOKEN_BYTES,
-        setting=f"--max-new-tokens {new}",
-        what="the tokens of one sample",
-        lower="--max-new-tokens",
-    )
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -113,7 +88,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--greedy decoding has temperature 0, not {args.temperature}")
     check_device(args.device)
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
-    _check_generation_fits(args, run)
     if not prompts:
         prompts = [default_prompt(run)]
     rows = len(prompts) * args.num_samples
@@ -156,6 +130,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             print("".join(pieces))
         print("txl: interrupted", file=sys.stderr)
         return 128 + stop.signum
+    except TxlError:  # a size that cannot fit (SizeError, before the first token): as it is
+        raise
     except (
         ValueError
     ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)

@@ -10,7 +10,7 @@ from ..config import ConfigError
 from . import _non_negative_int, _positive_int
 from .command import Command
 from .common import check_device, check_same_length, library_warnings
-from .options import given
+from .options import settings_from
 
 __all__ = ["HARNESS"]
 
@@ -24,7 +24,7 @@ def _cmd_harness(args: argparse.Namespace) -> int:
     check_same_length(args)
     if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
         check_task_names(tasks, args.include_path)
-    from ..harness import HarnessSettings, TxlLM, run_tasks
+    from ..harness import HarnessSettings, ModelArgs, TxlLM, run_tasks
 
     check_device(args.device)
     metadata = None
@@ -36,22 +36,9 @@ def _cmd_harness(args: argparse.Namespace) -> int:
         if not isinstance(metadata, dict):
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r}")
     with library_warnings(args):
-        lm = TxlLM(
-            run=args.run_dir,
-            checkpoint=args.checkpoint,
-            device=args.device,
-            seed=args.seed,
-            **given(args, "batch_size", "mem_len", "tgt_len", "clamp_len", "same_length"),
-        )
-        settings = HarnessSettings(
-            tasks=tasks,
-            include_path=tuple(args.include_path),
-            num_fewshot=args.num_fewshot,
-            limit=args.limit,
-            metadata=metadata,
-            seed=args.seed,
-        )
-        results = run_tasks(lm, settings)
+        lm = TxlLM(args.run_dir, settings_from(ModelArgs, args))
+        asked = {"tasks": tasks, "include_path": tuple(args.include_path), "metadata": metadata}
+        results = run_tasks(lm, settings_from(HarnessSettings, args, **asked))
     record = {
         "run": str(args.run_dir),
         "checkpoint": lm.run.checkpoint.name,

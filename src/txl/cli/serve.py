@@ -10,7 +10,7 @@ from ..config import ConfigError
 from . import _non_negative_int, _port, _positive_float, _positive_int
 from .command import Command
 from .common import check_device
-from .options import CHECKPOINT_HELP
+from .options import CHECKPOINT_HELP, given, settings_from
 
 __all__ = ["SERVE"]
 
@@ -25,24 +25,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
     if key is not None and not key.strip():
         raise ConfigError("--api-key must not be empty")
-    settings = ServeSettings(
-        max_tokens=args.max_tokens_limit,
-        max_prompt_chars=args.max_prompt_chars,
-        queue_size=args.queue_size,
-        max_batch=args.max_batch,
-        max_sessions=args.max_sessions,
-        session_ttl=args.session_ttl,
-        api_key=key,
-    )
-    serve(
-        Path(args.run_dir),
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        checkpoint=args.checkpoint,
-        settings=settings,
-        log_level=args.log_level,
-    )
+    limits = settings_from(ServeSettings, args, max_tokens=args.max_tokens_limit, api_key=key)
+    serve(Path(args.run_dir), settings=limits, **given(args, "device", "checkpoint"))
     return 0
 
 

@@ -1,7 +1,10 @@
-"""lm-evaluation-harness tasks over the corpora txl reads from local files (no network): the YAML files here
-are found by :func:`txl.harness.task_manager`; :mod:`.wikitext_local` builds their documents. And the names
-that task folders define, read from the YAML text without importing lm-eval: ``txl harness`` checks its
-``--tasks`` with :func:`check_task_names` before anything heavy loads."""
+"""lm-evaluation-harness tasks over corpora read from local files, found by :func:`txl.harness.task_manager`,
+and the names task folders define, read from their YAML text without importing lm-eval."""
+
+# lm-evaluation-harness tasks over the corpora txl reads from local files (no network): the YAML files here
+# are found by :func:`txl.harness.task_manager`; :mod:`.wikitext_local` builds their documents. And the names
+# that task folders define, read from the YAML text without importing lm-eval: ``txl harness`` checks its
+# ``--tasks`` with :func:`check_task_names` before anything heavy loads.
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The decoding loop: rows of a :class:`~txl.inference.rows.RowBatch` (or :class:`~.rows.WindowRows`) fed
-one sampled token per step, yielding a :class:`Step`; :func:`generate` and :func:`stream` are thin wrappers.
+one sampled token per step, yielding a :class:`Step`; :func:`generate` and :func:`stream` are thin wrappers."""
 
-Dimensions: B batch (rows), P prompt length (the longest), N new tokens, V vocabulary.
-"""
+# Dimensions: B batch (rows), P prompt length (the longest), N new tokens, V vocabulary.
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..evaluate import eval_mode
-from ..model import Memory
+from ..config import has_memory
+from ..model import Memory, eval_mode
 from ..model.transformer import config_of
-from .rows import RowBatch, WindowRows, has_memory, prepare_rows, rows_for
+from .rows import RowBatch, WindowRows, prepare_rows, rows_for
 from .sampling import draw
 from .settings import GenerationSettings
 
@@ -92,7 +91,7 @@ class _Decoding:
         self.rows = prepare_rows(prompt, vocab_size=config.vocab_size, device=device)
         batch = len(self.rows)
         if memory is not None:
-            if not has_memory(model, settings.span):
+            if not has_memory(config, settings.span):
                 why = (
                     "the vanilla baseline (attention='absolute')"
                     if config.attention == "absolute"

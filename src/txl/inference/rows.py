@@ -1,15 +1,17 @@
-"""Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory: one
-key/value cache and one :class:`~txl.model.decode.Decoder`) and :class:`WindowRows` (a model without memory:
-a recomputed window), with one interface. A prompt is prefilled apart (:meth:`RowBatch.prefill`, the one
-chunked-prefill recipe), then joins free rows of the batch (:meth:`RowBatch.join`, the one shared-cache
-recipe); every :meth:`RowBatch.step` decodes all rows at once, and a row that ends is freed at once.
+"""Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory,
+one key/value cache) and :class:`WindowRows` (a model without memory, a recomputed window), one interface."""
 
-Dimensions: R rows of the batch, n rows of one prefill, P prompt length (the longest), V vocabulary, M memory
-length, C context window (the memoryless path), W window width (at most C).
-
-Each row attends only to its own tokens (a document of its own: left padding is never attended, and a row
-joined into a shared cache sees only its own reach), so each row decodes exactly as it would alone.
-"""
+# Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory: one
+# key/value cache and one :class:`~txl.model.decode.Decoder`) and :class:`WindowRows` (a model without memory:
+# a recomputed window), with one interface. A prompt is prefilled apart (:meth:`RowBatch.prefill`, the one
+# chunked-prefill recipe), then joins free rows of the batch (:meth:`RowBatch.join`, the one shared-cache
+# recipe); every :meth:`RowBatch.step` decodes all rows at once, and a row that ends is freed at once.
+#
+# Dimensions: R rows of the batch, n rows of one prefill, P prompt length (the longest), V vocabulary, M memory
+# length, C context window (the memoryless path), W window width (at most C).
+#
+# Each row attends only to its own tokens (a document of its own: left padding is never attended, and a row
+# joined into a shared cache sees only its own reach), so each row decodes exactly as it would alone.
 
 from __future__ import annotations
 
@@ -20,13 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import Span
+from ..config import Span, has_memory
 from ..model import KVCache, Memory
 from ..model.decode import Decoder
 from ..model.transformer import config_of
 from .settings import DEFAULT_CONTEXT, GenerationSettings
 
-__all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows", "has_memory"]
+__all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows"]
 
 
 def _prompt(prompt: Any, *, vocab_size: int, device: torch.device) -> Tensor:
@@ -76,14 +78,6 @@ def _left_pad(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
         tokens[r, width - len(row) :] = row
         starts[r, width - len(row)] = True
     return tokens, starts
-
-
-def has_memory(model: nn.Module, span: Span | None = None) -> bool:
-    """Whether ``model`` decodes with a memory under ``span`` (default: the model's): relative attention and
-    ``mem_len > 0``; else its rows are :class:`WindowRows`."""
-    config = config_of(model)
-    span = config.span if span is None else span
-    return config.attention == "relative" and span.mem_len > 0
 
 
 def _no_memory_why(model: nn.Module) -> str:
@@ -175,7 +169,7 @@ class RowBatch:
         self.size = _check_size(rows)
         """R, the rows of the batch."""
         self.span: Span = config.span if settings.span is None else settings.span
-        if not has_memory(model, self.span):
+        if not has_memory(config, self.span):
             raise ValueError(
                 f"RowBatch needs a model with memory, not {_no_memory_why(model)}: use WindowRows"
             )
@@ -491,5 +485,6 @@ def rows_for(
 ) -> RowBatch | WindowRows:
     """The rows that decode ``model``: a :class:`RowBatch` when it has memory under ``settings.span``, else
     :class:`WindowRows`."""
-    span = config_of(model).span if settings.span is None else settings.span
-    return RowBatch(model, rows, settings) if has_memory(model, span) else WindowRows(model, rows, settings)
+    config = config_of(model)
+    span = config.span if settings.span is None else settings.span
+    return RowBatch(model, rows, settings) if has_memory(config, span) else WindowRows(model, rows, settings)

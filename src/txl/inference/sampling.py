@@ -1,8 +1,7 @@
 """Pure sampling: the top-k and nucleus filters, and one token per row from next-token scores, as a
-:class:`~txl.inference.settings.GenerationSettings` says. No model here: the loop is :mod:`.loop`'s.
+:class:`~txl.inference.settings.GenerationSettings` says. No model here: the loop is :mod:`.loop`'s."""
 
-Dimensions: B batch, V vocabulary.
-"""
+# Dimensions: B batch, V vocabulary.
 
 from __future__ import annotations
 

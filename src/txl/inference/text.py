@@ -1,9 +1,11 @@
-"""Text in and out of the decoding loop: prompts encoded once (:func:`read_prompt`, which ``txl serve`` uses
-too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
-and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
+"""Text in and out of the decoding loop: prompts, stop strings and streamed text (:class:`TextStream`), one
+text generation (:func:`generate_text`) and sampling from a trained run (:func:`generate_from_run`)."""
 
-The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
-"""
+# Text in and out of the decoding loop: prompts encoded once (:func:`read_prompt`, which ``txl serve`` uses
+# too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
+# and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
+#
+# The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from ..config import span_of
+from ..config import has_memory, span_of
+from ..data.vocab import start_token
 from ..errors import TxlWarning
+from ..limits import TOKEN_BYTES, cache_bytes, check_fits
 from ..model.transformer import config_of
 from .loop import generate, stream
 from .settings import GenerationSettings
@@ -93,11 +97,10 @@ def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"
             f"{len(missing)} prompt word(s) not in the vocabulary, read as <unk>: {describe_unknown(missing)}"
         )
         warnings.warn(UnknownTokensWarning(message), stacklevel=3)
-    if ids.numel() == 0:
-        eos = getattr(vocab, "eos_id", None)
-        if eos is None:
+    if ids.numel() == 0:  # a document boundary to start from: only a vocabulary with <eos> has one
+        if getattr(vocab, "eos_id", None) is None:
             raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
-        ids = torch.tensor([eos], dtype=torch.long)  # (1,)
+        ids = torch.tensor([start_token(vocab)], dtype=torch.long)  # (1,)
     return ids
 
 
@@ -129,7 +132,8 @@ def generate_text(
     if settings.max_new_tokens == 0:
         return ""
     show = None if on_text is None else (lambda _row, piece: on_text(piece))
-    (pieces,) = _decode_rows(model, vocab, [ids], settings, generator=generator, on_text=show)
+    streams = [TextStream(vocab, ids.tolist(), stop=settings.stop)]
+    (pieces,) = _decode_rows(model, [ids], streams, settings, generator=generator, on_text=show)
     return (
         cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
         if pieces.stopped
@@ -225,22 +229,17 @@ class TextStream:
 
 def _decode_rows(
     model: nn.Module,
-    vocab: _Vocab,
     ids: list[Tensor],
+    pieces: list[TextStream],
     settings: GenerationSettings,
     *,
     generator: torch.Generator | Sequence[torch.Generator] | None,
     on_text: Callable[[int, str], None] | None,
-    prompt_texts: Sequence[str | None] | None = None,
 ) -> list[TextStream]:
-    """Generate the rows after the prompt ids (P_r,) as one batch; the returned :class:`TextStream` of each
-    row holds its new ids and its new text (cut before a stop string), which ``on_text(row, piece)`` received
-    piece by piece. A row that meets a stop string is done (the batch ends when every row is)."""
-    texts = [None] * len(ids) if prompt_texts is None else prompt_texts
-    pieces = [
-        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
-        for row, t in zip(ids, texts, strict=True)
-    ]
+    """Generate the rows after the prompt ids (P_r,) as one batch into each row's :class:`TextStream` of
+    ``pieces`` (made from those ids), which then holds its new ids and its new text (cut before a stop
+    string), which ``on_text(row, piece)`` received piece by piece. A row that meets a stop string is done (the
+    batch ends when every row is)."""
     tokens_only = replace(settings, stop=())
     if not settings.stop and on_text is None:
         gen = generate(model, ids, tokens_only, generator=generator)
@@ -318,6 +317,31 @@ def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSet
     )
 
 
+def _check_fits(run: LoadedRun, settings: GenerationSettings) -> None:
+    """Refuse (:class:`~txl.errors.SizeError`, one line) a memory or a generation length whose buffers cannot
+    fit, before the first token: the key/value cache of ``settings.span`` (the model's when None) and the
+    ``max_new_tokens`` of one sample."""
+    model = run.config.model
+    param = next(run.model.parameters())
+    span = model.span if settings.span is None else settings.span
+    if has_memory(model, span):
+        m = span.mem_len
+        check_fits(
+            cache_bytes(model, batch=1, mem_len=m, dtype_bytes=param.element_size()),
+            setting=f"the model's mem_len {m}" if settings.span is None else f"--mem-len {m}",
+            what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
+            lower="--mem-len",
+            device=param.device,
+        )
+    new = settings.max_new_tokens
+    check_fits(
+        new * TOKEN_BYTES,
+        setting=f"--max-new-tokens {new}",
+        what="the tokens of one sample",
+        lower="--max-new-tokens",
+    )
+
+
 def generate_from_run(
     run: LoadedRun,
     prompt: str | Sequence[str],
@@ -336,10 +360,12 @@ def generate_from_run(
     ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
     the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
     made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
-    unknown prompt tokens raise ValueError."""
+    unknown prompt tokens raise ValueError; a memory or ``max_new_tokens`` whose buffers cannot fit, a
+    :class:`~txl.errors.SizeError` before the first token."""
     settings = run_settings(run) if settings is None else settings
     if not isinstance(settings, GenerationSettings):
         raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    _check_fits(run, settings)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or any(not isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
@@ -373,15 +399,12 @@ def generate_from_run(
     seed = 0 if settings.seed is None else settings.seed
     generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
     start = time.perf_counter()
-    pieces = _decode_rows(
-        model,
-        vocab,
-        [encoded[i] for i in rows],
-        settings,
-        generator=generators,
-        on_text=on_text,
-        prompt_texts=texts,
-    )
+    ids = [encoded[i] for i in rows]
+    streams = [
+        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
+        for row, t in zip(ids, texts, strict=True)
+    ]
+    pieces = _decode_rows(model, ids, streams, settings, generator=generators, on_text=on_text)
     seconds = time.perf_counter() - start
     count = sum(len(p.new_ids) for p in pieces)
     # the exact decoding, which the printed pieces may only approach

@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from ..config import Span, eval_span, first_set
 from ..errors import TxlError
-from ..evaluate import eval_mode, segment_losses
-from ..model import Memory, TransformerXL
+from ..evaluate import EvalSettings, segment_losses
+from ..model import Memory, TransformerXL, eval_mode
 
 __all__ = [
     "ExportError",
@@ -204,7 +204,7 @@ def check_onnx(
     worst = 0.0
     # the segments as txl eval reads them (the same loop), from the empty memory that reach 0 stands for
     expected = segment_losses(
-        model, tokens, tgt_len=tgt_len, span=span, batch_size=batch_size, log_probs=True
+        model, tokens, EvalSettings(tgt_len=tgt_len, span=span, batch_size=batch_size, log_probs=True)
     )
     for s, segment in enumerate(expected):
         seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]

@@ -1,13 +1,15 @@
 """Adaptive input embedding (Baevski & Auli) and the projected adaptive softmax (Grave et al.), as used by
-Transformer-XL on large vocabularies. With no cutoffs they reduce to an ordinary embedding scaled by
-sqrt(D) and an ordinary softmax computed with a fused cross-entropy.
+Transformer-XL on large vocabularies; with no cutoffs, an ordinary embedding and softmax."""
 
-Clusters: token ids [0, c1) form the head shortlist, [c1, c2) cluster 1, ..., [c_n, V) cluster n. The head
-softmax scores the shortlist plus one logit per tail cluster; as in the authors' code the logit of cluster i
-is column ``shortlist + n_clusters - i`` of the head (cluster 1 is the last column).
-
-Dimensions: N flattened positions (B*T), D model size, E_i embedding size of cluster i, V vocabulary.
-"""
+# Adaptive input embedding (Baevski & Auli) and the projected adaptive softmax (Grave et al.), as used by
+# Transformer-XL on large vocabularies. With no cutoffs they reduce to an ordinary embedding scaled by
+# sqrt(D) and an ordinary softmax computed with a fused cross-entropy.
+#
+# Clusters: token ids [0, c1) form the head shortlist, [c1, c2) cluster 1, ..., [c_n, V) cluster n. The head
+# softmax scores the shortlist plus one logit per tail cluster; as in the authors' code the logit of cluster i
+# is column ``shortlist + n_clusters - i`` of the head (cluster 1 is the last column).
+#
+# Dimensions: N flattened positions (B*T), D model size, E_i embedding size of cluster i, V vocabulary.
 
 from __future__ import annotations
 

@@ -1,22 +1,21 @@
 """Multi-head attention: Transformer-XL's relative attention (the paper's Eq. in Section 3.3) and the
-absolute-position attention of the vanilla baseline. Norms and residuals belong to ``layers.py``.
+absolute-position attention of the vanilla baseline. Norms and residuals belong to ``layers.py``."""
 
-Dimensions (the legend of ``model/``, see its ``__init__``): B batch, T queries (new positions), M memory
-length, K = M + T keys, H heads, Dh head size, D model size.
-
-The relative score between query i and key j (Dai et al. 2019, Section 3.3):
-
-    A_ij = q_i·k_j  (a: content)  + q_i·W_R R_{i-j}  (b: content-position)
-         + u·k_j    (c: global content bias) + v·W_R R_{i-j}  (d: global position bias)
-         = (q_i + u)·k_j + (q_i + v)·W_R R_{i-j}
-
-Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
-by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
-
-With a :class:`~txl.model.cache.KVCache` the keys and values of remembered positions are read from the
-cache (projected once, when their positions were new) instead of being projected again: the only difference
-between the memory path and the cache path. One-position decoding has its own room, ``decode.py``.
-"""
+# Dimensions (the legend of ``model/``, see its ``__init__``): B batch, T queries (new positions), M memory
+# length, K = M + T keys, H heads, Dh head size, D model size.
+#
+# The relative score between query i and key j (Dai et al. 2019, Section 3.3):
+#
+#     A_ij = q_i·k_j  (a: content)  + q_i·W_R R_{i-j}  (b: content-position)
+#          + u·k_j    (c: global content bias) + v·W_R R_{i-j}  (d: global position bias)
+#          = (q_i + u)·k_j + (q_i + v)·W_R R_{i-j}
+#
+# Terms (b) + (d) for every (i, j) come from one matmul of (q + v) with the K projected distances followed
+# by :func:`rel_shift`; no (T, K, D) tensor of position vectors is ever built.
+#
+# With a :class:`~txl.model.cache.KVCache` the keys and values of remembered positions are read from the
+# cache (projected once, when their positions were new) instead of being projected again: the only difference
+# between the memory path and the cache path. One-position decoding has its own room, ``decode.py``.
 
 from __future__ import annotations
 
@@ -213,8 +212,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
             return self.attend_fused(q, k, v, context)
         # On the CPU: the four terms in one baddbmm, masked in place, then softmax and values. With a bias that
         # needs a gradient, scaled_dot_product_attention takes its unfused path there, which scales, adds and
-        # copies the (B, H, T, K) scores a few more times (measured: about 4% of a training step at
-        # benchmarks/train_eval.py's small shape). The scale goes on the (B, H, T, Dh) queries, 1/4 of the
+        # copies the (B, H, T, K) scores a few more times (see docs/design.md). The scale goes on the (B, H, T, Dh) queries, 1/4 of the
         # scores' size at K = 2T, so that baddbmm's backward needs no scaling pass over (B, H, T, K).
         b, h, t, dh = q.shape
         kk = k.shape[2]

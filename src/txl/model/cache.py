@@ -1,31 +1,33 @@
-"""The key/value cache of incremental decoding: for every layer, the keys and values of the remembered
-positions (projections of fixed hidden states, computed once) and the hidden states themselves (the memory as
-data, :meth:`KVCache.memory`). This module only stores and slides; it knows no model and no module. The model
-appends to it (``TransformerXL.forward(..., cache=...)``), and the one-position decoder (``decode.py``) reads
-its windows.
+"""The key/value cache of incremental decoding: per layer, the keys and values of the remembered positions
+and their hidden states. It only stores and slides; it knows no model."""
 
-Dimensions (the legend of ``model/``): L layers, B batch, T new positions, M memory length, S buffer slots,
-H heads, Dh head size, D model size, K keys in view.
-
-Sliding: each buffer holds S >= M + T slots, the remembered positions in ``[start, end)`` in order. A step
-writes the T new positions at ``end`` (no copy of the memory), then drops the oldest by moving ``start``, so
-that at most ``mem_len`` remain: exactly ``update_memory``'s concatenate-and-truncate. When a step would run
-past the end of the buffer, the remembered slots move back to the front, once every ``mem_len / 4`` steps or
-so (the copy is amortised to about four positions per step; the buffers hold 1.25 ``mem_len``).
-
-A cache built from a :class:`Memory` holds its hidden states but not yet their keys and values: slots
-``[projected, end)`` are *unprojected*. The next segment through ``forward`` projects them with its own
-positions (:meth:`LayerCache.unprojected`, then :meth:`LayerCache.append` of both), as the memory path does.
-
-    cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
-    out = model(prompt, cache=cache, last_only=True)     # out.log_probs (B, 1, V); keys/values appended
-    cache.memory()                                       # == the memory the segment-wise model would carry
-
-Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
-belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
-starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
-into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
-"""
+# The key/value cache of incremental decoding: for every layer, the keys and values of the remembered
+# positions (projections of fixed hidden states, computed once) and the hidden states themselves (the memory as
+# data, :meth:`KVCache.memory`). This module only stores and slides; it knows no model and no module. The model
+# appends to it (``TransformerXL.forward(..., cache=...)``), and the one-position decoder (``decode.py``) reads
+# its windows.
+#
+# Dimensions (the legend of ``model/``): L layers, B batch, T new positions, M memory length, S buffer slots,
+# H heads, Dh head size, D model size, K keys in view.
+#
+# Sliding: each buffer holds S >= M + T slots, the remembered positions in ``[start, end)`` in order. A step
+# writes the T new positions at ``end`` (no copy of the memory), then drops the oldest by moving ``start``, so
+# that at most ``mem_len`` remain: exactly ``update_memory``'s concatenate-and-truncate. When a step would run
+# past the end of the buffer, the remembered slots move back to the front, once every ``mem_len / 4`` steps or
+# so (the copy is amortised to about four positions per step; the buffers hold 1.25 ``mem_len``).
+#
+# A cache built from a :class:`Memory` holds its hidden states but not yet their keys and values: slots
+# ``[projected, end)`` are *unprojected*. The next segment through ``forward`` projects them with its own
+# positions (:meth:`LayerCache.unprojected`, then :meth:`LayerCache.append` of both), as the memory path does.
+#
+#     cache = KVCache(model.config, batch_size=2, span=Span(mem_len=256), memory=None)
+#     out = model(prompt, cache=cache, last_only=True)     # out.log_probs (B, 1, V); keys/values appended
+#     cache.memory()                                       # == the memory the segment-wise model would carry
+#
+# Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
+# belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
+# starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
+# into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
 
 from __future__ import annotations
 
@@ -34,10 +36,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..config import Span, TransformerXLConfig
-from .memory import Memory, next_reach
+from ..config import Span, TransformerXLConfig, cache_slots, has_memory
+from .memory import Memory, full_reach, next_reach
 
-__all__ = ["KVCache", "LayerCache"]
+__all__ = ["KVCache", "LayerCache", "CACHE_SIZES"]
+
+CACHE_SIZES = ("n_layer", "n_head", "d_head", "d_model")
+"""The sizes a key/value cache is built for: a model must have the same to use it (:meth:`KVCache.fits`)."""
 
 
 class LayerCache:
@@ -101,7 +106,7 @@ class KVCache:
         device: torch.device | str | None = None,
     ) -> None:
         span = config.span if span is None else span
-        if config.attention != "relative" or span.mem_len == 0:
+        if not has_memory(config, span):
             raise ValueError(
                 "a key/value cache needs a Transformer-XL with memory (relative attention, mem_len > 0)"
             )
@@ -127,7 +132,7 @@ class KVCache:
         self.batch_size = batch_size
         self.longest = max(span.mem_len, m0)
         """The most positions ever remembered at once (``mem_len``, or a longer memory given at the start)."""
-        self._slack = max(span.mem_len // 4, 16)  # room to slide before moving back
+        self._slack = cache_slots(span.mem_len) - span.mem_len  # room to slide before moving back
         n, b, h, dh, d = config.n_layer, batch_size, config.n_head, config.d_head, config.d_model
         slots = self.longest + self._slack
         self.hidden = torch.zeros(n, b, slots, d, dtype=dtype, device=device)  # (L, B, S, D)
@@ -176,11 +181,13 @@ class KVCache:
             reach=None if self.reach is None else self.reach.clone(),
         )
 
+    def fits(self, config: TransformerXLConfig) -> bool:
+        """Whether this cache's buffers fit a model of ``config``: the same :data:`CACHE_SIZES`."""
+        return all(getattr(self.config, f) == getattr(config, f) for f in CACHE_SIZES)
+
     def full_reach(self) -> Tensor:
         """The reach, with None spelled out: (B,) int64, the window's length for every row without one."""
-        if self.reach is not None:
-            return self.reach
-        return torch.full((self.batch_size,), self.length, dtype=torch.int64, device=self.device)
+        return full_reach(self.reach, batch_size=self.batch_size, length=self.length, device=self.device)
 
     def reset_rows(self, rows: Tensor | Sequence[int] | slice) -> None:
         """Those rows start anew: their reach becomes 0, so nothing they remember is attended (nothing else
@@ -197,9 +204,10 @@ class KVCache:
         it from ``Memory.zeros(config, B, mem_len)``)."""
         index = _rows(rows, self.device)
         n = torch.arange(self.batch_size, device=self.device)[index].numel()
-        sizes = ("n_layer", "n_head", "d_head", "d_model")
-        if any(getattr(self.config, f) != getattr(source.config, f) for f in sizes):
-            raise ValueError(f"put_rows: the source cache was built for other sizes ({', '.join(sizes)})")
+        if not source.fits(self.config):
+            raise ValueError(
+                f"put_rows: the source cache was built for other sizes ({', '.join(CACHE_SIZES)})"
+            )
         if source.dtype != self.dtype or source.device != self.device:
             raise ValueError(
                 f"put_rows: the source holds {source.dtype} on {source.device}, this cache {self.dtype} on "

@@ -1,30 +1,32 @@
-"""One-position decoding: everything that exists only to make one new token per row cheap. A
-:class:`Decoder` is a value the caller holds, over a model and a :class:`~txl.model.cache.KVCache`: it
-prefills the cache with a prompt (through the model's ordinary ``forward``) and then steps one position at
-a time with tables derived from the weights (the projected distance table, transposed weights, the output
-layer in column blocks). The maths is the model's (``attention.py``, ``layers.py``); this room only lays it
-out for a few rows at a time and is tested against the plain path.
+"""One-position decoding: everything that exists only to make one new token per row cheap (a :class:`Decoder`
+over a model and a key/value cache, stepping with tables derived from the weights)."""
 
-Dimensions (the legend of ``model/``): B batch, M memory length, K keys in view, R distances in a table,
-H heads, Dh head size, D model size, F feed-forward size, E output embedding size, V vocabulary, N rows,
-J column blocks of width W.
-
-    cache = KVCache(model.config, batch_size=B, span=span, memory=memory)
-    decoder = Decoder(model, cache)
-    log_probs = decoder.prefill(prompt)         # (B, V): the next token after the prompt
-    log_probs = decoder.step(next_token)        # (B, V), one position further; the cache slides
-
-The tables are copies of the weights (transposed, as many numbers as the linear weights) made once per model
-and settings and remembered here, one entry per model (a weak reference: nothing is stored on the model),
-until a weight changes (its storage or version counter: an optimizer step, ``load_state_dict``) or the
-intra-op thread count moves; a series of generations pays for them once.
-"""
+# One-position decoding: everything that exists only to make one new token per row cheap. A
+# :class:`Decoder` is a value the caller holds, over a model and a :class:`~txl.model.cache.KVCache`: it
+# prefills the cache with a prompt (through the model's ordinary ``forward``) and then steps one position at
+# a time with tables derived from the weights (the projected distance table, transposed weights, the output
+# layer in column blocks). The maths is the model's (``attention.py``, ``layers.py``); this room only lays it
+# out for a few rows at a time and is tested against the plain path.
+#
+# Dimensions (the legend of ``model/``): B batch, M memory length, K keys in view, R distances in a table,
+# H heads, Dh head size, D model size, F feed-forward size, E output embedding size, V vocabulary, N rows,
+# J column blocks of width W.
+#
+#     cache = KVCache(model.config, batch_size=B, span=span, memory=memory)
+#     decoder = Decoder(model, cache)
+#     log_probs = decoder.prefill(prompt)         # (B, V): the next token after the prompt
+#     log_probs = decoder.step(next_token)        # (B, V), one position further; the cache slides
+#
+# The tables are copies of the weights (transposed, as many numbers as the linear weights) made once per model
+# and settings and remembered here, one entry per model (a weak reference: nothing is stored on the model),
+# until a weight changes (its storage or version counter: an optimizer step, ``load_state_dict``) or the
+# intra-op thread count moves; a series of generations pays for them once.
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +42,7 @@ __all__ = [
     "DecodingTables",
     "LayerTables",
     "OutputLayout",
+    "StepKeys",
     "attention_step",
     "bind_memory",
     "decoding_tables",
@@ -200,28 +203,30 @@ def decoding_tables(
     return tables
 
 
+class StepKeys(NamedTuple):
+    """The keys one decoding step sees, the same in every layer."""
+
+    first: int
+    """The first slot in view (``same_length`` leaves the oldest keys out)."""
+    bias: Tensor | None = None
+    """(B*H, 1, K), 0 where a key may be attended and -inf where it lies before the row's document
+    (:func:`document_bias`); None: every key in view, no extra op."""
+
+
 def attention_step(
-    x: Tensor,
-    tables: AttentionTables,
-    rel: Tensor,
-    cache: LayerCache,
-    *,
-    first: int,
-    residual: Tensor,
-    bias: Tensor | None = None,
+    x: Tensor, tables: AttentionTables, rel: Tensor, cache: LayerCache, keys: StepKeys, *, residual: Tensor
 ) -> Tensor:
     """One new position per row against the cache, no dropout: x (B, D) -> residual + attention (B, D).
 
     The four terms of the relative score, (q + u)·k + (q + v)·W_R R, with the distance table ``rel``
-    (B*H, Dh, K) projected ahead, no shift and no mask (one query; ``first``, the first slot in view, leaves
-    the oldest keys out under ``same_length``), and batched matmuls with a plain softmax, which for one query
+    (B*H, Dh, K) projected ahead, no shift and no mask (one query; ``keys.first``, the first slot in view,
+    leaves the oldest keys out under ``same_length``), and batched matmuls with a plain softmax, which for one query
     cost less than the fused kernel's set-up. Every tensor op costs microseconds of dispatch whatever its
     size, so this path issues few: u rides in the projection as a bias, the scale and the position term enter
     through one ``baddbmm``, the residual through the output projection's ``addmm``.
 
-    ``bias``: (B*H, 1, K), 0 where a key may be attended and -inf where it lies before the row's document
-    (:func:`document_bias`); it rides in the position term's matmul (None: every key in view, no extra op)."""
-    b = x.shape[0]
+    ``keys.bias`` rides in the position term's matmul."""
+    b, first, bias = x.shape[0], keys.first, keys.bias
     h, dh = tables.v_minus_u.shape
     qkv = torch.addmm(tables.q_bias, x, tables.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
     k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1), first=first)  # (B*H, Dh, K), (B*H, K, Dh)
@@ -243,24 +248,16 @@ def feed_forward_step(x: Tensor, weights: tuple[Tensor, Tensor, Tensor, Tensor])
     return torch.addmm(b2, torch.addmm(b1, x, w1_t).relu_(), w2_t)
 
 
-def layer_step(
-    x: Tensor,
-    tables: LayerTables,
-    rel: Tensor,
-    cache: LayerCache,
-    *,
-    first: int,
-    bias: Tensor | None = None,
-) -> Tensor:
+def layer_step(x: Tensor, tables: LayerTables, rel: Tensor, cache: LayerCache, keys: StepKeys) -> Tensor:
     """One decoder layer (``DecoderLayer.forward``'s maths) on one new position per row: x (B, D) -> (B, D),
     with functions instead of module calls (the per-call overhead is a visible share of a token's time).
-    ``bias``: the document bias of :func:`attention_step`, or None."""
+    ``keys``: what :func:`attention_step` sees."""
     norm = torch.layer_norm
     attn = tables.attention
     if tables.pre_norm:
-        x = attention_step(norm(x, *tables.attn_norm), attn, rel, cache, first=first, residual=x, bias=bias)
+        x = attention_step(norm(x, *tables.attn_norm), attn, rel, cache, keys, residual=x)
         return x + feed_forward_step(norm(x, *tables.ff_norm), tables.ff)
-    x = norm(attention_step(x, attn, rel, cache, first=first, residual=x, bias=bias), *tables.attn_norm)
+    x = norm(attention_step(x, attn, rel, cache, keys, residual=x), *tables.attn_norm)
     return norm(x + feed_forward_step(x, tables.ff), *tables.ff_norm)
 
 
@@ -379,12 +376,12 @@ class Decoder:
                 cache.full_reach(), starts, k=k, heads=heads, dtype=cache.dtype
             )  # (B*H, 1, K)
         h = xl.embedding(token[:, None])[:, 0]  # (B, D)
-        inputs = []
+        inputs, keys = [], StepKeys(first, bias)
         for layer, rel, layer_cache in zip(
             tables.layers, self._distances(tables, k), cache.layers, strict=True
         ):
             inputs.append(h)
-            h = layer_step(h, layer, rel, layer_cache, first=first, bias=bias)
+            h = layer_step(h, layer, rel, layer_cache, keys)
         cache.store_inputs(inputs)
         cache.advance(1, starts=None if starts is None else starts[:, None])
         if xl.norm is not None:

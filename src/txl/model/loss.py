@@ -1,20 +1,22 @@
-"""A fused linear layer + cross-entropy: the per-row loss of ``log_softmax(hidden @ weight.T + bias)`` at a target,
-computed over blocks of classes, without ever building an (N, V) tensor in one piece. The adaptive softmax
-(``adaptive.py``) calls it for its head and for each tail cluster.
+"""A fused linear layer + cross-entropy: the per-row loss of ``log_softmax(hidden @ weight.T + bias)`` at a
+target, over blocks of classes, never building the (N, V) logits in one piece (for the adaptive softmax)."""
 
-Dimensions: N rows (flattened positions), E input size, V classes, C classes per block.
-
-Forward, per block: logits (N, C) = hidden @ weight[block].T, folded into a running row maximum and sum of
-exponentials (the log-sum-exp over all V, as an online softmax), and the target's logit picked; the loss is
-``lse - logit[target]``. With gradients needed each block's ``exp(logits - running maximum)`` is kept (computed in
-place: no extra buffer), and backward turns it in place into ``grad * (softmax - onehot(target))`` with one
-per-row factor ``exp(maximum - lse)`` and multiplies it into the gradients of hidden, weight[block] and bias[block]
-(every matmul has N or E as its inner size, so none degenerates). Compared with ``F.cross_entropy(F.linear(...))``:
-no log-softmax output kept beside the logits, no zero-filled (N, V) gradient from ``nll_loss``'s backward, no
-log-softmax backward pass, and no fresh (N, V) buffer at all (a buffer that size comes from ``mmap`` and is
-page-faulted in on every call: on the CPU that cost about as much as the log-softmax itself). Without gradients
-(evaluation) each block is dropped once folded in.
-"""
+# A fused linear layer + cross-entropy: the per-row loss of ``log_softmax(hidden @ weight.T + bias)`` at a target,
+# computed over blocks of classes, without ever building an (N, V) tensor in one piece. The adaptive softmax
+# (``adaptive.py``) calls it for its head and for each tail cluster.
+#
+# Dimensions: N rows (flattened positions), E input size, V classes, C classes per block.
+#
+# Forward, per block: logits (N, C) = hidden @ weight[block].T, folded into a running row maximum and sum of
+# exponentials (the log-sum-exp over all V, as an online softmax), and the target's logit picked; the loss is
+# ``lse - logit[target]``. With gradients needed each block's ``exp(logits - running maximum)`` is kept (computed in
+# place: no extra buffer), and backward turns it in place into ``grad * (softmax - onehot(target))`` with one
+# per-row factor ``exp(maximum - lse)`` and multiplies it into the gradients of hidden, weight[block] and bias[block]
+# (every matmul has N or E as its inner size, so none degenerates). Compared with ``F.cross_entropy(F.linear(...))``:
+# no log-softmax output kept beside the logits, no zero-filled (N, V) gradient from ``nll_loss``'s backward, no
+# log-softmax backward pass, and no fresh (N, V) buffer at all (a buffer that size comes from ``mmap`` and is
+# page-faulted in on every call). Without gradients
+# (evaluation) each block is dropped once folded in.
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""The recurrent memory of Transformer-XL as plain data, and the one function that updates it.
+"""The recurrent memory of Transformer-XL as plain data, and the one function that updates it."""
 
-Memory holds, for every layer, the hidden states that entered it on the last M positions (the embedding
-output and the output of every layer but the last: n_layer tensors), batch-first (B, M, D). It never requires grad
-(stop-gradient, Section 3.2), can be sliced by batch row, moved between devices, saved and restored.
-
-Documents: a memory may also carry, per row, its *reach*: how many of its last positions belong to the
-row's current document (a stream read with ``starts``, see ``TransformerXL.forward``). The next segment's
-queries of that row attend only those. :func:`next_reach` is the one rule that moves it along a segment.
-"""
+# Memory holds, for every layer, the hidden states that entered it on the last M positions (the embedding
+# output and the output of every layer but the last: n_layer tensors), batch-first (B, M, D). It never requires grad
+# (stop-gradient, Section 3.2), can be sliced by batch row, moved between devices, saved and restored.
+#
+# Documents: a memory may also carry, per row, its *reach*: how many of its last positions belong to the
+# row's current document (a stream read with ``starts``, see ``TransformerXL.forward``). The next segment's
+# queries of that row attend only those. :func:`next_reach` is the one rule that moves it along a segment.
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from ..config import TransformerXLConfig
 
-__all__ = ["Memory", "update_memory", "next_reach", "last_start"]
+__all__ = ["Memory", "update_memory", "next_reach", "last_start", "full_reach"]
 
 
 @dataclass(frozen=True)
@@ -103,9 +102,9 @@ class Memory:
 
     def full_reach(self) -> Tensor:
         """The reach, with None spelled out: (B,) int64, M for every row of a memory without one."""
-        if self.reach is not None:
-            return self.reach
-        return torch.full((self.batch_size,), self.length, dtype=torch.int64, device=self.states[0].device)
+        return full_reach(
+            self.reach, batch_size=self.batch_size, length=self.length, device=self.states[0].device
+        )
 
     def state_dict(self) -> dict[str, Tensor]:
         """Flat named tensors (``memory.0`` ..., and ``memory.reach`` when there is one), e.g. for
@@ -135,6 +134,14 @@ class Memory:
         if any(p.reach is not None for p in parts):
             reach = torch.cat([p.full_reach() for p in parts])
         return Memory(states, reach=reach)
+
+
+def full_reach(reach: Tensor | None, *, batch_size: int, length: int, device: torch.device) -> Tensor:
+    """A reach with None spelled out: ``reach``, else (B,) int64 ``length`` for every row (everything
+    remembered is in reach); the one rule of :meth:`Memory.full_reach` and :meth:`KVCache.full_reach`."""
+    if reach is not None:
+        return reach
+    return torch.full((batch_size,), length, dtype=torch.int64, device=device)
 
 
 def last_start(starts: Tensor) -> Tensor:

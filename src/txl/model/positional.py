@@ -1,8 +1,7 @@
 """Sinusoidal position embeddings: the relative distance table R of Transformer-XL and the absolute
-table of the vanilla baseline. Owns nothing learned; the model passes in sizes and clamp_len.
+table of the vanilla baseline. Owns nothing learned; the model passes in sizes and clamp_len."""
 
-Dimensions: K keys (memory + current), D model size.
-"""
+# Dimensions: K keys (memory + current), D model size.
 
 from __future__ import annotations
 

@@ -1,29 +1,33 @@
 """The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
-softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a caller's
-:class:`KVCache`). One-position decoding, which needs tables of its own, lives in ``decode.py``.
+softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a :class:`KVCache`)."""
 
-Dimensions (the legend of ``model/``): B batch, T segment length, M memory length, K = M + T keys, D model
-size, V vocabulary, L layers.
-
-    out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
-    out.loss      # (B, T) per-token negative log-likelihood in nats
-    out.memory    # pass to the next segment
-    out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
-    out.log_probs # (B, T, V) log-probabilities of the next token (no targets given)
-    cache = KVCache(model.config, batch_size=B)            # keys and values of the memory projected once
-    out = model(tokens, cache=cache, last_only=True)       # out.log_probs (B, 1, V); the cache slides
-    out = model(tokens, memory=memory, starts=starts)      # starts (B, T) bool: documents begin there
-
-Documents: with ``starts``, a token that begins a document, and every later token of its row, attends to
-nothing before it (neither earlier positions of the segment nor the memory); the memory carries each row's
-reach (:class:`Memory`), so that the boundary holds in the next segments too. The model computes everything
-as without starts and only masks more keys (:func:`document_mask`), so a document read after others gets
-exactly the losses it has read alone (to rounding) as long as the memory holds the whole document.
-"""
+# The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
+# softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a caller's
+# :class:`KVCache`). One-position decoding, which needs tables of its own, lives in ``decode.py``.
+#
+# Dimensions (the legend of ``model/``): B batch, T segment length, M memory length, K = M + T keys, D model
+# size, V vocabulary, L layers.
+#
+#     out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
+#     out.loss      # (B, T) per-token negative log-likelihood in nats
+#     out.memory    # pass to the next segment
+#     out = model(tokens, memory=memory, span=Span(mem_len=640, same_length=True))  # evaluation lengths
+#     out.log_probs # (B, T, V) log-probabilities of the next token (no targets given)
+#     cache = KVCache(model.config, batch_size=B)            # keys and values of the memory projected once
+#     out = model(tokens, cache=cache, last_only=True)       # out.log_probs (B, 1, V); the cache slides
+#     out = model(tokens, memory=memory, starts=starts)      # starts (B, T) bool: documents begin there
+#
+# Documents: with ``starts``, a token that begins a document, and every later token of its row, attends to
+# nothing before it (neither earlier positions of the segment nor the memory); the memory carries each row's
+# reach (:class:`Memory`), so that the boundary holds in the next segments too. The model computes everything
+# as without starts and only masks more keys (:func:`document_mask`), so a document read after others gets
+# exactly the losses it has read alone (to rounding) as long as the memory holds the whole document.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +36,12 @@ from torch import Tensor, nn
 from ..config import Span, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import AbsoluteContext, RelativeContext
-from .cache import KVCache
+from .cache import CACHE_SIZES, KVCache
 from .layers import DecoderLayer
 from .memory import Memory, update_memory
 from .positional import relative_distances, sinusoid
 
-__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of"]
+__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of", "eval_mode"]
 
 
 @dataclass
@@ -64,6 +68,19 @@ def config_of(model: nn.Module) -> TransformerXLConfig:
             f"the model must be a txl TransformerXL (or carry its config), got {type(model).__name__}"
         )
     return config
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in evaluation mode inside the block; every module's own training flag restored after (also
+    when the block raises): the one way to switch a model to evaluation for a while."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
 
 
 def attention_mask(
@@ -242,40 +259,27 @@ class TransformerXL(nn.Module):
         the cache's) then carries the boundary into the next segments. None: one stream per row, as before."""
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
-        if cache is not None and torch.is_grad_enabled():
-            with torch.no_grad():  # the cache keeps values, not a graph
-                return self.forward(
-                    tokens,
-                    memory=memory,
-                    targets=targets,
-                    span=span,
-                    cache=cache,
-                    last_only=last_only,
-                    starts=starts,
-                )
         if cache is None:
             self._check_inputs(tokens, memory, targets)
         else:
-            self._check_cache(tokens, cache, memory=memory, span=span, targets=targets)
-        h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache, starts=starts)
-        b, t = tokens.shape
-        if targets is not None:
-            flat = h.reshape(b * t, -1)  # (B*T, D)
-            loss = self.softmax.nll(flat, targets.reshape(-1)).view(b, t)  # (B, T)
-            return ModelOutput(log_probs=None, loss=loss, memory=new_memory)
-        last = h[:, -1:] if last_only else h  # (B, T', D)
-        log_probs = self.softmax.log_prob(last.reshape(-1, self.config.d_model))  # (B*T', V)
+            self._check_cache(tokens, cache, (memory, span, targets))
+        # the cache keeps values, not a graph
+        with torch.no_grad() if cache is not None else contextlib.nullcontext():
+            h, new_memory = self.hidden_states(tokens, memory=memory, span=span, cache=cache, starts=starts)
+            b, t = tokens.shape
+            if targets is not None:
+                flat = h.reshape(b * t, -1)  # (B*T, D)
+                loss = self.softmax.nll(flat, targets.reshape(-1)).view(b, t)  # (B, T)
+                return ModelOutput(log_probs=None, loss=loss, memory=new_memory)
+            last = h[:, -1:] if last_only else h  # (B, T', D)
+            log_probs = self.softmax.log_prob(last.reshape(-1, self.config.d_model))  # (B*T', V)
         return ModelOutput(log_probs=log_probs.view(b, last.shape[1], -1), loss=None, memory=new_memory)
 
     def _check_cache(
-        self,
-        tokens: Tensor,
-        cache: KVCache,
-        *,
-        memory: Memory | None,
-        span: Span | None,
-        targets: Tensor | None,
+        self, tokens: Tensor, cache: KVCache, given: tuple[Memory | None, Span | None, Tensor | None]
     ) -> None:
+        """Refuse a cache call that cannot run: ``given`` is the call's (memory, span, targets)."""
+        memory, span, targets = given
         if memory is not None:
             raise ValueError("with a cache, pass no memory (the cache holds it)")
         if span is not None and span != cache.span:
@@ -291,10 +295,9 @@ class TransformerXL(nn.Module):
             )
         if self.config.attention != "relative":
             raise ValueError("a key/value cache needs a Transformer-XL with relative attention")
-        sizes = ("n_layer", "n_head", "d_head", "d_model")
-        if any(getattr(self.config, f) != getattr(cache.config, f) for f in sizes):
+        if not cache.fits(self.config):
             raise ValueError(
-                f"this key/value cache was built for other sizes ({', '.join(sizes)}) than the model's"
+                f"this key/value cache was built for other sizes ({', '.join(CACHE_SIZES)}) than the model's"
             )
         param = self.u
         if param.dtype != cache.dtype or param.device != cache.device:

@@ -92,24 +92,25 @@ def listening_note(host: str, port: int, *, keyed: bool) -> str:
 
 def serve(
     run_dir: Path,
+    settings: ServeSettings | None = None,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
     device: str = "cpu",
     checkpoint: str = "best",
-    settings: ServeSettings | None = None,
-    log_level: str = "info",
     out: Any = None,
 ) -> None:
-    """Load ``run_dir`` and serve it until Ctrl-C (then return) or SIGTERM. Prints where it listens (to ``out``,
-    default stdout) and whether other machines can reach it."""
+    """Load ``run_dir`` and serve it, where and as ``settings`` say (None: the defaults), until Ctrl-C (then
+    return) or SIGTERM. Prints where it listens (to ``out``, default stdout) and whether other machines can
+    reach it."""
     require_server_packages()
     import uvicorn
 
     from ..runs import load_run
     from .app import create_app
     from .server import server_config
+    from .state import ServeSettings
 
+    settings = ServeSettings() if settings is None else settings
+    host, port = settings.host, settings.port
     out = sys.stdout if out is None else out
     run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
     app = create_app(run, run_dir=Path(run_dir), settings=settings)
@@ -123,11 +124,11 @@ def serve(
         flush=True,
     )
     print(
-        listening_note(bound_host, bound_port, keyed=settings is not None and settings.api_key is not None),
+        listening_note(bound_host, bound_port, keyed=settings.api_key is not None),
         file=out,
         flush=True,
     )
-    server = uvicorn.Server(server_config(app, log_level=log_level))
+    server = uvicorn.Server(server_config(app, log_level=settings.log_level))
     try:
         server.run(sockets=[sock])
     except (

@@ -1,13 +1,15 @@
 """The HTTP routes of ``txl serve`` (FastAPI), reading ``app.state.txl``; the model's thread starts with the
-application (its lifespan), not on the first request. Requests are checked by :mod:`txl.serve.checks` and
-answered in :mod:`txl.serve.openai`'s shapes.
+application. Requests are checked by :mod:`txl.serve.checks`, answered in :mod:`txl.serve.openai`'s shapes."""
 
-    app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_batch=16, queue_size=4))
-    # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true, "n": 2, "logprobs": 3}
-    # POST /v1/score        {"text": "...", "memory": false}
-    # POST /v1/sessions, /v1/sessions/{id}/score {"text": ...}, /v1/sessions/{id}/completions; GET, DELETE
-    # GET  /v1/model, /v1/models, /v1/models/{id}, /v1/health, /
-"""
+# The HTTP routes of ``txl serve`` (FastAPI), reading ``app.state.txl``; the model's thread starts with the
+# application (its lifespan), not on the first request. Requests are checked by :mod:`txl.serve.checks` and
+# answered in :mod:`txl.serve.openai`'s shapes.
+#
+#     app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(max_batch=16, queue_size=4))
+#     # POST /v1/completions  {"prompt": "ROMEO:", "max_tokens": 50, "stream": true, "n": 2, "logprobs": 3}
+#     # POST /v1/score        {"text": "...", "memory": false}
+#     # POST /v1/sessions, /v1/sessions/{id}/score {"text": ...}, /v1/sessions/{id}/completions; GET, DELETE
+#     # GET  /v1/model, /v1/models, /v1/models/{id}, /v1/health, /
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The rows ``txl serve`` decodes at once: which job's choice each row holds, the choices parked while their
-clients catch up, and one step of them all (draw, emit, feed), on :mod:`txl.inference`'s rows.
+clients catch up, and one step of them all (draw, emit, feed), on :mod:`txl.inference`'s rows."""
 
-Dimensions: R rows (``--max-batch``), V vocabulary.
-"""
+# Dimensions: R rows (``--max-batch``), V vocabulary.
 
 from __future__ import annotations
 

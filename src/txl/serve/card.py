@@ -30,7 +30,8 @@ def model_card(run: LoadedRun, *, name: str, run_dir: Path, limits: dict[str, An
     except (OSError, ValueError):
         summary = None
     generate = run.config.generate
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
+    tgt_len, span = lengths.tgt_len, lengths.span
     return {
         "id": name,
         "object": "model",

@@ -1,8 +1,7 @@
 """A request's values checked against the run and the server's limits (each refusal a 400 naming its field):
-prompts read as ``txl generate`` reads them, sampling settings, OpenAI's fields accepted at no-op values.
+prompts read as ``txl generate`` reads them, sampling settings, OpenAI's fields accepted at no-op values."""
 
-Dimensions: P prompt tokens.
-"""
+# Dimensions: P prompt tokens.
 
 from __future__ import annotations
 

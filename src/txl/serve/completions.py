@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from starlette.requests import Request
 
+from ..data.vocab import start_token
 from .checks import prompt_ids, prompts_of, sampling_of
 from .events import CompletionResult, TextEvent
 from .jobs import Cancelled, Job
@@ -43,11 +44,10 @@ def _prompts(
     for prompt in prompts_of(req.prompt):
         tokens, warned = prompt_ids(state.run, prompt, limit=state.settings.max_prompt_chars)
         if not tokens.numel() and (session is None or session.pending is None):
-            eos = getattr(state.run.vocab, "eos_id", None)
-            if eos is None:
+            if getattr(state.run.vocab, "eos_id", None) is None:
                 message = "prompt: empty (this vocabulary has no end-of-text token to start from)"
                 raise RequestError(400, message, param="prompt")
-            tokens = torch.tensor([eos], dtype=torch.long)
+            tokens = torch.tensor([start_token(state.run.vocab)], dtype=torch.long)
         ids.append(tokens)
         notes.extend(warned)
     return ids, notes

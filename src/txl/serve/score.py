@@ -1,8 +1,7 @@
-"""The model's surprisal at every token of a text, segment by segment with or without memory (``txl eval``'s
-reading of one stream), the lengths a run is scored with, and the text each token stands for. Torch only.
+"""The model's surprisal at every token of a text, segment by segment with or without memory, the lengths a
+run is scored with, and the text each token stands for. Torch only."""
 
-Dimensions: N tokens of the text, T segment length.
-"""
+# Dimensions: N tokens of the text, T segment length.
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ..config import RunConfig, SameLengthOff, Span, eval_span, first_set
-from ..evaluate import SegmentLosses, segment_losses
+from ..config import EvalLengths, RunConfig, SameLengthOff, Span, eval_lengths
+from ..evaluate import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL
 
 __all__ = ["Scores", "score_tokens", "score_segments", "scores_of", "token_pieces", "scoring_lengths"]
@@ -40,64 +39,59 @@ class Scores:
         return float(self.losses.mean()) if self.losses.numel() else float("nan")
 
 
-def scoring_lengths(config: RunConfig, *, memory: bool) -> tuple[int, Span]:
+def scoring_lengths(config: RunConfig, *, memory: bool) -> EvalLengths:
     """The segment length and span a run is evaluated with when ``txl eval`` is given no flags (the one
-    resolver, :func:`~txl.config.eval_span`): the run's ``[eval]`` settings, else its model's and training's.
+    resolver, :func:`~txl.config.eval_lengths`): the run's ``[eval]`` settings, else its model's and training's.
     ``memory=False`` is ``txl eval --mem-len 0``: same-length attention then goes off (it needs a memory;
     the answer's span says so, the warning is not repeated). The vanilla baseline always has no memory."""
-    tgt_len = first_set(config.eval.tgt_len, config.train.tgt_len)
-    if config.model.attention != "relative":
-        return tgt_len, eval_span(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SameLengthOff)
-        return tgt_len, eval_span(config, mem_len=None if memory else 0)
+        given = None if memory or config.model.attention != "relative" else 0
+        return eval_lengths(config, mem_len=given)
 
 
 def score_segments(
-    model: TransformerXL, ids: Tensor, *, tgt_len: int, span: Span, losses: list[Tensor]
+    model: TransformerXL, ids: Tensor, lengths: EvalLengths, losses: list[Tensor]
 ) -> Generator[None, None, None]:
     """:func:`score_tokens` one segment at a time: each ``next`` reads one segment and appends its losses
     (T,) to ``losses`` (so a caller can do other work between segments; closing it stops)."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
-    if tgt_len < 1:
-        raise ValueError(f"tgt_len must be a positive integer, got {tgt_len}")
+    if lengths.tgt_len < 1:
+        raise ValueError(f"tgt_len must be a positive integer, got {lengths.tgt_len}")
     # txl eval's loop (a generator: closed early, it restores the training flags now)
-    segments = cast(
-        Generator[SegmentLosses, None, None],
-        segment_losses(model, ids[None], tgt_len=tgt_len, span=span, batch_size=1),
-    )
+    settings = EvalSettings(lengths.tgt_len, batch_size=1, span=lengths.span)
+    segments = cast(Generator[SegmentLosses, None, None], segment_losses(model, ids[None], settings))
     with closing(segments):  # stopped early: the generator restores the training flags now
         for segment in segments:
             losses.append(segment.loss[0].cpu())  # (T,)
             yield None
 
 
-def scores_of(losses: list[Tensor], *, tgt_len: int, span: Span) -> Scores:
+def scores_of(losses: list[Tensor], lengths: EvalLengths) -> Scores:
     """The :class:`Scores` of the segments' losses collected by :func:`score_segments`."""
     joined = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
-    return Scores(losses=joined, tgt_len=tgt_len, span=span)
+    return Scores(joined, lengths.tgt_len, lengths.span)
 
 
 @torch.inference_mode()
 def score_tokens(
     model: TransformerXL,
     ids: Tensor,
+    lengths: EvalLengths,
     *,
-    tgt_len: int,
-    span: Span,
     should_stop: Callable[[], bool] | None = None,
 ) -> Scores:
-    """Per-token losses of ``ids`` (N,) int64: tokens 1..N-1 predicted segment by segment of ``tgt_len``
-    targets, each segment attending over the memory of the previous ones when ``span.mem_len > 0`` and over
-    itself only when it is 0. This is exactly ``txl eval`` on the same tokens with batch size 1.
+    """Per-token losses of ``ids`` (N,) int64: tokens 1..N-1 predicted segment by segment of
+    ``lengths.tgt_len`` targets, each segment attending over the memory of the previous ones when
+    ``lengths.span.mem_len > 0`` and over itself only when it is 0 (:func:`scoring_lengths` gives a run's). This is exactly ``txl eval`` on the same tokens with batch size 1.
     ``should_stop`` is asked between segments; when it says True the losses so far are returned."""
     losses: list[Tensor] = []
-    with closing(score_segments(model, ids, tgt_len=tgt_len, span=span, losses=losses)) as segments:
+    with closing(score_segments(model, ids, lengths, losses)) as segments:
         while should_stop is None or not should_stop():
             if next(segments, StopIteration) is StopIteration:
                 break
-    return scores_of(losses, tgt_len=tgt_len, span=span)
+    return scores_of(losses, lengths)
 
 
 def token_pieces(decode: Callable[[Sequence[int]], str], ids: Sequence[int], *, window: int = 8) -> list[str]:

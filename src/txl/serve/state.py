@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from ..config import has_memory
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
@@ -19,7 +20,14 @@ __all__ = ["ServeSettings", "ServeState", "state_of"]
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """Limits of one server; each is a ``txl serve`` flag."""
+    """Where one server listens and its limits; each is a ``txl serve`` flag."""
+
+    host: str = "127.0.0.1"
+    """The address to listen on (``--host``)."""
+    port: int = 8000
+    """The port to listen on; 0: any free port (``--port``)."""
+    log_level: str = "info"
+    """uvicorn's log level (``--log-level``)."""
 
     max_tokens: int = 1024
     """The largest ``max_tokens`` a completion may ask for (``--max-tokens-limit``)."""
@@ -82,8 +90,7 @@ class ServeState:
     @property
     def cached(self) -> bool:
         """Whether the model has memory (sessions need it)."""
-        model = self.run.config.model
-        return model.attention == "relative" and model.mem_len > 0
+        return has_memory(self.run.config.model)
 
 
 def state_of(request: Request) -> ServeState:

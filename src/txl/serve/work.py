@@ -1,9 +1,11 @@
-"""What ``txl serve``'s requests do on the model's thread: a completion (its prompts read, its choices decoded as
-rows), a text scored, a text read into a session; plain token events and results (:mod:`txl.serve.openai`
-shapes them). Readings use the evaluation lengths with memory, generation the model's memory length.
+"""What ``txl serve``'s requests do on the model's thread: a completion, a text scored, a text read into a
+session, as plain token events and results (:mod:`txl.serve.openai` shapes them)."""
 
-Dimensions: N tokens read, V vocabulary, M memory positions.
-"""
+# What ``txl serve``'s requests do on the model's thread: a completion (its prompts read, its choices decoded as
+# rows), a text scored, a text read into a session; plain token events and results (:mod:`txl.serve.openai`
+# shapes them). Readings use the evaluation lengths with memory, generation the model's memory length.
+#
+# Dimensions: N tokens read, V vocabulary, M memory positions.
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..config import has_memory
 from ..evaluate import RaggedSettings, ragged_losses
 from ..inference import GenerationSettings
 from ..inference.text import TextStream
@@ -65,11 +68,11 @@ def read_tokens(
 ) -> Generator[Pause, None, Reading]:
     """Read ``ids`` after ``memory`` and the ``pending`` token (the context of the first), segment by segment
     of the evaluation length with memory (``/v1/score``'s reading); the memory and pending token after."""
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
     seq = ([] if pending is None else [pending]) + [int(i) for i in ids]
     if len(seq) < 2:  # nothing to predict: the memory stays as it was
         return Reading((), None, memory, seq[-1] if seq else pending)
-    settings = RaggedSettings(tgt_len=tgt_len, span=span, log_probs=log_probs, final_memory=True)
+    settings = RaggedSettings(lengths.tgt_len, lengths.span, log_probs=log_probs, final_memory=True)
     return (yield from _read(run, seq, settings, memory=memory))
 
 
@@ -181,8 +184,7 @@ class Completion:
     def resume_prompt(self, choice: int) -> Tensor:
         """(P,) what a parked choice is prefilled with: its last token (with memory) or its whole text."""
         c = self.choices[choice]
-        config = self.run.config.model
-        if config.attention == "relative" and config.mem_len > 0:
+        if has_memory(self.run.config.model):
             return torch.tensor(c.ids[-1:])
         return torch.cat([self.prompts[c.prompt].ids, torch.tensor(c.ids, dtype=torch.long)])
 
@@ -274,9 +276,10 @@ def completion_work(completion: Completion, *, mem_len: int) -> Work:
 def score_work(run: LoadedRun, ids: Tensor, *, memory: bool) -> Work:
     """``/v1/score``: every token's log-probability, segments of the evaluation length with or without the
     memory of the previous ones (``txl eval``'s reading)."""
-    tgt_len, span = scoring_lengths(run.config, memory=memory)
+    lengths = scoring_lengths(run.config, memory=memory)
+    tgt_len, span = lengths.tgt_len, lengths.span
     id_list = ids.tolist()
-    reading = yield from _read(run, id_list, RaggedSettings(tgt_len=tgt_len, span=span), memory=None)
+    reading = yield from _read(run, id_list, RaggedSettings(tgt_len, span), memory=None)
     pieces = token_pieces(run.vocab.decode, id_list)
     logprobs = [None] + [-x for x in reading.losses]
     return ScoreResult(tuple(zip(id_list, pieces, logprobs, strict=True)), reading.losses, tgt_len, span)
@@ -285,7 +288,8 @@ def score_work(run: LoadedRun, ids: Tensor, *, memory: bool) -> Work:
 def session_read_work(run: LoadedRun, session: Session, ids: Tensor) -> Work:
     """Read ``ids`` into a session: each token's log-probability given everything the session has read; the
     session's memory then holds them."""
-    tgt_len, span = scoring_lengths(run.config, memory=True)
+    lengths = scoring_lengths(run.config, memory=True)
+    tgt_len, span = lengths.tgt_len, lengths.span
     reading = yield from read_tokens(
         run, ids.tolist(), memory=session.memory, pending=session.pending, log_probs=False
     )

@@ -44,7 +44,7 @@ from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, 
 from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
-from ..evaluate import EvalResult, bits_name, evaluate, metrics_from_loss
+from ..evaluate import EvalResult, EvalSettings, bits_name, evaluate, metrics_from_loss
 from ..files import atomic_write_text
 from ..model import Memory, TransformerXL
 from ..runs import (
@@ -570,9 +570,7 @@ class Trainer:
         if split not in self.eval_splits:
             return None
         ec, tc = self.config.eval, self.config.train
-        return evaluate(
-            self.model,
-            self.eval_splits[split],
+        settings = EvalSettings(
             batch_size=ec.batch_size,
             tgt_len=ec.tgt_len or tc.tgt_len,
             span=eval_span(self.config),
@@ -580,7 +578,12 @@ class Trainer:
             precision=tc.precision,
             max_tokens=max_tokens,
             progress=self.progress,
-            desc=split,
+            name=split,
+        )
+        return evaluate(
+            self.model,
+            self.eval_splits[split],
+            settings,
             group=self.group,
             starts=self.eval_starts.get(split),
         )
