@@ -20,7 +20,7 @@ from txl.config import (
     load_config,
     preset_names,
 )
-from txl.data import SegmentStream
+from txl.data import SegmentStream, StreamSettings
 from txl.runs import RunPaths
 from txl.train.optim import configure_optimizer, lr_at
 from txl.train.trainer import Trainer
@@ -119,7 +119,9 @@ def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
     torch.manual_seed(config.train.seed)
     model = TransformerXL(config.model).double()
     tc = config.train
-    stream = SegmentStream(tokens, batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed, name="train")
+    stream = SegmentStream(
+        tokens, StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed), name="train"
+    )
     return Trainer(
         config,
         model=model,

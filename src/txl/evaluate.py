@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .config import ConfigError, Span, TransformerXLConfig, eval_span, first_set
-from .data import SegmentStream, check_documents, prepare_data
+from .data import SegmentStream, StreamSettings, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
@@ -229,7 +229,10 @@ def segment_losses(
     else:
         try:
             batches = SegmentStream(
-                tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False, name=name, starts=starts
+                tokens,
+                StreamSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False),
+                name=name,
+                starts=starts,
             )
         except ValueError as exc:
             raise TxlError(str(exc)) from None

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from ..checkpoint import TrainingState, save_checkpoint
+from ..checkpoint import CheckpointContents, save_checkpoint
 from ..config import (
     ConfigError,
     DataConfig,
@@ -138,7 +138,7 @@ def convert(
         "vocab_fingerprint": words.fingerprint,
         "converted_from": {"source": source, "path": str(src)},
     }
-    save_checkpoint(paths.best, model=model, optimizer=None, memory=None, state=TrainingState(), meta=meta)
+    save_checkpoint(paths.best, CheckpointContents(model, meta=meta))
     return paths.root
 
 

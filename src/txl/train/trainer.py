@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
+    CheckpointContents,
     ResumeWarning,
     TrainingState,
     checkpoint_step,
@@ -41,7 +42,7 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
-from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
+from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, StreamSettings, load_vocab, prepare_data
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
 from ..evaluate import EvalResult, bits_name, evaluate, metrics_from_loss
@@ -110,10 +111,7 @@ def train_stream(
     try:
         return SegmentStream(
             splits["train"],
-            batch_size=tc.batch_size,
-            tgt_len=tc.tgt_len,
-            varlen=tc.varlen,
-            seed=tc.seed,
+            StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen, seed=tc.seed),
             name="train",
             starts=(starts or {}).get("train") if config.data.documents == "reset" else None,
         )
@@ -287,15 +285,10 @@ class Trainer:
             memory = Memory(states, reach=reach)
         rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
         if self.group.is_main:
-            save_checkpoint(
-                folder,
-                model=self.model,
-                optimizer=self.optimizer,
-                memory=memory,
-                state=self.state,
-                meta=self._meta(),
-                rank_rng=rank_rng,
+            contents = CheckpointContents(
+                self.model, self.optimizer, memory, self.state, self._meta(), rank_rng
             )
+            save_checkpoint(folder, contents)
         return folder
 
     def save(self) -> Path:
