@@ -23,7 +23,7 @@ from txl.config import (
 from txl.data import SegmentStream, StreamSettings
 from txl.runs import RunPaths
 from txl.train.optim import configure_optimizer, lr_at
-from txl.train.trainer import Trainer
+from txl.train.trainer import Trainer, TrainerOptions, TrainerParts
 
 
 def test_presets_load_and_round_trip():
@@ -122,14 +122,8 @@ def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
     stream = SegmentStream(
         tokens, StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed), name="train"
     )
-    return Trainer(
-        config,
-        model=model,
-        optimizer=configure_optimizer(model, tc),
-        stream=stream,
-        run=RunPaths(folder),
-        progress=False,
-    )
+    parts = TrainerParts(model, configure_optimizer(model, tc), stream, RunPaths(folder))
+    return Trainer(config, parts, TrainerOptions(progress=False))
 
 
 def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):

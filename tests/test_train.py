@@ -32,13 +32,13 @@ from txl.data import prepare_data
 from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
 from txl.runs import latest_checkpoint, load_run
+from txl.train.checks import train_stream
 from txl.train.trainer import (
     Interrupted,
     Trainer,
     TrainingDiverged,
     resume,
     train,
-    train_stream,
 )
 
 

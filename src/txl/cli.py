@@ -208,7 +208,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "started by torchrun; leave --nproc out under torchrun"
         )
     try:
-        _check_training_fits(config, group=group)
         if args.resume:
             summary = resume(
                 Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group
@@ -297,23 +296,6 @@ def _new_run_config(args: argparse.Namespace) -> Any:
     loose = apply_overrides(base, ["model.vocab_size=1000000000", *args.set])
     size = len(prepare_data(loose.data, splits=("train",)).vocab)
     return apply_overrides(base, [f"model.vocab_size={size}", *args.set])
-
-
-def _check_training_fits(config: Any, *, group: Any) -> None:
-    """Refuse a training segment whose buffers cannot fit in this process's device, naming the fields."""
-    from .limits import check_fits, segment_bytes
-
-    train, model = config.train, config.model
-    rows = max(1, train.batch_size // (group.world_size * train.accum_steps))  # one forward of one process
-    mem_len = model.mem_len if model.attention == "relative" else 0
-    need = segment_bytes(model, batch=rows, tgt_len=train.tgt_len, mem_len=mem_len, training=True)
-    check_fits(
-        need,
-        setting=f"train.batch_size {train.batch_size}, train.tgt_len {train.tgt_len}, model.mem_len {mem_len}",
-        what=f"the attention of {model.n_layer} layers over {rows} rows of {train.tgt_len} + {mem_len} keys",
-        lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps (--set)",
-        device=group.device(train.device),
-    )
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -604,12 +586,10 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .analysis.common import parse_ints
-    from .interop.convert import convert
+    from .interop.convert import ConvertSettings, convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
-    folder = convert(
-        Path(args.src),
-        Path(args.dst),
+    settings = ConvertSettings(
         source=args.source,
         vocab=args.vocab,
         corpus=args.corpus,
@@ -619,38 +599,18 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         same_length=args.same_length,
         pre_norm=args.pre_norm,
         cutoffs=cutoffs,
-        overwrite=args.overwrite,
     )
+    folder = convert(Path(args.src), Path(args.dst), settings, overwrite=args.overwrite)
     print(folder)
     return 0
 
 
-def _check_export_fits(args: argparse.Namespace) -> None:
-    """Refuse an exported segment or memory whose example buffers cannot fit, before loading the model."""
-    from .interop.onnx import EXAMPLE_BATCH
-    from .limits import check_fits, segment_bytes
-    from .runs import load_run_config
-
-    config = load_run_config(Path(args.run_dir))
-    tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
-    mem_len = config.model.mem_len if args.mem_len is None else args.mem_len
-    check_fits(
-        segment_bytes(config.model, batch=EXAMPLE_BATCH, tgt_len=tgt_len, mem_len=mem_len),
-        setting=f"--tgt-len {tgt_len} --mem-len {mem_len}",
-        what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.model.n_layer} layers)",
-        lower="--tgt-len or --mem-len",
-    )
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .interop.onnx import export_onnx
+    from .interop.onnx import ExportSettings, export_onnx
 
     _device(args.device)
-    _check_export_fits(args)
     try:
-        result = export_onnx(
-            Path(args.run_dir),
-            Path(args.out),
+        settings = ExportSettings(
             tgt_len=args.tgt_len,
             mem_len=args.mem_len,
             clamp_len=args.clamp_len,
@@ -658,8 +618,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             opset=args.opset,
             check=not args.no_check,
-            progress=True,
         )
+        result = export_onnx(Path(args.run_dir), Path(args.out), settings, progress=True)
     except OSError as exc:  # writing the file failed (a full disk): one line naming the flag
         if exc.filename != str(Path(args.out)):
             raise

@@ -1,14 +1,6 @@
-"""Import weights from other Transformer-XL implementations: the authors' checkpoints and Hugging Face's.
-
-``load_original`` reads a ``state_dict`` saved with ``torch.save(model.state_dict())`` from the authors'
-PyTorch ``MemTransformerLM`` (attention type 0, the relative attention of the paper), safely
-(``weights_only=True``), infers every size from the tensor shapes and returns an equivalent
-:class:`~txl.model.TransformerXL`. Their tensors are laid out time-major inside; weights are not.
-
-``load_hf`` reads a Hugging Face ``TransfoXLLMHeadModel`` folder (``config.json`` and ``model.safetensors``
-or ``pytorch_model.bin``, the latter with ``weights_only=True``) and ``load_hf_vocab`` its word vocabulary
-(``vocab.pkl`` through :mod:`txl.interop.safe_pickle`, never running pickle code; or ``vocab.txt`` / ``vocab.json``).
-Writing a txl run folder from either is :mod:`txl.interop.convert`'s job.
+"""Import weights from other Transformer-XL implementations, never running pickle code: the authors'
+``MemTransformerLM`` state_dict (:func:`load_original`, sizes inferred from the shapes) and a Hugging Face
+TransfoXL folder (:func:`load_hf`, :func:`load_hf_vocab`). Writing a run folder is :mod:`txl.interop.convert`'s.
 """
 
 from __future__ import annotations
@@ -17,12 +9,13 @@ import json
 import pickle
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, TransformerXLConfig
+from ..config import ConfigError, TransformerXLConfig, positive_int
 from ..data.vocab import WordVocab
 from ..errors import CheckpointError
 from ..model import TransformerXL
@@ -31,6 +24,7 @@ from .safe_pickle import UnsafePickleError, safe_load_file
 
 __all__ = [
     "CheckpointError",
+    "OriginalSettings",
     "load_original",
     "original_to_txl",
     "txl_to_original",
@@ -57,19 +51,32 @@ def _same(a: Tensor | None, b: Tensor | None) -> bool:
     return a is not None and b is not None and a.shape == b.shape and torch.equal(a, b)
 
 
-def config_from_original(
-    state: Mapping[str, Tensor],
-    *,
-    pre_norm: bool = False,
-    mem_len: int,
-    same_length: bool = False,
-    clamp_len: int | None = None,
-    cutoffs: tuple[int, ...] | None = None,
-) -> TransformerXLConfig:
-    """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes.
+@dataclass(frozen=True)
+class OriginalSettings:
+    """What the authors' state_dict does not store, given when reading it (:func:`load_original`)."""
 
-    The one size the shapes cannot tell is the cutoffs of an adaptive softmax with ``div_val = 1`` (the
-    authors' WikiText-103 setting: one table for all clusters); pass ``cutoffs`` then."""
+    mem_len: int
+    """The memory length (M) the model keeps between segments."""
+    pre_norm: bool = False
+    """Layer norm before each sub-layer (their ``pre_lnorm``); False: after it, as the authors trained."""
+    same_length: bool = False
+    """Every position attends the same number of keys (their ``same_length``)."""
+    clamp_len: int | None = None
+    """Relative distances beyond this use the embedding of this distance; None: no clamp."""
+    cutoffs: tuple[int, ...] | None = None
+    """The cutoffs of an adaptive softmax with ``div_val = 1`` (the authors' WikiText-103 setting: one table
+    for all clusters), which the shapes cannot tell; inferred when div_val > 1."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mem_len, bool) or not isinstance(self.mem_len, int) or self.mem_len < 0:
+            raise ConfigError(f"mem_len: must be a non-negative integer, got {self.mem_len!r}")
+        if self.clamp_len is not None:
+            positive_int(self.clamp_len, "clamp_len")
+
+
+def config_from_original(state: Mapping[str, Tensor], settings: OriginalSettings) -> TransformerXLConfig:
+    """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes and ``settings``."""
+    cutoffs = settings.cutoffs
     required = ["r_w_bias", "r_r_bias", "word_emb.emb_layers.0.weight", "layers.0.dec_attn.qkv_net.weight"]
     missing = [k for k in required if k not in state]
     if missing:
@@ -131,10 +138,10 @@ def config_from_original(
         d_inner=d_inner,
         d_embed=None if d_embed == d_model else d_embed,
         attention="relative",
-        mem_len=mem_len,
-        same_length=same_length,
-        clamp_len=clamp_len,
-        pre_norm=pre_norm,
+        mem_len=settings.mem_len,
+        same_length=settings.same_length,
+        clamp_len=settings.clamp_len,
+        pre_norm=settings.pre_norm,
         tie_weights=tie_weights,
         share_rel_bias=True,
         cutoffs=cutoffs,
@@ -210,21 +217,10 @@ def txl_to_original(model: TransformerXL) -> dict[str, Tensor]:
     return state
 
 
-def load_original(
-    path: str | Path,
-    *,
-    pre_norm: bool = False,
-    mem_len: int,
-    same_length: bool = False,
-    clamp_len: int | None = None,
-    cutoffs: tuple[int, ...] | None = None,
-) -> TransformerXL:
+def load_original(path: str | Path, settings: OriginalSettings) -> TransformerXL:
     """Load the authors' ``MemTransformerLM`` weights (``torch.save(model.state_dict())``, attn_type 0)
-    with ``weights_only=True`` and return an equivalent TransformerXL in eval mode.
-
-    Sizes, cutoffs, div_val and weight tying are inferred from the tensor shapes; ``pre_norm`` (their
-    ``pre_lnorm``), ``mem_len``, ``same_length`` and ``clamp_len`` are not stored there and are given here, and so are
-    ``cutoffs`` for an adaptive softmax with div_val 1 (they are inferred when div_val > 1)."""
+    with ``weights_only=True`` and return an equivalent TransformerXL in eval mode. Sizes, cutoffs, div_val
+    and weight tying are inferred from the tensor shapes; what they do not store is in ``settings``."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -235,14 +231,7 @@ def load_original(
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    config = config_from_original(
-        state,
-        pre_norm=pre_norm,
-        mem_len=mem_len,
-        same_length=same_length,
-        clamp_len=clamp_len,
-        cutoffs=cutoffs,
-    )
+    config = config_from_original(state, settings)
     return original_to_txl(state, config).eval()
 
 
