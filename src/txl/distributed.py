@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .config import ConfigError
+from .config import ConfigError, positive_int
 from .device import resolve_device
 
 __all__ = [
@@ -165,8 +165,7 @@ def from_environment(device: str = "cpu") -> Distributed:
 
 def launch_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs ``txl <argv>`` on ``nproc`` processes of this machine."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ConfigError(f"--nproc must be a positive integer, got {nproc!r}")
+    positive_int(nproc, "--nproc")
     return [
         sys.executable,
         "-m",

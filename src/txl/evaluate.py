@@ -228,12 +228,8 @@ def segment_losses(
         )
     else:
         try:
-            batches = SegmentStream(
-                tokens,
-                StreamSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False),
-                name=name,
-                starts=starts,
-            )
+            reading = StreamSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
+            batches = SegmentStream(tokens, reading, name=name, starts=starts)
         except ValueError as exc:
             raise TxlError(str(exc)) from None
     rows = slice(0, batch_size) if rows is None else rows

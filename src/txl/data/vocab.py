@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import positive_int
 from ..errors import TxlError
 from ..files import atomic_write_text
 from .corpora import Corpus, CorpusError
@@ -195,8 +196,7 @@ class WordVocab(_TableVocab):
     ) -> WordVocab:
         """Count the words of `text`; keep those seen `min_freq` times, at most `max_size` in all
         (specials included)."""
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        positive_int(min_freq, "min_freq", error=ValueError)
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
         counts = Counter(text.split() if tokenizer == "whitespace" else _REGEX.findall(text))

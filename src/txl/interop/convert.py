@@ -19,6 +19,7 @@ from ..config import (
     TrainConfig,
     TransformerXLConfig,
     config_to_dict,
+    has_memory,
     positive_int,
 )
 from ..data.vocab import Vocab
@@ -170,6 +171,6 @@ def _with_span(config: TransformerXLConfig, settings: ConvertSettings) -> Transf
         config = dataclasses.replace(config, **changes)
     except ConfigError as exc:
         raise ConfigError(f"convert: {exc}") from None
-    if config.mem_len == 0 and config.same_length:
+    if config.same_length and not has_memory(config):
         config = dataclasses.replace(config, same_length=False)
     return config
