@@ -1,8 +1,6 @@
-"""Atomic file writes: the one helper every file txl writes goes through (run files, vocabularies, encoded
-splits, reports). A file is written under a temporary name in its folder, flushed to disk and renamed into
-place, so a reader or a killed writer never sees half a file. Folders (checkpoints) are made atomic by
-``txl.checkpoint`` with the same write-then-rename idea. Also the one check of an output path that every
-writing command makes before it starts (:func:`check_output`).
+"""Atomic file writes, the one helper every file txl writes goes through (written under a temporary name,
+flushed, renamed into place), and the one check of an output path every writing command makes before it
+starts (:func:`check_output`).
 """
 
 from __future__ import annotations

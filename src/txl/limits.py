@@ -1,10 +1,6 @@
-"""Sizes that cannot fit: the bytes that a memory, segment, batch or generation length makes txl allocate,
-derived from the model's sizes, against the memory available on the device; refused before allocating, with
-the setting named. Each estimate is a lower bound of what the code allocates (the largest buffers only), so a
-setting that would fit is never refused. Running the model is :mod:`txl.model`'s; this module only counts.
-
-Dimensions: N layers, B batch, T segment length, M memory length, K = M + T keys, H heads, Dh head size,
-D model size, C slots of a key/value cache (:func:`~txl.config.cache_slots`).
+"""Sizes that cannot fit: lower bounds of the bytes a memory, segment, batch or generation length makes txl
+allocate, against the memory available on the device, refused before allocating with the setting named.
+Dimensions: N layers, B batch, T segment, M memory, H heads, Dh head size, D model size.
 """
 
 from __future__ import annotations

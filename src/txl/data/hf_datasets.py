@@ -1,10 +1,6 @@
-"""Hugging Face ``datasets`` as a corpus source (the optional extra ``datasets``): ``hf:NAME[:CONFIG]`` from
-the hub (or its local cache) and ``hf-disk:PATH`` for a dataset written with ``save_to_disk``.
-
-Each row's ``text_field`` is one record, read as one line of text (a newline is added to rows that have none, as WikiText's rows
-already end with one); the splits ``train``, ``validation`` (or ``valid``, ``dev``) and ``test`` become txl's
-train, valid and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and
-:mod:`txl.data.encoded`'s.
+"""Hugging Face ``datasets`` as a corpus source (the extra ``datasets``): ``hf:NAME[:CONFIG]`` from the hub or
+its cache and ``hf-disk:PATH``, each row's ``text_field`` one line of text, their splits txl's train, valid
+and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and :mod:`txl.data.encoded`'s.
 """
 
 from __future__ import annotations

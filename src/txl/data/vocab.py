@@ -1,7 +1,6 @@
-"""Vocabularies: word, char and byte symbol tables, and byte-level BPE through Hugging Face `tokenizers`.
-
-Owns text <-> id mapping and its JSON form (never pickled). Reading corpora is `corpora.py`'s job,
-caching encoded splits `cache.py`'s.
+"""Vocabularies: word, char and byte symbol tables and byte-level BPE (Hugging Face ``tokenizers``); text <-> id
+and their JSON form, never pickled. Reading corpora is :mod:`txl.data.corpora`'s job, caching encoded splits
+:mod:`txl.data.encoded`'s.
 """
 
 from __future__ import annotations
