@@ -89,7 +89,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
     path = Path(path)
     fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as fh:
+        with os.fdopen(fd, mode, encoding="utf-8" if mode == "w" else None) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -142,7 +142,7 @@ def check_output(path: str | os.PathLike[str], *, flag: str, kind: OutputKind = 
             shutil.rmtree(tempfile.mkdtemp(prefix=".txl-probe-", dir=base))
         free = os.statvfs(base)
     except OSError as exc:
-        reason = _REASONS.get(exc.errno, f"cannot be written ({exc.strerror or exc})")
+        reason = _REASONS.get(exc.errno or 0, f"cannot be written ({exc.strerror or exc})")
         raise OutputPathError(f"{flag} {path}: {where}{reason}") from None
     if free.f_blocks > 0 and free.f_bavail == 0:
         raise OutputPathError(f"{flag} {path}: {where}{_REASONS[errno.ENOSPC]}")

@@ -538,7 +538,7 @@ def _load_path(path: Path, *, text_field: str = "text") -> Corpus:
         )
     by_split = _folder_split_files(path)
     if by_split and all(_is_jsonl(p) for p in by_split.values()):  # records are documents
-        parts = {
+        parts: dict[str, list[tuple[bytes, str, int | None]]] = {
             s: [(r, str(p), None) for r in jsonl_records(_read(p), p, text_field=text_field)]
             for s, p in by_split.items()
         }

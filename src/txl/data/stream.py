@@ -278,14 +278,18 @@ class SegmentStream:
 
     def _marks(self, pos: int, seq_len: int) -> np.ndarray:
         """(B, T) bool: True where input ``pos + t`` of row b is a document's first token."""
+        starts = self._starts
+        assert starts is not None  # called only for a stream given document starts
         marks = np.zeros((self.batch_size, seq_len), dtype=bool)  # (B, T)
         first = self._row_start + pos  # (B,) token index of each row's input 0
-        lo = np.searchsorted(self._starts, first + np.maximum(self._row_first - pos, 0))  # not in padding
-        hi = np.searchsorted(
-            self._starts, first + np.clip(self._row_len - 1 - pos, 0, seq_len)
-        )  # inputs only
+        lo = np.asarray(
+            np.searchsorted(starts, first + np.maximum(self._row_first - pos, 0))
+        )  # not in padding
+        hi = np.asarray(
+            np.searchsorted(starts, first + np.clip(self._row_len - 1 - pos, 0, seq_len))
+        )  # inputs
         for b in range(self.batch_size):
-            marks[b, self._starts[lo[b] : hi[b]] - first[b]] = True
+            marks[b, starts[lo[b] : hi[b]] - first[b]] = True
         return marks
 
     def __iter__(self) -> Iterator[Batch]:

@@ -138,8 +138,8 @@ class WordVocab(_TableVocab):
     """
 
     kind = "word"
-    unk_id = 0
-    eos_id = 1
+    unk_id: int | None = 0
+    eos_id: int | None = 1
     unknown_as_unk = True
 
     def __init__(

@@ -122,6 +122,7 @@ def convert(
             model = load_hf(src)
             tgt_len = tgt_len or read_hf_config(src).get("tgt_len") or 128
         else:
+            assert mem_len is not None  # refused above
             lengths = OriginalSettings(
                 mem_len=mem_len,
                 pre_norm=s.pre_norm,

@@ -250,6 +250,7 @@ def check_onnx(
     generator = torch.Generator().manual_seed(check.seed)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len + 1), generator=generator)
     memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
+    assert memory.reach is not None  # a zero memory has reach 0
     feeds = [memory.reach.numpy(), *(m.numpy() for m in memory.states)]  # float32 states, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
@@ -259,6 +260,7 @@ def check_onnx(
     )
     for s, segment in enumerate(expected):
         seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
+        assert segment.log_probs is not None and segment.memory is not None  # asked for, with memory
         got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds], strict=True)))
         worst = max(worst, float(np.abs(got[0] - segment.log_probs.numpy()).max()))
         length = (
@@ -281,10 +283,10 @@ def check_onnx(
 
 def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Span:
     """The span to export with: ``span``, or ``mem_len`` with the model's clamp and same-length setting."""
-    if (mem_len is None) == (span is None):
-        raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
-    if span is not None:
+    if span is not None and mem_len is None:
         return span
+    if mem_len is None or span is not None:
+        raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
     cfg = model.config
     if mem_len <= 0:  # export_model says what is wrong
         return Span(mem_len=mem_len)

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
@@ -188,10 +190,10 @@ class Trainer:
         self.group = group
         self.rows = self._check_split(config, group, has_eval=bool(self.eval_splits))
         self.device = next(model.parameters()).device
-        self.parallel = model
+        self.parallel: nn.Module = model
         if group.enabled:  # averages the gradients over the processes during backward
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.parallel = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            self.parallel = DistributedDataParallel(model, device_ids=device_ids)
         self.forward = torch.compile(self.parallel) if config.train.compile else self.parallel
         self.memory: Memory | None = None
         self.state = TrainingState()
@@ -355,7 +357,7 @@ class Trainer:
             part = slice(c * per, (c + 1) * per)
             memory = None if self.memory is None else self.memory.select(part)
             inner = self.group.enabled and c < chunks - 1
-            with self.parallel.no_sync() if inner else nullcontext():
+            with cast(DistributedDataParallel, self.parallel).no_sync() if inner else nullcontext():
                 with torch.autocast(
                     device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"
                 ):
@@ -432,7 +434,8 @@ class Trainer:
                             signum=signum,
                         )
         finally:
-            self._bar.close()
+            if self._bar is not None:
+                self._bar.close()
         return self._finish(status or "completed")
 
     def _agreed_signal(self, received: dict[str, int]) -> int:
@@ -493,7 +496,8 @@ class Trainer:
                 tok_s=f"{tokens_per_s:.0f}",
                 lr=f"{lr:.2e}",
             )
-        self._bar.update(1)
+        if self._bar is not None:
+            self._bar.update(1)
 
     def _show(self, **figures: str) -> None:
         """Update the figures after the progress bar (the last training ones, the last validation ones)."""
@@ -616,7 +620,7 @@ def _set_rng_state(state: Mapping[str, torch.Tensor], device: torch.device) -> N
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _tensorboard(folder: Path):
+def _tensorboard(folder: Path) -> Any:
     """A TensorBoard writer into ``folder``, or None when TensorBoard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
