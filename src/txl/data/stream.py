@@ -98,15 +98,14 @@ class Batch:
         return Batch(self.inputs[rows], self.targets[rows], mask, self.new_epoch, starts)
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
-        mask = self.mask.to(device, non_blocking=non_blocking) if self.mask is not None else None
-        starts = self.starts.to(device, non_blocking=non_blocking) if self.starts is not None else None
-        return Batch(
-            self.inputs.to(device, non_blocking=non_blocking),
-            self.targets.to(device, non_blocking=non_blocking),
-            mask,
-            self.new_epoch,
-            starts,
-        )
+        """The batch on ``device``."""
+
+        def move(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, non_blocking=non_blocking)
+
+        mask = None if self.mask is None else move(self.mask)
+        starts = None if self.starts is None else move(self.starts)
+        return Batch(move(self.inputs), move(self.targets), mask, self.new_epoch, starts)
 
 
 class SegmentStream:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import Span, TransformerXLConfig, eval_lengths, positive_int
+from ..config import EvalLengths, Span, TransformerXLConfig, eval_lengths, positive_int
 from ..errors import TxlError
 from ..evaluate import eval_mode, segment_losses
 from ..limits import check_fits, segment_bytes
@@ -114,12 +114,12 @@ def _names(n_layer: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def check_export_fits(config: TransformerXLConfig, *, tgt_len: int, mem_len: int) -> None:
+def check_export_fits(config: TransformerXLConfig, lengths: EvalLengths) -> None:
     """Refuse (:class:`~txl.errors.SizeError`) a segment or memory whose buffers in the traced example
     (:data:`EXAMPLE_BATCH` rows) cannot fit in the memory available, naming the lengths."""
     check_fits(
-        segment_bytes(config, batch=EXAMPLE_BATCH, tgt_len=tgt_len, mem_len=mem_len),
-        setting=f"--tgt-len {tgt_len} --mem-len {mem_len}",
+        segment_bytes(config, batch=EXAMPLE_BATCH, tgt_len=lengths.tgt_len, mem_len=lengths.span.mem_len),
+        setting=f"--tgt-len {lengths.tgt_len} --mem-len {lengths.span.mem_len}",
         what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.n_layer} layers)",
         lower="--tgt-len or --mem-len",
     )
@@ -150,7 +150,7 @@ def export_model(
         raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
-    check_export_fits(cfg, tgt_len=tgt_len, mem_len=mem_len)  # the buffers of the example below
+    check_export_fits(cfg, EvalLengths(tgt_len, span))  # the buffers of the example below
     step = SegmentStep(model, span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
     memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
@@ -318,14 +318,14 @@ def export_onnx(
     tgt_len, span = lengths.tgt_len, lengths.span
     if span.mem_len <= 0:
         raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
-    check_export_fits(config.model, tgt_len=tgt_len, mem_len=span.mem_len)
+    check_export_fits(config.model, lengths)
     say(f"loading {run_dir} (checkpoint {s.checkpoint})")
     run = load_run(Path(run_dir), checkpoint=s.checkpoint)
     say(
         f"tracing the model (segments of {tgt_len} after a memory of {span.mem_len}) and writing {out}; "
         "tracing takes a while"
     )
-    path = export_model(run.model, out, tgt_len=tgt_len, span=span, opset=s.opset)
+    path = export_model(run.model, out, tgt_len=lengths.tgt_len, span=lengths.span, opset=s.opset)
     record: dict[str, Any] = {
         "out": str(path),
         "format": "onnx",
@@ -340,6 +340,6 @@ def export_onnx(
     }
     if s.check:
         say(f"checking {path} with onnxruntime against txl over 3 segments")
-        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, span=span)
+        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=lengths.tgt_len, span=lengths.span)
     say(f"wrote {path}")
     return record
