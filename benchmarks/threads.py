@@ -7,7 +7,7 @@ and load, then a summary line (and a progress line per worker on stderr).
 
 Policies (``--policies``; default ``txl torch one``), each in a fresh process started with no ``OMP_*``
 variables of this shell:
-- ``txl``: txl's choice for the mode's command (``txl.configure_threads(command=...)`` before torch is
+- ``txl``: txl's choice for the mode's command (``txl.configure_threads(workload=...)`` before torch is
   imported, as ``txl train`` and ``txl generate`` do), which looks at the cores for 50 ms to tell a quiet
   machine from a shared one (``txl_machine`` in each line: what it saw in each round);
 - ``torch``: PyTorch's default (its own thread count, OpenMP's default wait: libgomp spins 300,000 times);
@@ -41,7 +41,7 @@ import sys
 import time
 
 POLICIES: dict[str, dict[str, str]] = {
-    "txl": {},  # txl.configure_threads(command=...) in the worker
+    "txl": {},  # txl.configure_threads(workload=...) in the worker
     "torch": {},
     "one": {"OMP_NUM_THREADS": "1"},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -55,7 +55,7 @@ POLICIES: dict[str, dict[str, str]] = {
 """Each policy's environment on top of this shell's, less its ``OMP_*`` variables; ``txl`` sets its own."""
 DEFAULT_POLICIES = ("txl", "torch", "one")
 MODES = ("train", "generate")
-COMMANDS = {"train": "train", "generate": "generate"}
+WORKLOADS = {"train": "batches", "generate": "tokens"}
 """The ``txl`` command whose thread policy each mode runs under (``txl train``, ``txl generate``)."""
 _CLEARED = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GOMP_SPINCOUNT", "TXL_THREADS_CHOSEN")
 
@@ -82,7 +82,7 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     if policy == "txl":
         from txl.threads import configure_threads
 
-        machine = configure_threads(command=COMMANDS[mode]).machine
+        machine = configure_threads(workload=WORKLOADS[mode]).machine
     import torch
 
     from txl import Span

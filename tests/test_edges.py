@@ -371,7 +371,8 @@ COMMANDS = {
     "_cmd_generate": ["generate", "RUN"],
     "_cmd_serve": ["serve", "RUN"],
     "_cmd_demo": ["demo", "--out", "OUT"],
-    "_cmd_data": ["data", "list"],
+    "_cmd_data_list": ["data", "list"],
+    "_cmd_data_download": ["data", "download", "wikitext-103", "--dest", "OUT"],
     "_cmd_convert": ["convert", "RUN", "OUT"],
     "_cmd_export": ["export", "RUN", "--out", "OUT.onnx"],
     "_cmd_compare": ["compare", "--config", "tiny", "--out", "OUT"],
@@ -417,6 +418,18 @@ def _leaf_functions() -> set[str]:
     return names
 
 
+def _replace_handler(monkeypatch, name, handler):
+    """Make the command whose handler is called ``name`` call ``handler`` instead."""
+    from dataclasses import replace
+
+    import txl.cli.commands
+
+    commands = [
+        replace(c, handler=handler) if c.handler.__name__ == name else c for c in txl.cli.commands.COMMANDS
+    ]
+    monkeypatch.setattr(txl.cli.commands, "COMMANDS", tuple(commands))
+
+
 def test_the_list_of_commands_is_complete():
     assert _leaf_functions() == set(COMMANDS)
 
@@ -431,7 +444,7 @@ def test_every_top_level_turns_os_and_memory_errors_into_one_line(
     def fails(args):
         raise make()
 
-    monkeypatch.setattr(txl.cli, func, fails)
+    _replace_handler(monkeypatch, func, fails)
     monkeypatch.delenv("TXL_DEBUG", raising=False)
     argv = [tmp_path.name if a == "RUN" else a.replace("OUT", str(tmp_path / "out")) for a in COMMANDS[func]]
     line = _one_line(capsys, argv)
@@ -450,7 +463,7 @@ def test_a_bug_is_still_a_traceback(monkeypatch):
     def bug(args):
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(txl.cli, "_cmd_data", bug)
+    _replace_handler(monkeypatch, "_cmd_data_list", bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         txl.cli.main(["data", "list"])
 

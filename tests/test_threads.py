@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import txl
+from txl.cli import build_parser
+from txl.cli.commands import COMMANDS, find
 from txl.threads import (
     CHOSEN_VAR,
     MACHINE_VAR,
@@ -23,17 +25,21 @@ from txl.threads import (
     busy_cores,
     cgroup_cpu_limit,
     choose_threads,
-    command_of,
     machine_state,
     needs_load,
     other_load,
     physical_cores,
-    workload,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 _OURS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", CHOSEN_VAR, MACHINE_VAR)
 """The variables of the thread policy: cleared from the environment of the processes these tests start."""
+
+
+def work(command: str | None) -> str:
+    """The workload the ``txl`` command ``command`` declares (None: library use, the default ``batches``)."""
+    return "batches" if command is None else find(command).workload
+
 
 # -- the choice: env + cores + command + load -> settings -----------------------------------------------------
 
@@ -99,8 +105,8 @@ TOKENS = ThreadSettings(
 )
 def test_choice_follows_the_cores_and_the_command_and_leaves_the_users_settings(env, cores, command, want):
     before = dict(env)
-    assert choose_threads(env, cores=cores, command=command) == want
-    busy = choose_threads(env, cores=cores, command=command, busy=99.0)
+    assert choose_threads(env, cores=cores, workload=work(command)) == want
+    busy = choose_threads(env, cores=cores, workload=work(command), busy=99.0)
     assert busy == want  # other work on every core: the shared machine's policy, as for an unknown load
     assert env == before  # pure: the environment given is not changed
 
@@ -127,7 +133,7 @@ def test_choice_follows_the_cores_and_the_command_and_leaves_the_users_settings(
     ],
 )
 def test_the_load_chooses_the_wait(env, cores, command, busy, want):
-    assert choose_threads(env, cores=cores, command=command, busy=busy) == want
+    assert choose_threads(env, cores=cores, workload=work(command), busy=busy) == want
 
 
 @pytest.mark.parametrize("command", ["train", "eval", None, "generate", "serve"])
@@ -137,22 +143,26 @@ def test_the_load_chooses_the_wait(env, cores, command, busy, want):
 @pytest.mark.parametrize("cores", [1, 2, 7, 64])
 def test_the_load_never_changes_the_thread_count(command, env, cores):
     """The thread count can change the order of floating-point sums: it must not depend on the load."""
-    counts = {choose_threads(env, cores=cores, command=command, busy=b).num_threads for b in (None, 0, 1, 99)}
+    counts = {
+        choose_threads(env, cores=cores, workload=work(command), busy=b).num_threads for b in (None, 0, 1, 99)
+    }
     assert len(counts) == 1
     for policies in POLICIES.values():
         assert policies["quiet"].threads == policies["shared"].threads
 
 
 def test_when_the_load_is_looked_at():
-    assert needs_load({}, "train") and needs_load({}, None) and needs_load({MACHINE_VAR: "auto"}, "eval")
-    assert needs_load({"OMP_NUM_THREADS": "4"}, "train")  # the wait is still txl's
-    assert not needs_load({}, "generate")  # one policy for both machines: no 50 ms spent looking
-    assert not needs_load({"GOMP_SPINCOUNT": "0"}, "train")  # the user's wait
-    assert not needs_load({MACHINE_VAR: "quiet"}, "train")  # said, not looked at
+    assert (
+        needs_load({}, work("train")) and needs_load({}) and needs_load({MACHINE_VAR: "auto"}, work("eval"))
+    )
+    assert needs_load({"OMP_NUM_THREADS": "4"}, work("train"))  # the wait is still txl's
+    assert not needs_load({}, work("generate"))  # one policy for both machines: no 50 ms spent looking
+    assert not needs_load({"GOMP_SPINCOUNT": "0"}, work("train"))  # the user's wait
+    assert not needs_load({MACHINE_VAR: "quiet"}, work("train"))  # said, not looked at
     with pytest.raises(ValueError, match=f"{MACHINE_VAR} must be quiet, shared or auto, got 'sometimes'"):
         machine_state({MACHINE_VAR: "sometimes"}, 0.0)
     with pytest.raises(ValueError, match=MACHINE_VAR):
-        choose_threads({MACHINE_VAR: "busy"}, cores=2, command="train")
+        choose_threads({MACHINE_VAR: "busy"}, cores=2, workload=work("train"))
 
 
 def _stat(*cpus: tuple[int, int, int, int]) -> str:
@@ -203,11 +213,14 @@ def test_other_load_sees_a_competing_process():
 
 
 def test_commands_and_their_workloads():
-    assert command_of(["generate", "runs/x", "--prompt", "a"]) == "generate"
-    assert command_of(["--debug", "serve", "runs/x"]) == "serve"
-    assert command_of(["--version"]) is None and command_of([]) is None
-    assert workload("generate") == workload("serve") == "tokens"
-    assert {workload(c) for c in ("train", "eval", "analyze", "demo", "harness", None)} == {"batches"}
+    parse = build_parser().parse_args
+    assert parse(["generate", "runs/x", "--prompt", "a"]).txl_command.name == "generate"
+    assert parse(["--debug", "serve", "runs/x"]).txl_command.name == "serve"
+    assert work("generate") == work("serve") == "tokens"
+    assert {c.workload for c in COMMANDS if c.name not in ("generate", "serve")} == {"batches"}
+    assert {work(c) for c in ("train", "eval", "analyze memory", "demo", "harness", None)} == {"batches"}
+    with pytest.raises(ValueError, match="workload must be one of batches, tokens, got 'generate'"):
+        choose_threads({}, cores=2, workload="generate")
 
 
 def test_settings_write_their_values_and_the_record():
@@ -366,7 +379,7 @@ def test_configure_threads_in_a_library():
     )
     assert users.stdout.split() == ["ACTIVE"], users.stderr
     decoding = _python(
-        "import txl, os; txl.configure_threads(command='generate');"
+        "import txl, os; txl.configure_threads(workload='tokens');"
         "print(os.environ['OMP_NUM_THREADS'], 'GOMP_SPINCOUNT' in os.environ)"
     )
     assert decoding.stdout.split() == ["1", "False"], decoding.stderr

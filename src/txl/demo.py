@@ -17,11 +17,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .analysis.report import SIGN_CONVENTION
 from .config import (
     DataConfig,
     EvalConfig,
@@ -31,14 +28,11 @@ from .config import (
     eval_span,
     vanilla_baseline,
 )
-from .data import PreparedData, prepare_data
 from .errors import TxlError
-from .evaluate import evaluate
 from .files import atomic_write_text
-from .inference import GenerationSettings
-from .inference.text import generate_text
-from .runs import load_run
-from .train.trainer import train
+
+if TYPE_CHECKING:
+    from .data import PreparedData
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -108,6 +102,8 @@ def demo_config(steps: int) -> RunConfig:
 
 def _step_seconds(config: RunConfig) -> float:
     """The median time of a bare training step of ``config``'s model here (3 timed after one warm-up)."""
+    import torch
+
     from .model import TransformerXL
     from .train.optim import configure_optimizer
 
@@ -133,6 +129,9 @@ def _eval_seconds(config: RunConfig, data: PreparedData) -> float:
     """The time the final evaluation of ``config``'s model over the validation and test splits takes here:
     a slice of two evaluation segments of every stream read as the trainer reads them, scaled by the splits'
     length."""
+    import torch
+
+    from .evaluate import evaluate
     from .model import TransformerXL
 
     torch.manual_seed(0)
@@ -196,6 +195,8 @@ def _duration(seconds: float) -> str:
 def comparison_table(results: dict[str, dict[str, Any]]) -> str:
     """The demo's table: validation and test bits per byte of both models, and the difference under
     :data:`~txl.analysis.report.SIGN_CONVENTION` (the same as ``txl compare``'s)."""
+    from .analysis.report import SIGN_CONVENTION
+
     lines = [
         "validation and test bits per byte (lower is better), every byte of each split predicted once;",
         f"{SIGN_CONVENTION}:",
@@ -227,6 +228,14 @@ def run_demo(
     at its share of the time; not both), and print the comparison and a sample. Before training it says how
     long it will take, from training steps and an evaluation timed here (:func:`measure_costs`). Writes
     ``out/transformer-xl``, ``out/vanilla`` and ``out/demo.json``, replacing an earlier demo there."""
+    import torch
+
+    from .data import prepare_data
+    from .inference import GenerationSettings
+    from .inference.text import generate_text
+    from .runs import load_run
+    from .train.trainer import train
+
     started = time.perf_counter()
     out = Path(out)
     choose_steps(steps, minutes)  # refuses both, and a bad count, before any work

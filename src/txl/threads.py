@@ -40,7 +40,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -51,11 +51,8 @@ __all__ = [
     "WorkloadPolicy",
     "Machine",
     "POLICIES",
-    "DECODING_COMMANDS",
     "MACHINE_VAR",
     "SHARED_AT",
-    "workload",
-    "command_of",
     "choose_threads",
     "usable_cores",
     "physical_cores",
@@ -78,9 +75,6 @@ Workload = Literal["batches", "tokens"]
 """What a command's parallel regions look like: ``batches`` (training, evaluation: large matrix products over a
 batch of segments) or ``tokens`` (decoding one position at a time at a small batch: many tiny regions)."""
 
-DECODING_COMMANDS = frozenset({"generate", "serve"})
-"""The ``txl`` commands whose work is :data:`Workload` ``tokens``; every other command's is ``batches``."""
-
 
 @dataclass(frozen=True)
 class WorkloadPolicy:
@@ -90,7 +84,7 @@ class WorkloadPolicy:
     policy's own)."""
 
     threads: int | Literal["cores"]
-    wait_policy: str
+    wait_policy: str | None
     spin_count: int | None
 
 
@@ -118,17 +112,6 @@ POLICIES: dict[Workload, dict[Machine, WorkloadPolicy]] = {
 (about 100 microseconds by libgomp's own estimate of 100,000 spins a millisecond) and no spin on a shared one;
 for tokens, one thread (and, where the user asks for more, a passive wait). Within a workload the thread
 count is the same on both machines: the load never changes a result."""
-
-
-def workload(command: str | None) -> Workload:
-    """The workload of the ``txl`` subcommand ``command`` (None: library use, ``batches``)."""
-    return "tokens" if command in DECODING_COMMANDS else "batches"
-
-
-def command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand in a ``txl`` command line without the program name: its first word that is not an option
-    (txl's top-level options take no values), or None."""
-    return next((word for word in argv if not word.startswith("-")), None)
 
 
 @dataclass(frozen=True)
@@ -180,11 +163,11 @@ def _told(env: Mapping[str, str]) -> str:
     return env.get(MACHINE_VAR, "").strip().lower()
 
 
-def needs_load(env: Mapping[str, str], command: str | None = None) -> bool:
-    """Whether :func:`choose_threads` for ``command`` in ``env`` depends on the machine's load: the wait settings
-    are txl's to choose, they differ between the two :data:`Machine` states, and :data:`MACHINE_VAR` does not
-    say which it is."""
-    policies = POLICIES[workload(command)]
+def needs_load(env: Mapping[str, str], workload: Workload = "batches") -> bool:
+    """Whether :func:`choose_threads` for ``workload`` in ``env`` depends on the machine's load: the wait
+    settings are txl's to choose, they differ between the two :data:`Machine` states, and :data:`MACHINE_VAR`
+    does not say which it is."""
+    policies = _policies(workload)
     told = _told(env) not in ("", "auto")
     return not told and not _users_wait(env) and policies["quiet"] != policies["shared"]
 
@@ -206,19 +189,18 @@ def machine_state(env: Mapping[str, str], busy: float | None) -> Machine:
 
 
 def choose_threads(
-    env: Mapping[str, str], *, cores: int, command: str | None = None, busy: float | None = None
+    env: Mapping[str, str], *, cores: int, workload: Workload = "batches", busy: float | None = None
 ) -> ThreadSettings:
-    """txl's thread policy for the ``txl`` subcommand ``command`` (None: library use) in a process with
-    environment ``env`` that may use ``cores`` cores, while other work keeps ``busy`` of them busy
-    (:func:`other_load`; None: unknown): the :data:`POLICIES` entry of its :func:`workload` and
-    :func:`machine_state`, its ``"cores"`` divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this
+    """txl's thread policy for work of the kind ``workload`` in a process with environment ``env`` that may use
+    ``cores`` cores, while other work keeps ``busy`` of them busy (:func:`other_load`; None: unknown): the
+    :data:`POLICIES` entry of ``workload`` and :func:`machine_state`, its ``"cores"`` divided by ``LOCAL_WORLD_SIZE`` (torchrun's processes on this
     machine; at least one thread each), except where ``env`` holds the user's own ``OMP_NUM_THREADS`` (the
     count stands) or ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (both wait settings stand). Pure: it reads only
     its arguments."""
     if cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
     users_wait = _users_wait(env)
-    policies = POLICIES[workload(command)]
+    policies = _policies(workload)
     state = machine_state(env, busy)
     machine = None if users_wait or policies["quiet"] == policies["shared"] else state
     policy = policies[machine or "shared"]
@@ -364,10 +346,10 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
-def configure_threads(num_threads: int | None = None, *, command: str | None = None) -> ThreadSettings:
+def configure_threads(num_threads: int | None = None, *, workload: Workload = "batches") -> ThreadSettings:
     """Apply txl's thread policy to this process, for library use (txl's entry points do it by themselves):
     ``num_threads`` threads if given, else :func:`choose_threads`'s count, and the wait settings of
-    ``command``'s workload (None: ``batches``; ``"generate"`` for decoding) on this machine (:func:`other_load`
+    ``workload`` (``"tokens"`` for decoding) on this machine (:func:`other_load`
     looks at its cores for 50 ms when they matter) unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set.
     Returns what it set.
 
@@ -380,12 +362,12 @@ def configure_threads(num_threads: int | None = None, *, command: str | None = N
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
-        count = num_threads or choose_threads(os.environ, cores=usable_cores(), command=command).num_threads
+        count = num_threads or choose_threads(os.environ, cores=usable_cores(), workload=workload).num_threads
         if count is not None:
             torch.set_num_threads(count)
         return ThreadSettings(num_threads=torch.get_num_threads())
-    busy = other_load() if needs_load(os.environ, command) else None
-    settings = choose_threads(os.environ, cores=usable_cores(), command=command, busy=busy)
+    busy = other_load() if needs_load(os.environ, workload) else None
+    settings = choose_threads(os.environ, cores=usable_cores(), workload=workload, busy=busy)
     if num_threads is not None:
         settings = replace(settings, num_threads=num_threads)
     chosen = settings.environ()
@@ -396,13 +378,20 @@ def configure_threads(num_threads: int | None = None, *, command: str | None = N
     return settings
 
 
-def at_launch(argv: Sequence[str] = ()) -> ThreadSettings | None:
-    """What an entry point calls first, with its command line ``argv`` (without the program name):
-    :func:`configure_threads` for its subcommand when torch is not imported yet; when it is (``txl.cli.main``
-    called from a program that uses torch), the host owns its threads and nothing changes (None)."""
+def at_launch(workload: Workload = "batches") -> ThreadSettings | None:
+    """What an entry point calls once it knows its command's ``workload``, before anything imports torch:
+    :func:`configure_threads` for it; when torch is imported already (``txl.cli.main`` called from a program
+    that uses torch), the host owns its threads and nothing changes (None)."""
     if "torch" in sys.modules:
         return None
     try:
-        return configure_threads(command=command_of(argv))
+        return configure_threads(workload=workload)
     except ValueError as exc:  # TXL_THREADS_MACHINE's value
         raise SystemExit(f"txl: error: {exc}") from None
+
+
+def _policies(workload: Workload) -> dict[Machine, WorkloadPolicy]:
+    """The :data:`POLICIES` of ``workload``; ValueError for another value."""
+    if workload not in POLICIES:
+        raise ValueError(f"workload must be one of {', '.join(POLICIES)}, got {workload!r}")
+    return POLICIES[workload]

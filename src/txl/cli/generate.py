@@ -1,0 +1,272 @@
+"""``txl generate``: samples from a trained run, its prompts read from flags and files; Ctrl-C prints what
+exists."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..config import ConfigError
+from ..errors import TxlError
+from . import _non_negative_int, _positive_int, _temperature, _top_p
+from .command import Command
+from .common import check_device, library_warnings
+from .options import CHECKPOINT_HELP, given
+
+__all__ = ["GENERATE"]
+
+
+def _read_prompt_file(name: str) -> list[str]:
+    """The prompts of ``--prompt-file``: a ``.jsonl`` file holds one per line (a JSON string, or an object
+    with a "prompt" string; blank lines skipped), any other file is one prompt (its whole UTF-8 text)."""
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--prompt-file {name}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--prompt-file {name}: cannot read it as UTF-8 text ({exc})") from None
+    if not name.endswith(".jsonl"):
+        return [text]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--prompt-file {name}: line {number} is not JSON ({exc.msg})") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else record
+        if not isinstance(prompt, str):
+            raise ConfigError(
+                f'--prompt-file {name}: line {number} must be a JSON string or an object with a "prompt" string'
+            )
+        prompts.append(prompt)
+    if not prompts:
+        raise ConfigError(f"--prompt-file {name}: no prompt in it (one JSON string per line)")
+    return prompts
+
+
+def _generate_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of every --prompt and --prompt-file, in the order given (none: the run's)."""
+    prompts: list[str] = []
+    for kind, value in args.prompts or ():
+        prompts.extend([value] if kind == "text" else _read_prompt_file(value))
+    return prompts
+
+
+class _PromptFlag(argparse.Action):
+    """--prompt TEXT and --prompt-file FILE append to one list, in the order given."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        kind = "file" if option_string == "--prompt-file" else "text"
+        items = list(getattr(namespace, self.dest) or [])
+        items.append((kind, values))
+        setattr(namespace, self.dest, items)
+
+
+def _check_generation_fits(args: argparse.Namespace, run: Any) -> None:
+    """Refuse a memory or generation length whose buffers cannot fit, before the first token."""
+    from ..limits import TOKEN_BYTES, cache_bytes, check_fits
+
+    model = run.config.model
+    param = next(run.model.parameters())
+    mem_len = model.mem_len if args.mem_len is None else args.mem_len
+    if model.attention == "relative" and mem_len > 0:
+        setting = f"--mem-len {mem_len}" if args.mem_len is not None else f"the model's mem_len {mem_len}"
+        check_fits(
+            cache_bytes(model, batch=1, mem_len=mem_len, dtype_bytes=param.element_size()),
+            setting=setting,
+            what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
+            lower="--mem-len",
+            device=param.device,
+        )
+    new = run.config.generate.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    check_fits(
+        new * TOKEN_BYTES,
+        setting=f"--max-new-tokens {new}",
+        what="the tokens of one sample",
+        lower="--max-new-tokens",
+    )
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ..inference.text import generate_from_run, run_settings
+    from ..runs import load_run
+
+    prompts = _generate_prompts(args)
+    if args.greedy and args.temperature not in (None, 0):
+        raise ConfigError(f"--greedy decoding has temperature 0, not {args.temperature}")
+    check_device(args.device)
+    run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    _check_generation_fits(args, run)
+    if not prompts:
+        prompts = ["\n" if run.config.generate.prompt is None else run.config.generate.prompt]
+    rows = len(prompts) * args.num_samples
+    shown = 0 if args.stream else -1  # the row printed as it is produced (the others when all are done)
+    made: dict[int, list[str]] = {}  # each row's prompt as read, then its pieces: printed if interrupted
+
+    def header(row: int) -> None:
+        prompt, sample = divmod(row, args.num_samples)
+        parts = [f"prompt {prompt + 1}/{len(prompts)}"] if len(prompts) > 1 else []
+        parts += [f"sample {sample + 1}/{args.num_samples}"] if args.num_samples > 1 else []
+        if parts:
+            print(f"=== {', '.join(parts)} ===")
+
+    def start(row: int, prompt_text: str) -> None:
+        made[row] = [prompt_text]
+        if row == shown:  # --stream: the prompt as the model reads it, then the pieces
+            header(row)
+            print(prompt_text, end="", flush=True)
+
+    def show(row: int, piece: str) -> None:
+        made[row].append(piece)
+        if row == shown:
+            print(piece, end="", flush=True)
+
+    try:
+        with library_warnings(args), _signals_stop():
+            sampling = given(args, "max_new_tokens", "temperature", "top_k", "top_p")
+            if args.greedy:
+                sampling["temperature"] = 0.0
+            settings = replace(
+                run_settings(run, mem_len=args.mem_len), **sampling, stop=tuple(args.stop), seed=args.seed
+            )
+            result = generate_from_run(
+                run, prompts, settings, num_samples=args.num_samples, on_start=start, on_text=show
+            )
+    except _Stopped as stop:  # Ctrl-C or SIGTERM: what exists is printed, then the usual note
+        for row, pieces in made.items():
+            if row == shown:
+                print()  # the text is on screen already
+                continue
+            header(row)
+            print("".join(pieces))
+        print("txl: interrupted", file=sys.stderr)
+        return 128 + stop.signum
+    except (
+        ValueError
+    ) as exc:  # unknown prompt tokens (char vocabularies), bad settings (a vanilla run's memory)
+        raise TxlError(f"generate: {exc}") from None
+    for row in range(rows):
+        if row == shown:
+            print()
+            continue
+        header(row)
+        print(result.prompt_texts[row] + result.texts[row])
+    if result.new_tokens:
+        print(
+            f"txl: {result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM while generating."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`_Stopped` for the block (in the main thread; elsewhere, nothing)."""
+
+    def handler(signum: int, _frame: Any) -> NoReturn:
+        raise _Stopped(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--prompt",
+        dest="prompts",
+        action=_PromptFlag,
+        metavar="TEXT",
+        help="text to continue (repeatable: the prompts run as one batch; default: the run's "
+        "generate.prompt, else a newline)",
+    )
+    p.add_argument(
+        "--prompt-file",
+        dest="prompts",
+        action=_PromptFlag,
+        metavar="FILE",
+        help="continue the text of this UTF-8 file; a .jsonl file holds many prompts, one JSON string (or "
+        '{"prompt": ...}) per line (repeatable, with --prompt, in the order given)',
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_non_negative_int,
+        help="tokens to sample, at most 100000 (default: the run's generate.max_new_tokens); 0 prints the prompt",
+    )
+    p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
+    p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
+    p.add_argument(
+        "--top-p", type=_top_p, help="sample among the most likely tokens whose probability reaches p"
+    )
+    p.add_argument("--greedy", action="store_true", help="always the most likely token (temperature 0)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample when its new text contains TEXT, cut before it (repeatable)",
+    )
+    p.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="samples of each prompt, drawn in one batch, sample i with seed + i (default: 1)",
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="print the text as it is produced (the first sample; the others when all are done)",
+    )
+    p.add_argument(
+        "--mem-len", type=_non_negative_int, help="memory length while generating (default: the model's)"
+    )
+    p.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="sampling seed of the first sample (default: 0)"
+    )
+    p.add_argument("--checkpoint", default="best", help=CHECKPOINT_HELP)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
+
+
+GENERATE = Command(
+    name="generate",
+    help="sample text from a trained run, with a key/value cache of the memory",
+    arguments=_arguments,
+    handler=_cmd_generate,
+    workload="tokens",
+    lower="--mem-len or --max-new-tokens",
+)
+"""``txl generate``."""

@@ -1,0 +1,118 @@
+"""``txl serve``: a run over HTTP (OpenAI-shaped completions, scores, a web page)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..config import ConfigError
+from . import _non_negative_int, _port, _positive_float, _positive_int
+from .command import Command
+from .common import check_device
+from .options import CHECKPOINT_HELP
+
+__all__ = ["SERVE"]
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from ..serve import require_server_packages, serve
+
+    require_server_packages()
+    from ..serve.state import ServeSettings
+
+    check_device(args.device)
+    key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
+    if key is not None and not key.strip():
+        raise ConfigError("--api-key must not be empty")
+    settings = ServeSettings(
+        max_tokens=args.max_tokens_limit,
+        max_prompt_chars=args.max_prompt_chars,
+        queue_size=args.queue_size,
+        max_batch=args.max_batch,
+        max_sessions=args.max_sessions,
+        session_ttl=args.session_ttl,
+        api_key=key,
+    )
+    serve(
+        Path(args.run_dir),
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        checkpoint=args.checkpoint,
+        settings=settings,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)",
+    )
+    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: any free port)")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=_positive_int,
+        default=1024,
+        help="the largest max_tokens a request may ask for (default: 1024)",
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=_positive_int,
+        default=20_000,
+        help="the longest prompt or scored text, in characters (default: 20000)",
+    )
+    p.add_argument(
+        "--queue-size",
+        type=_non_negative_int,
+        default=8,
+        help="requests that may wait while --max-batch run; more get 429 (default: 8)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=16,
+        help="requests (rows) decoded together, each as a row of one cache (default: 16)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=_positive_int,
+        default=1000,
+        help="sessions (memories kept across requests) that may exist at once; more get 429 (default: 1000)",
+    )
+    p.add_argument(
+        "--session-ttl",
+        type=_positive_float,
+        default=600.0,
+        help="seconds an idle session is kept (default: 600.0)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="every request (but the page and /v1/health) must send 'Authorization: Bearer KEY' "
+        "(default: $TXL_API_KEY; none: no key)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default: info, one line per request)",
+    )
+    p.add_argument("--checkpoint", default="best", help=CHECKPOINT_HELP)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
+
+
+SERVE = Command(
+    name="serve",
+    help="serve a run over HTTP: OpenAI-shaped completions, scores, a web page",
+    arguments=_arguments,
+    handler=_cmd_serve,
+    workload="tokens",
+    lower="the requests' max_tokens (--max-tokens-limit)",
+)
+"""``txl serve``."""
