@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -76,7 +77,20 @@ class OriginalSettings:
 
 def config_from_original(state: Mapping[str, Tensor], settings: OriginalSettings) -> TransformerXLConfig:
     """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes and ``settings``."""
-    cutoffs = settings.cutoffs
+    return TransformerXLConfig(
+        **_original_sizes(state, settings.cutoffs),
+        attention="relative",
+        mem_len=settings.mem_len,
+        same_length=settings.same_length,
+        clamp_len=settings.clamp_len,
+        pre_norm=settings.pre_norm,
+        share_rel_bias=True,
+    )
+
+
+def _original_sizes(state: Mapping[str, Tensor], cutoffs: tuple[int, ...] | None) -> dict[str, Any]:
+    """The sizes and tying of the original's model (the config fields the shapes tell), from its state_dict;
+    ``cutoffs``: those of an adaptive softmax with div_val 1, which the shapes cannot tell."""
     required = ["r_w_bias", "r_r_bias", "word_emb.emb_layers.0.weight", "layers.0.dec_attn.qkv_net.weight"]
     missing = [k for k in required if k not in state]
     if missing:
@@ -129,25 +143,19 @@ def config_from_original(state: Mapping[str, Tensor], settings: OriginalSettings
         _same(state.get(f"crit.out_projs.{i}"), state.get(f"word_emb.emb_projs.{0 if div_val == 1 else i}"))
         for i in range(1, n_clusters + 1)
     )
-    return TransformerXLConfig(
-        vocab_size=vocab_size,
-        n_layer=n_layer,
-        n_head=n_head,
-        d_head=d_head,
-        d_model=d_model,
-        d_inner=d_inner,
-        d_embed=None if d_embed == d_model else d_embed,
-        attention="relative",
-        mem_len=settings.mem_len,
-        same_length=settings.same_length,
-        clamp_len=settings.clamp_len,
-        pre_norm=settings.pre_norm,
-        tie_weights=tie_weights,
-        share_rel_bias=True,
-        cutoffs=cutoffs,
-        div_val=div_val,
-        tie_projs=tie_projs or not cutoffs,
-    )
+    return {
+        "vocab_size": vocab_size,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "d_head": d_head,
+        "d_model": d_model,
+        "d_inner": d_inner,
+        "d_embed": None if d_embed == d_model else d_embed,
+        "tie_weights": tie_weights,
+        "cutoffs": cutoffs,
+        "div_val": div_val,
+        "tie_projs": tie_projs or not cutoffs,
+    }
 
 
 # Our name <- their name, per layer (l) and per cluster (i).
