@@ -5,6 +5,7 @@ TransfoXL folder (:func:`load_hf`, :func:`load_hf_vocab`). Writing a run folder 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, TransformerXLConfig, positive_int
+from ..config import ConfigError, TransformerXLConfig, has_memory, positive_int
 from ..data.vocab import WordVocab
 from ..errors import CheckpointError
 from ..model import TransformerXL
@@ -349,7 +350,7 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
     clamp_len = hf.get("clamp_len", -1)
     d_model, d_embed = int(hf["d_model"]), int(hf.get("d_embed", hf["d_model"]))
     try:
-        return TransformerXLConfig(
+        config = TransformerXLConfig(
             vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]),
             n_layer=int(hf["n_layer"]),
             n_head=int(hf["n_head"]),
@@ -361,7 +362,6 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
             dropatt=float(hf.get("dropatt", 0.0)),
             attention="relative",
             mem_len=mem_len,
-            same_length=bool(hf.get("same_length", False)) and mem_len > 0,
             clamp_len=int(clamp_len) if clamp_len is not None and clamp_len > 0 else None,
             pre_norm=bool(hf.get("pre_lnorm", False)),
             tie_weights=bool(hf.get("tie_word_embeddings", True)),
@@ -376,6 +376,8 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
         raise CheckpointError(f"the TransfoXL config has no {exc.args[0]!r}") from None
     except ConfigError as exc:
         raise CheckpointError(f"the TransfoXL config cannot be expressed in txl: {exc}") from None
+    same_length = bool(hf.get("same_length", False)) and has_memory(config)  # it needs a memory
+    return dataclasses.replace(config, same_length=same_length)
 
 
 def _hf_candidates(config: TransformerXLConfig) -> dict[str, list[str]]:
