@@ -64,7 +64,6 @@ __all__ = [
     "build_trainer",
     "TrainingDiverged",
     "Interrupted",
-    "ResumeWarning",
     "TrainerParts",
     "TrainerOptions",
 ]
