@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..files import check_output
 from .command import Command, Group
+from .options import given
 
 __all__ = ["DATA", "DOWNLOAD", "LIST"]
 
@@ -22,13 +23,8 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     from ..data.download import default_download_dir
 
     check_output(Path(args.dest) if args.dest else default_download_dir(), flag="--dest")
-    folder = download_corpus(
-        args.name,
-        dest=Path(args.dest) if args.dest else None,
-        url=args.url,
-        sha256=args.sha256,
-        progress=not args.quiet,
-    )
+    dest = Path(args.dest) if args.dest else None
+    folder = download_corpus(args.name, dest=dest, progress=not args.quiet, **given(args, "url", "sha256"))
     print(folder)
     return 0
 
