@@ -376,8 +376,8 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
         raise CheckpointError(f"the TransfoXL config has no {exc.args[0]!r}") from None
     except ConfigError as exc:
         raise CheckpointError(f"the TransfoXL config cannot be expressed in txl: {exc}") from None
-    same_length = bool(hf.get("same_length", False)) and has_memory(config)  # it needs a memory
-    return dataclasses.replace(config, same_length=same_length)
+    # same_length needs a memory
+    return dataclasses.replace(config, same_length=bool(hf.get("same_length", False)) and has_memory(config))
 
 
 def _hf_candidates(config: TransformerXLConfig) -> dict[str, list[str]]:
