@@ -695,7 +695,7 @@ def resume(
     group: Distributed = SINGLE,
 ) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
-    RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
+    :data:`~txl.train.checks.RESUME_FIXED_TRAIN_FIELDS`), eval and generate fields; config.json then records them. Nothing in the run
     folder changes before every check has passed (SizeError: a segment whose training buffers cannot fit).
     Under data parallelism every process calls it, on any number of processes that divides
     train.batch_size; rank 0 holds the lock and writes, and says on stderr from which step (and checkpoint)
