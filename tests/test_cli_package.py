@@ -82,3 +82,14 @@ def test_settings_from_takes_the_fields_args_has_and_the_values_given():
     assert settings_from(_Settings, argparse.Namespace()) == _Settings()
     with pytest.raises(TypeError):
         settings_from(_Settings, args, device="cpu")  # not a field: refused, not dropped
+
+
+@pytest.mark.parametrize("command", [["eval", "no-run"], ["harness", "no-run", "--tasks", "x"]])
+def test_same_length_without_memory_is_refused_before_any_work(command, capsys):
+    from txl.cli import main
+
+    assert main([*command, "--mem-len", "0", "--same-length"]) == 2
+    err = capsys.readouterr().err
+    assert err == "txl: error: --same-length needs a memory: it cannot be used with --mem-len 0\n"
+    assert main([*command, "--mem-len", "0", "--no-same-length"]) == 2  # allowed: the missing run is refused
+    assert "--same-length" not in capsys.readouterr().err

@@ -1,21 +1,6 @@
-"""txl: Transformer-XL language modelling, correct to the paper.
-
-import torch, txl
-model = txl.TransformerXL(txl.TransformerXLConfig(vocab_size=256))
-out = model(tokens, targets=targets)             # out.loss (B, T), out.memory
-out = model(next_tokens, memory=out.memory, targets=next_targets)
-
-The names below are imported when first used (PEP 562), so ``import txl`` does not import torch: txl's entry
-points choose the thread policy (:mod:`txl.threads`) before torch starts its thread pool. ``txl.generate``,
-``txl.stream``, ``txl.GenerationSettings`` and ``txl.Step`` are the decoding core's (:mod:`txl.inference`):
-
-settings = txl.GenerationSettings(max_new_tokens=50, temperature=0.8, top_p=0.9, seed=0)
-gen = txl.generate(model, prompt, settings)      # gen.new_tokens (B, N), gen.memory
-for step in txl.stream(model, prompt, settings): # step.tokens (B,), step.log_probs (B, V)
-    ...
-
-``txl.evaluate`` and ``txl.interop`` are modules (``txl.evaluate.evaluate(...)``, ``txl.interop.load_hf(folder)``).
-"""
+"""txl: Transformer-XL language modelling, correct to the paper. The public names below are imported when first
+used (PEP 562), so ``import txl`` imports no torch and leaves the thread policy (:mod:`txl.threads`) to the
+caller; ``txl.evaluate`` and ``txl.interop`` are modules. Examples: the README and the guides."""
 
 from __future__ import annotations
 

@@ -1,38 +1,6 @@
-"""The CPU thread policy of txl's entry points: how many OpenMP threads, and how long an idle one spins before
-it sleeps, chosen per command before torch starts its thread pool. It imports no torch; library use changes
-nothing unless asked.
-
-OpenMP (libgomp, which PyTorch's Linux CPU wheels ship and use) reads ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``
-and ``GOMP_SPINCOUNT`` once, when torch is imported. An idle worker thread spins ``GOMP_SPINCOUNT`` times
-before it sleeps: 300,000 spins (a few milliseconds) by default, none with ``OMP_WAIT_POLICY=PASSIVE``. Long
-spins are ruinous when another process holds a core (every parallel region waits for a thread that is not
-running); a short spin costs on a quiet machine (each parallel region pays for waking its threads). So
-``txl ...``, ``python -m txl`` and the torchrun workers set, per :data:`POLICIES` and unless the user did:
-
-- for training, evaluation and every command but two (:data:`Workload` ``batches``): ``OMP_NUM_THREADS``, the
-  cores this process may use (the physical cores of its CPU affinity, capped by a cgroup v2 ``cpu.max`` or v1
-  CFS quota, rounded up), divided among the local processes under torchrun (``LOCAL_WORLD_SIZE``); and a
-  spin that depends on what the cores are doing at launch (:func:`machine_state`: :func:`other_load` looks
-  at them for 50 ms): on a ``quiet`` machine ``GOMP_SPINCOUNT=10000`` (about 100 microseconds by libgomp's
-  estimate) before an idle thread sleeps, on a ``shared`` one ``OMP_WAIT_POLICY=PASSIVE`` (it sleeps at
-  once, in every OpenMP runtime);
-- for ``generate`` and ``serve`` (``tokens``: one position at a time, many tiny parallel regions):
-  ``OMP_NUM_THREADS=1`` (and ``OMP_WAIT_POLICY=PASSIVE``, for a count of the user's), whatever the load.
-
-The load chooses only how idle threads wait, never how many there are: the thread count can change the order
-of floating-point sums, the wait cannot, so a command's results never depend on the load (``tests`` train
-the same steps under both waits and compare the weights bit for bit). ``TXL_THREADS_MACHINE=quiet`` or
-``shared`` says which it is instead of looking (``auto``, the default, looks).
-
-What the user set always wins: an ``OMP_NUM_THREADS`` of their own is left as it is, and so are both wait
-variables when they set either ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (a spin count of txl's would
-override their wait policy); torchrun's own ``OMP_NUM_THREADS=1`` for its workers, set when there is none,
-counts as the user's: give one, or use ``txl train --nproc N``, whose workers divide the cores; and
-``torch.set_num_threads`` later on sets the count. The values txl wrote are recorded in
-``TXL_THREADS_CHOSEN``, so that a txl process started by one (torchrun's workers) chooses again for itself
-instead of taking its parent's choice for the user's. ``benchmarks/threads.py`` measures the policies, and
-``docs/results.md`` has the figures.
-"""
+"""The CPU thread policy of txl's entry points: how many OpenMP threads, and how long an idle one waits, for a
+:data:`Workload` on this machine, set before torch starts its thread pool (imports no torch; the user's own
+settings win). Why and how: the threads guide of the documentation."""
 
 from __future__ import annotations
 

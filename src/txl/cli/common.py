@@ -12,7 +12,7 @@ from typing import Any
 from ..config import ConfigError
 from . import _note
 
-__all__ = ["check_device", "library_warnings", "figures", "duration"]
+__all__ = ["check_device", "check_same_length", "library_warnings", "figures", "duration"]
 
 
 def check_device(name: str) -> None:
@@ -24,6 +24,19 @@ def check_device(name: str) -> None:
         resolve_device(name)
     except ConfigError as exc:
         raise ConfigError(f"--device {name}: {str(exc).removeprefix('train.device: ')}") from None
+
+
+def check_same_length(args: argparse.Namespace) -> None:
+    """Refuse ``--same-length`` with ``--mem-len 0`` before any work, naming the flags (the rule is
+    :class:`txl.config.Span`'s)."""
+    from ..config import Span
+
+    if args.mem_len is None or not args.same_length:
+        return
+    try:
+        Span(args.mem_len, same_length=True)
+    except ConfigError:
+        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0") from None
 
 
 @contextmanager

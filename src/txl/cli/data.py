@@ -23,8 +23,12 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
     from ..data.download import default_download_dir
 
     check_output(Path(args.dest) if args.dest else default_download_dir(), flag="--dest")
-    dest = Path(args.dest) if args.dest else None
-    folder = download_corpus(args.name, dest=dest, progress=not args.quiet, **given(args, "url", "sha256"))
+    folder = download_corpus(
+        args.name,
+        dest=Path(args.dest) if args.dest else None,
+        **given(args, "url", "sha256"),
+        progress=not args.quiet,
+    )
     print(folder)
     return 0
 

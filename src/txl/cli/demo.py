@@ -8,6 +8,7 @@ from pathlib import Path
 from ..demo import DEFAULT_STEPS
 from . import _positive_float, _positive_int
 from .command import Command, Output
+from .options import given
 
 __all__ = ["DEMO"]
 
@@ -15,13 +16,7 @@ __all__ = ["DEMO"]
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
-    run_demo(
-        Path(args.out),
-        steps=args.steps,
-        minutes=args.minutes,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    run_demo(Path(args.out), **given(args, "steps", "minutes", "overwrite"), progress=not args.quiet)
     return 0
 
 

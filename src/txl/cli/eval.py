@@ -6,10 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from ..config import ConfigError
 from . import _positive_int
 from .command import Command
-from .common import check_device, figures, library_warnings
+from .common import check_device, check_same_length, figures, library_warnings
 from .options import CHECKPOINT_HELP, add_span_flags, given
 
 __all__ = ["EVAL"]
@@ -19,8 +18,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluate import evaluate_run
 
     check_device(args.device)
-    if args.mem_len == 0 and args.same_length:
-        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
+    check_same_length(args)
     with library_warnings(args):
         record = evaluate_run(
             args.run_dir,

@@ -106,6 +106,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     from ..inference.text import generate_from_run, run_settings
     from ..runs import load_run
+    from ..serve.card import default_prompt
 
     prompts = _generate_prompts(args)
     if args.greedy and args.temperature not in (None, 0):
@@ -114,7 +115,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
     _check_generation_fits(args, run)
     if not prompts:
-        prompts = ["\n" if run.config.generate.prompt is None else run.config.generate.prompt]
+        prompts = [default_prompt(run)]
     rows = len(prompts) * args.num_samples
     shown = 0 if args.stream else -1  # the row printed as it is produced (the others when all are done)
     made: dict[int, list[str]] = {}  # each row's prompt as read, then its pieces: printed if interrupted
@@ -139,12 +140,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         with library_warnings(args), _signals_stop():
-            sampling = given(args, "max_new_tokens", "temperature", "top_k", "top_p")
+            sampling = given(args, "max_new_tokens", "temperature", "top_k", "top_p", "seed")
             if args.greedy:
                 sampling["temperature"] = 0.0
-            settings = replace(
-                run_settings(run, mem_len=args.mem_len), **sampling, stop=tuple(args.stop), seed=args.seed
-            )
+            settings = replace(run_settings(run, **given(args, "mem_len")), **sampling, stop=tuple(args.stop))
             result = generate_from_run(
                 run, prompts, settings, num_samples=args.num_samples, on_start=start, on_text=show
             )

@@ -9,7 +9,7 @@ import sys
 from ..config import ConfigError
 from . import _non_negative_int, _positive_int
 from .command import Command
-from .common import check_device, library_warnings
+from .common import check_device, check_same_length, library_warnings
 from .options import given
 
 __all__ = ["HARNESS"]
@@ -21,8 +21,7 @@ def _cmd_harness(args: argparse.Namespace) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     if not tasks:
         raise ConfigError("--tasks must name at least one task")
-    if args.mem_len == 0 and args.same_length:
-        raise ConfigError("--same-length needs a memory: it cannot be used with --mem-len 0")
+    check_same_length(args)
     if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
         check_task_names(tasks, args.include_path)
     from ..harness import HarnessSettings, TxlLM, run_tasks
