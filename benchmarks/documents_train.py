@@ -23,7 +23,7 @@ from _common import timed
 
 from txl import TransformerXL, load_config
 from txl.config import apply_overrides
-from txl.data import SegmentStream, StreamSettings, prepare_data
+from txl.data import BatchSettings, SegmentStream, prepare_data
 from txl.train.optim import configure_optimizer
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     tc = config.train
     stream = SegmentStream(
         data.splits["train"],
-        StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len),
+        BatchSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len),
         starts=data.starts["train"],
     )
     torch.manual_seed(tc.seed)

@@ -20,7 +20,7 @@ from txl.config import (
     load_config,
     preset_names,
 )
-from txl.data import SegmentStream, StreamSettings
+from txl.data import BatchSettings, SegmentStream
 from txl.runs import RunPaths
 from txl.train.optim import configure_optimizer, lr_at
 from txl.train.trainer import Trainer, TrainerOptions, TrainerParts
@@ -120,7 +120,7 @@ def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
     model = TransformerXL(config.model).double()
     tc = config.train
     stream = SegmentStream(
-        tokens, StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed), name="train"
+        tokens, BatchSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed), name="train"
     )
     parts = TrainerParts(model, configure_optimizer(model, tc), stream, RunPaths(folder))
     return Trainer(config, parts, TrainerOptions(progress=False))

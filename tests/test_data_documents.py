@@ -27,7 +27,7 @@ from txl.config import (
     apply_overrides,
     config_from_dict,
 )
-from txl.data import SegmentStream, StreamSettings, load_corpus, prepare_data
+from txl.data import BatchSettings, SegmentStream, load_corpus, prepare_data
 from txl.data.corpora import CorpusError, stdlib_files
 from txl.data.encoded import cache_path, encode_documents
 from txl.data.vocab import ByteVocab, CharVocab, WordVocab
@@ -284,7 +284,7 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     tokens = np.arange(n)  # each token its own index: an input says where it stands
     stream = SegmentStream(
         tokens,
-        StreamSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
         starts=starts,
     )
     row = n // b
@@ -319,7 +319,7 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     # resumed from a state_dict halfway, the same marks follow
     again = SegmentStream(
         tokens,
-        StreamSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
         starts=starts,
     )
     it = iter(again)
@@ -328,7 +328,7 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     state = again.state_dict()
     resumed = SegmentStream(
         tokens,
-        StreamSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
         starts=starts,
     )
     resumed.load_state_dict(state)
@@ -336,9 +336,7 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
         assert torch.equal(got.starts, want.starts) and torch.equal(got.inputs, want.inputs)
     half = batches[0].select(slice(1, 3)).to("cpu")
     assert torch.equal(half.starts, batches[0].starts[1:3])
-    assert (
-        SegmentStream(tokens, StreamSettings(batch_size=b, tgt_len=16)).__iter__().__next__().starts is None
-    )
+    assert SegmentStream(tokens, BatchSettings(batch_size=b, tgt_len=16)).__iter__().__next__().starts is None
 
 
 # ---------------------------------------------------------------------------------------------------------

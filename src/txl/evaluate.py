@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .config import ConfigError, Span, TransformerXLConfig, eval_span, first_set
-from .data import SegmentStream, StreamSettings, check_documents, prepare_data
+from .data import BatchSettings, SegmentStream, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
@@ -228,7 +228,7 @@ def segment_losses(
         )
     else:
         try:
-            reading = StreamSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
+            reading = BatchSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
             batches = SegmentStream(tokens, reading, name=name, starts=starts)
         except ValueError as exc:
             raise TxlError(str(exc)) from None

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import Span, eval_span, first_set
-from ..data import SegmentStream, StreamSettings, check_documents, prepare_data
+from ..data import BatchSettings, SegmentStream, check_documents, prepare_data
 from ..evaluate import eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
@@ -183,7 +183,7 @@ def token_losses(
     n = len(tokens)
     rows = eval_rows(n, batch_size)
     where = SegmentStream(
-        tokens, StreamSettings(batch_size=rows, tgt_len=tgt_len, drop_last=False), starts=starts
+        tokens, BatchSettings(batch_size=rows, tgt_len=tgt_len, drop_last=False), starts=starts
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0

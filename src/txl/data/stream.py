@@ -18,7 +18,7 @@ from ..config import positive_int
 __all__ = [
     "Batch",
     "SegmentStream",
-    "StreamSettings",
+    "BatchSettings",
     "document_cuts",
     "VARLEN_STD",
     "VARLEN_MIN",
@@ -51,7 +51,7 @@ def document_cuts(n_tokens: int, starts: np.ndarray, *, batch_size: int) -> np.n
 
 
 @dataclass(frozen=True)
-class StreamSettings:
+class BatchSettings:
     """How a :class:`SegmentStream` cuts and reads its tokens."""
 
     batch_size: int
@@ -137,7 +137,7 @@ class SegmentStream:
     def __init__(
         self,
         tokens: np.ndarray | torch.Tensor,
-        settings: StreamSettings,
+        settings: BatchSettings,
         *,
         name: str = "tokens",
         starts: np.ndarray | None = None,

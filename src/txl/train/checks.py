@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import RunConfig, apply_overrides, config_to_dict, has_memory
-from ..data import CORPUS_NAMES, PreparedData, SegmentStream, StreamSettings
+from ..data import CORPUS_NAMES, BatchSettings, PreparedData, SegmentStream
 from ..distributed import Distributed
 from ..errors import RunError
 from ..limits import check_fits, segment_bytes
@@ -44,7 +44,7 @@ def train_stream(
     try:
         return SegmentStream(
             splits["train"],
-            StreamSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen, seed=tc.seed),
+            BatchSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, varlen=tc.varlen, seed=tc.seed),
             name="train",
             starts=(starts or {}).get("train") if config.data.documents == "reset" else None,
         )
