@@ -23,7 +23,7 @@ from _common import timed
 
 from txl import TransformerXL, load_config
 from txl.config import apply_overrides
-from txl.data import SegmentStream, prepare_data
+from txl.data import BatchSettings, SegmentStream, prepare_data
 from txl.train.optim import configure_optimizer
 
 
@@ -39,7 +39,9 @@ def main() -> None:
     model_config = config.model.__class__(**{**config.model.__dict__, "vocab_size": len(data.vocab)})
     tc = config.train
     stream = SegmentStream(
-        data.splits["train"], batch_size=tc.batch_size, tgt_len=tc.tgt_len, starts=data.starts["train"]
+        data.splits["train"],
+        BatchSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len),
+        starts=data.starts["train"],
     )
     torch.manual_seed(tc.seed)
     models = {"continue": TransformerXL(model_config)}

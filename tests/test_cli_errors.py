@@ -342,9 +342,9 @@ def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, mo
     built = []
 
     class Spy(evaluate.SegmentStream):
-        def __init__(self, tokens, *, batch_size, **kwargs):
-            built.append(batch_size)
-            super().__init__(tokens, batch_size=batch_size, **kwargs)
+        def __init__(self, tokens, settings, **kwargs):
+            built.append(settings.batch_size)
+            super().__init__(tokens, settings, **kwargs)
 
     monkeypatch.setattr(evaluate, "SegmentStream", Spy)
     records = []

@@ -20,10 +20,10 @@ from txl.config import (
     load_config,
     preset_names,
 )
-from txl.data import SegmentStream
+from txl.data import BatchSettings, SegmentStream
 from txl.runs import RunPaths
 from txl.train.optim import configure_optimizer, lr_at
-from txl.train.trainer import Trainer
+from txl.train.trainer import Trainer, TrainerOptions, TrainerParts
 
 
 def test_presets_load_and_round_trip():
@@ -119,15 +119,11 @@ def _trainer(config: RunConfig, tokens: np.ndarray, folder) -> Trainer:
     torch.manual_seed(config.train.seed)
     model = TransformerXL(config.model).double()
     tc = config.train
-    stream = SegmentStream(tokens, batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed, name="train")
-    return Trainer(
-        config,
-        model=model,
-        optimizer=configure_optimizer(model, tc),
-        stream=stream,
-        run=RunPaths(folder),
-        progress=False,
+    stream = SegmentStream(
+        tokens, BatchSettings(batch_size=tc.batch_size, tgt_len=tc.tgt_len, seed=tc.seed), name="train"
     )
+    parts = TrainerParts(model, configure_optimizer(model, tc), stream, RunPaths(folder))
+    return Trainer(config, parts, TrainerOptions(progress=False))
 
 
 def test_accumulation_matches_one_big_batch(tmp_path, tiny_config):

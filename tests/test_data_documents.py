@@ -28,7 +28,7 @@ from txl.config import (
     apply_overrides,
     config_from_dict,
 )
-from txl.data import SegmentStream, load_corpus, prepare_data
+from txl.data import BatchSettings, SegmentStream, load_corpus, prepare_data
 from txl.data.corpora import CorpusError, stdlib_files
 from txl.data.encoded import cache_path, encode_documents
 from txl.data.vocab import ByteVocab, CharVocab, WordVocab
@@ -284,7 +284,9 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     starts = np.unique(np.concatenate([[0], rng.integers(1, n, 60)]))
     tokens = np.arange(n)  # each token its own index: an input says where it stands
     stream = SegmentStream(
-        tokens, batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last, starts=starts
+        tokens,
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        starts=starts,
     )
     row = n // b
     seen = set()
@@ -317,21 +319,25 @@ def test_stream_marks_document_starts_in_every_batch_and_resumes(drop_last):
     assert seen == reachable  # every start an input of some batch is marked, once
     # resumed from a state_dict halfway, the same marks follow
     again = SegmentStream(
-        tokens, batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last, starts=starts
+        tokens,
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        starts=starts,
     )
     it = iter(again)
     for _ in range(5):
         next(it)
     state = again.state_dict()
     resumed = SegmentStream(
-        tokens, batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last, starts=starts
+        tokens,
+        BatchSettings(batch_size=b, tgt_len=16, varlen=True, seed=3, drop_last=drop_last),
+        starts=starts,
     )
     resumed.load_state_dict(state)
     for got, want in zip(resumed, batches[5:], strict=True):
         assert torch.equal(got.starts, want.starts) and torch.equal(got.inputs, want.inputs)
     half = batches[0].select(slice(1, 3)).to("cpu")
     assert torch.equal(half.starts, batches[0].starts[1:3])
-    assert SegmentStream(tokens, batch_size=b, tgt_len=16).__iter__().__next__().starts is None
+    assert SegmentStream(tokens, BatchSettings(batch_size=b, tgt_len=16)).__iter__().__next__().starts is None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from txl.data import Batch, SegmentStream
+from txl.data import Batch, BatchSettings, SegmentStream
 
 
 def _collect(stream):
@@ -18,7 +18,7 @@ def _collect(stream):
 def test_rows_are_contiguous_streams_and_targets_shift_by_one():
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 50, size=1003)
-    s = SegmentStream(tokens, batch_size=4, tgt_len=7)
+    s = SegmentStream(tokens, BatchSettings(batch_size=4, tgt_len=7))
     length = 1003 // 4
     batches = _collect(s)
     assert len(batches) == s.n_batches == -(-(length - 1) // 7)
@@ -35,7 +35,7 @@ def test_rows_are_contiguous_streams_and_targets_shift_by_one():
 
 
 def test_epoch_rolls_over_and_repeats():
-    s = SegmentStream(np.arange(200), batch_size=2, tgt_len=9)
+    s = SegmentStream(np.arange(200), BatchSettings(batch_size=2, tgt_len=9))
     first = _collect(s)
     assert (s.epoch, s.position) == (1, 0)
     second = _collect(s)
@@ -44,7 +44,7 @@ def test_epoch_rolls_over_and_repeats():
 
 
 def test_endless_batches_cross_epochs():
-    s = SegmentStream(np.arange(100), batch_size=2, tgt_len=10)
+    s = SegmentStream(np.arange(100), BatchSettings(batch_size=2, tgt_len=10))
     n = s.n_batches
     got = [b for _, b in zip(range(2 * n + 1), s.batches(), strict=False)]
     assert s.epoch == 2 and torch.equal(got[0].inputs, got[n].inputs)
@@ -53,15 +53,15 @@ def test_endless_batches_cross_epochs():
 @pytest.mark.parametrize("varlen", [False, True])
 def test_resume_from_state_dict_equals_uninterrupted(varlen):
     tokens = np.random.default_rng(1).integers(0, 1000, size=5000).astype(np.uint16)
-    kw = dict(batch_size=3, tgt_len=20, varlen=varlen, seed=7)
-    full = SegmentStream(tokens, **kw)
+    kw = BatchSettings(batch_size=3, tgt_len=20, varlen=varlen, seed=7)
+    full = SegmentStream(tokens, kw)
     reference = [b for _, b in zip(range(200), full.batches(), strict=False)]  # > 2 epochs
 
-    s = SegmentStream(tokens, **kw)
+    s = SegmentStream(tokens, kw)
     it = s.batches()
     head = [next(it) for _ in range(37)]
     state = json.loads(json.dumps(s.state_dict()))  # must survive JSON
-    resumed = SegmentStream(tokens, **kw)
+    resumed = SegmentStream(tokens, kw)
     resumed.load_state_dict(state)
     tail = [b for _, b in zip(range(200 - 37), resumed.batches(), strict=False)]
     for a, b in zip(reference, head + tail, strict=True):
@@ -69,8 +69,8 @@ def test_resume_from_state_dict_equals_uninterrupted(varlen):
 
 
 def test_load_state_dict_rejects_other_settings():
-    s = SegmentStream(np.arange(500), batch_size=2, tgt_len=10)
-    other = SegmentStream(np.arange(500), batch_size=4, tgt_len=10)
+    s = SegmentStream(np.arange(500), BatchSettings(batch_size=2, tgt_len=10))
+    other = SegmentStream(np.arange(500), BatchSettings(batch_size=4, tgt_len=10))
     with pytest.raises(ValueError, match="batch_size"):
         other.load_state_dict(s.state_dict())
 
@@ -78,7 +78,7 @@ def test_load_state_dict_rejects_other_settings():
 @pytest.mark.parametrize(("n", "batch_size", "tgt_len"), [(103, 4, 5), (1000, 7, 16), (5, 4, 3), (2, 3, 8)])
 def test_eval_mode_predicts_every_token_exactly_once(n, batch_size, tgt_len):
     tokens = np.arange(n)  # a target's value is its position
-    s = SegmentStream(tokens, batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
+    s = SegmentStream(tokens, BatchSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False))
     counts = np.zeros(n, dtype=np.int64)
     total = 0
     for b in s:
@@ -95,7 +95,10 @@ def test_eval_mode_predicts_every_token_exactly_once(n, batch_size, tgt_len):
 def test_varlen_is_deterministic_and_bounded():
     tokens = np.zeros(200_000, dtype=np.int64)
     lens = [
-        [b.inputs.shape[1] for b in SegmentStream(tokens, batch_size=2, tgt_len=40, varlen=True, seed=s)]
+        [
+            b.inputs.shape[1]
+            for b in SegmentStream(tokens, BatchSettings(batch_size=2, tgt_len=40, varlen=True, seed=s))
+        ]
         for s in (3, 3, 4)
     ]
     assert lens[0] == lens[1] and lens[0] != lens[2]
@@ -108,8 +111,8 @@ def test_varlen_is_deterministic_and_bounded():
 def test_accepts_tensors_and_memmaps(tmp_path):
     np.save(tmp_path / "t.npy", np.arange(300, dtype=np.uint16))
     mm = np.load(tmp_path / "t.npy", mmap_mode="r")
-    a = _collect(SegmentStream(mm, batch_size=2, tgt_len=10))
-    b = _collect(SegmentStream(torch.arange(300), batch_size=2, tgt_len=10))
+    a = _collect(SegmentStream(mm, BatchSettings(batch_size=2, tgt_len=10)))
+    b = _collect(SegmentStream(torch.arange(300), BatchSettings(batch_size=2, tgt_len=10)))
     assert all(
         torch.equal(x.inputs, y.inputs) and x.inputs.dtype == torch.int64 for x, y in zip(a, b, strict=True)
     )
@@ -120,11 +123,11 @@ def test_too_short_is_a_clear_error():
         ValueError,
         match=r"split 'valid' has 40 tokens, fewer than one segment \(B x \(T\+1\) = 4 x 11 = 44\)",
     ):
-        SegmentStream(np.arange(40), batch_size=4, tgt_len=10, name="valid")
+        SegmentStream(np.arange(40), BatchSettings(batch_size=4, tgt_len=10), name="valid")
     with pytest.raises(ValueError, match="has 1 tokens"):
-        SegmentStream(np.arange(1), batch_size=1, tgt_len=10, drop_last=False)
+        SegmentStream(np.arange(1), BatchSettings(batch_size=1, tgt_len=10, drop_last=False))
     with pytest.raises(ValueError, match="1-D"):
-        SegmentStream(np.zeros((2, 50)), batch_size=1, tgt_len=10)
+        SegmentStream(np.zeros((2, 50)), BatchSettings(batch_size=1, tgt_len=10))
 
 
 def test_batch_to_and_counts():
@@ -139,18 +142,18 @@ def test_batch_to_and_counts():
 def test_first_batch_of_each_epoch_says_so_and_resume_keeps_it():
     """All rows wrap together; the flag follows from the position, so a state taken right before the wrap
     gives a first batch that says so."""
-    s = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    s = SegmentStream(np.arange(300), BatchSettings(batch_size=2, tgt_len=10))
     n = s.n_batches
     flags = [b.new_epoch for _, b in zip(range(2 * n + 1), s.batches(), strict=False)]
     assert flags == ([True] + [False] * (n - 1)) * 2 + [True]
 
-    s = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    s = SegmentStream(np.arange(300), BatchSettings(batch_size=2, tgt_len=10))
     for _ in iter(s):  # one whole epoch: the state is position 0 of epoch 1
         pass
-    resumed = SegmentStream(np.arange(300), batch_size=2, tgt_len=10)
+    resumed = SegmentStream(np.arange(300), BatchSettings(batch_size=2, tgt_len=10))
     resumed.load_state_dict(json.loads(json.dumps(s.state_dict())))
     first = next(resumed.batches())
     assert first.new_epoch and first.to("cpu").new_epoch
     assert not next(resumed.batches()).new_epoch
-    evaluation = list(SegmentStream(np.arange(300), batch_size=2, tgt_len=10, drop_last=False))
+    evaluation = list(SegmentStream(np.arange(300), BatchSettings(batch_size=2, tgt_len=10, drop_last=False)))
     assert [b.new_epoch for b in evaluation] == [True] + [False] * (len(evaluation) - 1)

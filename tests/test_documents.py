@@ -393,16 +393,14 @@ def test_training_with_starts_gives_gradients_of_the_documents_alone():
 
 def test_a_checkpoint_keeps_the_memory_reach(tmp_path):
     """save_checkpoint / load_checkpoint store the reach as memory.reach; a memory without one stays without."""
-    from txl.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+    from txl.checkpoint import CheckpointContents, load_checkpoint, save_checkpoint
 
     model = _model()
     tokens, starts = _rows()
     with torch.no_grad():
         memory = model(tokens[:, :T], starts=starts[:, :T]).memory
     for saved in [memory, Memory(memory.states)]:
-        folder = save_checkpoint(
-            tmp_path / "ck", model=model, optimizer=None, memory=saved, state=TrainingState(), meta={}
-        )
+        folder = save_checkpoint(tmp_path / "ck", CheckpointContents(model, memory=saved))
         _, back, _ = load_checkpoint(folder, model=model, restore_rng=False)
         assert torch.equal(back.states[1], saved.states[1])
         if saved.reach is None:

@@ -277,6 +277,42 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(
     assert _listing(tmp_path) == []
 
 
+def test_export_sizes_the_memory_it_exports(trained_run_copy, tmp_path, capsys, little_memory):
+    """A run whose [eval] section asks a memory far longer than its model's: the export uses the [eval] one
+    (as txl eval does), so that is the one refused (2 layers x 2 rows x 10^9 x 32, + the attention, x 4
+    bytes); the model's own memory (16) would fit."""
+    import json
+
+    config = json.loads((trained_run_copy / "config.json").read_text())
+    config["eval"].update(mem_len=1_000_000_000, tgt_len=8)
+    (trained_run_copy / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out" / "m.onnx"
+    _one_line(
+        capsys,
+        ["export", str(trained_run_copy), "--out", str(out)],
+        "--tgt-len 8 --mem-len 1000000000",
+        "596 GiB",
+    )
+    assert not out.parent.exists()
+
+
+def test_train_sizes_the_config_it_trains_with(tmp_path, little_memory):
+    """The library's train() refuses, before writing anything, a segment whose training buffers cannot fit
+    (2 layers x 64 rows x 2 heads x 10^6 x (10^6 + 16) x 4 bytes: 931 TiB), naming the fields to lower."""
+    from conftest import run_config, write_text_corpus
+    from txl.errors import SizeError
+    from txl.train.trainer import train
+
+    config = run_config(
+        write_text_corpus(tmp_path / "corpus.txt"), "train.batch_size=64", "train.tgt_len=1000000"
+    )
+    with pytest.raises(
+        SizeError, match=r"train.batch_size 64, train.tgt_len 1000000, model.mem_len 16: .*931 TiB"
+    ):
+        train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_sizes_that_fit_go_on(trained_run, capsys, little_memory):
     assert txl.cli.main(["generate", str(trained_run), "--mem-len", "1000", "--max-new-tokens", "3"]) == 0
     capsys.readouterr()

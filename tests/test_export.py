@@ -19,7 +19,7 @@ for module in ("onnx", "onnxscript", "onnxruntime"):
         module, reason=f"the ONNX export check needs {module}: pip install 'transformer-xl[export]'"
     )
 
-from txl.interop.onnx import ExportError, check_onnx  # noqa: E402
+from txl.interop.onnx import ExportError, OnnxCheck, check_onnx  # noqa: E402
 
 WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(118)]
 
@@ -99,7 +99,12 @@ def test_export_cli_checks_against_onnxruntime(exported, capsys):
     ]
     model = load_run(run_dir).model
     for batch in (1, 4):  # the batch is dynamic: exported with 2 rows
-        assert check_onnx(model, out, tgt_len=5, mem_len=8, segments=3, batch_size=batch, seed=batch) <= 1e-4
+        assert (
+            check_onnx(
+                model, out, tgt_len=5, mem_len=8, check=OnnxCheck(segments=3, batch_size=batch, seed=batch)
+            )
+            <= 1e-4
+        )
 
 
 def test_the_graph_takes_the_reach_from_zeros_and_resets_a_row(exported):

@@ -25,9 +25,9 @@ from conftest import run_config, train_losses
 from txl import TransformerXLConfig
 from txl import checkpoint as ckpt
 from txl.checkpoint import (
+    CheckpointContents,
     DamagedCheckpoint,
     ResumeWarning,
-    TrainingState,
     load_checkpoint,
     save_checkpoint,
 )
@@ -501,9 +501,7 @@ def test_a_failed_write_reported_by_safetensors_is_a_checkpoint_error(tmp_path, 
         match=r"^cannot write checkpoint best in .*: Error while serializing: "
         r"I/O error: No space left on device \(os error 28\)$",
     ):
-        save_checkpoint(
-            tmp_path / "best", model=model, optimizer=None, memory=None, state=TrainingState(), meta={}
-        )
+        save_checkpoint(tmp_path / "best", CheckpointContents(model))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -575,7 +573,7 @@ def test_cuda_random_states_for_another_gpu_count_warn(tmp_path, monkeypatch):
     fake = [torch.full((16,), i, dtype=torch.uint8) for i in range(2)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: fake)
-    save_checkpoint(tmp_path / "ck", model=model, optimizer=None, memory=None, state=TrainingState(), meta={})
+    save_checkpoint(tmp_path / "ck", CheckpointContents(model))
     restored = []
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

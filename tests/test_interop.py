@@ -10,7 +10,7 @@ import torch
 
 from reference_original import original_forward
 from txl import TransformerXL, TransformerXLConfig
-from txl.interop import CheckpointError, config_from_original, load_original
+from txl.interop import CheckpointError, OriginalSettings, config_from_original, load_original
 
 
 def _original_state(model: TransformerXL) -> dict[str, torch.Tensor]:
@@ -66,7 +66,7 @@ def test_load_original_round_trip_matches_reference(tmp_path, tiny_config, varia
     torch.save(state, path)
 
     kwargs = {"cutoffs": config.cutoffs} if config.cutoffs and config.div_val == 1 else {}
-    loaded = load_original(path, pre_norm=config.pre_norm, mem_len=6, **kwargs).double()
+    loaded = load_original(path, OriginalSettings(pre_norm=config.pre_norm, mem_len=6, **kwargs)).double()
     inferred = loaded.config
     assert (inferred.n_layer, inferred.n_head, inferred.d_head, inferred.d_model, inferred.d_inner) == (
         config.n_layer,
@@ -128,18 +128,18 @@ def test_reference_same_length_and_clamp(tiny_config):
 
 def test_load_original_rejects_bad_files(tmp_path, tiny_config):
     with pytest.raises(CheckpointError, match="not found"):
-        load_original(tmp_path / "missing.pt", mem_len=4)
+        load_original(tmp_path / "missing.pt", OriginalSettings(mem_len=4))
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable"):
-        load_original(junk, mem_len=4)
+        load_original(junk, OriginalSettings(mem_len=4))
     partial = tmp_path / "partial.pt"
     torch.save({"r_w_bias": torch.zeros(2, 3)}, partial)
     with pytest.raises(CheckpointError, match="missing"):
-        load_original(partial, mem_len=4)
+        load_original(partial, OriginalSettings(mem_len=4))
     state = _original_state(TransformerXL(dataclasses.replace(tiny_config, cutoffs=(10, 20))))
     with pytest.raises(CheckpointError, match="cutoffs"):
-        config_from_original(state, mem_len=4)
+        config_from_original(state, OriginalSettings(mem_len=4))
 
 
 class Payload:
@@ -150,12 +150,12 @@ def test_load_original_refuses_pickled_objects(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"r_w_bias": Payload()}, path)
     with pytest.raises(CheckpointError):
-        load_original(path, mem_len=4)
+        load_original(path, OriginalSettings(mem_len=4))
 
 
 def test_inferred_config_is_a_valid_config(tiny_config):
     state = _original_state(TransformerXL(tiny_config))
-    config = config_from_original(state, mem_len=10)
+    config = config_from_original(state, OriginalSettings(mem_len=10))
     assert isinstance(config, TransformerXLConfig) and config.mem_len == 10 and config.share_rel_bias
 
 
@@ -163,6 +163,6 @@ def test_half_precision_checkpoints_load_as_float32(tmp_path, tiny_config):
     state = {k: v.half() for k, v in _original_state(TransformerXL(tiny_config)).items()}
     path = tmp_path / "half.pt"
     torch.save(state, path)
-    model = load_original(path, mem_len=4)
+    model = load_original(path, OriginalSettings(mem_len=4))
     assert model.layers[0].attn.qkv.weight.dtype == torch.float32
     assert torch.equal(model.layers[0].attn.qkv.weight, state["layers.0.dec_attn.qkv_net.weight"].float())

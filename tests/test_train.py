@@ -32,13 +32,13 @@ from txl.data import prepare_data
 from txl.errors import CheckpointError, RunError
 from txl.model import TransformerXL
 from txl.runs import latest_checkpoint, load_run
+from txl.train.checks import train_stream
 from txl.train.trainer import (
     Interrupted,
     Trainer,
     TrainingDiverged,
     resume,
     train,
-    train_stream,
 )
 
 
@@ -680,7 +680,7 @@ def test_load_run_reads_again_a_checkpoint_replaced_while_it_is_read(tmp_path, t
         if not racing_load_model.raced:
             racing_load_model.raced = True
             ckpt.save_checkpoint(
-                best, model=newer, optimizer=None, memory=None, state=TrainingState(step=99), meta=meta
+                best, ckpt.CheckpointContents(newer, state=TrainingState(step=99), meta=meta)
             )
         return result
 

@@ -1,14 +1,6 @@
-"""One checkpoint folder, given its path: weights in safetensors, everything else (config, step, stream
-position, optimizer hyper-parameters) in JSON, tensors of state (optimizer moments, memory, RNG) in a second
-safetensors file. Where a run keeps its checkpoints, their names and which one to use belong to
-:mod:`txl.runs`.
-
-A checkpoint folder is written under a temporary sibling name (``.tmp-NAME-PID``) and renamed into place, so
-a killed writer never leaves a half-written checkpoint, and deleted by renaming it out of the way
-(``.del-NAME-PID``) first, so a killed deleter never leaves part of one under its name
-(:func:`tidy_interrupted_saves` cleans up after either);
-``state.json`` records the SHA-256 of each tensor file, so a damaged one is detected before it is used.
-Nothing here unpickles anything.
+"""One checkpoint folder, given its path: weights in safetensors, the rest (config, step, stream position,
+optimizer hyper-parameters) in JSON, state tensors in a second safetensors file; written and deleted
+atomically, checksummed, never unpickled. Where a run keeps its checkpoints is :mod:`txl.runs`' job.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from .files import new_file_mode
 from .model import Memory
 
 __all__ = [
+    "CheckpointContents",
     "DamagedCheckpoint",
     "ResumeWarning",
     "TrainingState",
@@ -121,6 +114,29 @@ def _restore_optimizer(
         raise CheckpointError(f"optimizer state does not fit this model ({exc})") from None
 
 
+@dataclass(frozen=True)
+class CheckpointContents:
+    """What one checkpoint holds, given to :func:`save_checkpoint`."""
+
+    model: nn.Module
+    """The model whose weights are saved (model.safetensors)."""
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer whose moments and hyper-parameters are saved; None for weights alone."""
+    memory: Memory | None = None
+    """The memory of every stream of the batch (all B rows), or None."""
+    state: TrainingState = field(default_factory=TrainingState)
+    """Where the run stands (step, tokens, stream position, ...)."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """JSON facts checked on load (``model``: the model config dict, ``vocab_fingerprint``, ...)."""
+    rank_rng: Sequence[Mapping[str, torch.Tensor]] = ()
+    """The RNG states of each process of a distributed run, in rank order (``{"torch": ..., "cuda": ...}``;
+    see :func:`load_rank_rng`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"model: must be a torch.nn.Module, got {type(self.model).__name__}")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -129,24 +145,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write(
-    tmp: Path,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    memory: Memory | None,
-    state: TrainingState,
-    meta: dict[str, Any],
-    rank_rng: Sequence[Mapping[str, torch.Tensor]],
-) -> None:
+def _write(tmp: Path, contents: CheckpointContents) -> None:
     """The files of a checkpoint, each fsynced, into the folder ``tmp``."""
+    model, optimizer, memory = contents.model, contents.optimizer, contents.memory
     save_model(model, str(tmp / MODEL_FILE))
     os.chmod(tmp / MODEL_FILE, new_file_mode())  # safetensors writes 0600
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, rng in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = rng
-    for rank, states in enumerate(rank_rng):
+    for rank, states in enumerate(contents.rank_rng):
         tensors.update({f"{RANK_RNG}{rank}.{kind}": value.cpu() for kind, value in states.items()})
     if memory is not None:
         tensors.update({k: v.cpu() for k, v in memory.state_dict().items()})
@@ -162,10 +170,10 @@ def _write(
     }
     document = {
         "format": FORMAT_VERSION,
-        "state": asdict(state),
+        "state": asdict(contents.state),
         "optimizer": optim_meta,
         "files": files,
-        **meta,
+        **contents.meta,
     }
     (tmp / META_FILE).write_text(json.dumps(document, indent=1), encoding="utf-8")
     for name in (MODEL_FILE, STATE_FILE, META_FILE):
@@ -173,20 +181,8 @@ def _write(
             os.fsync(fh.fileno())
 
 
-def save_checkpoint(
-    folder: Path,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    memory: Memory | None,
-    state: TrainingState,
-    meta: dict[str, Any],
-    rank_rng: Sequence[Mapping[str, torch.Tensor]] = (),
-) -> Path:
-    """Write a checkpoint folder atomically (replacing one of that name). ``meta`` holds JSON facts checked on
-    load (``model``: the model config dict, ``vocab_fingerprint``, ...). ``rank_rng``: the RNG states of each
-    process of a distributed run, in rank order (``{"torch": ..., "cuda": ...}``; see :func:`load_rank_rng`).
-    Returns the folder. A failed write (a full disk) raises CheckpointError, removes the temporary folder and
+def save_checkpoint(folder: Path, contents: CheckpointContents) -> Path:
+    """Write ``contents`` as a checkpoint folder, atomically (replacing one of that name). Returns the folder. A failed write (a full disk) raises CheckpointError, removes the temporary folder and
     leaves every existing checkpoint as it was."""
     folder = Path(folder)
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
@@ -202,9 +198,7 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write(
-            tmp, model=model, optimizer=optimizer, memory=memory, state=state, meta=meta, rank_rng=rank_rng
-        )
+        _write(tmp, contents)
         if folder.exists():  # re-saving the same name (best, or a step after a resume): swap, then clean up
             os.rename(folder, old)  # a kill between the two renames is undone by tidy_interrupted_saves
             os.rename(tmp, folder)

@@ -1,16 +1,6 @@
-"""Data parallelism with ``torch.distributed``, as launched by ``torchrun``: which process this is, which batch
-rows it owns, and the few collective operations the trainer and evaluation need.
-
-A Transformer-XL batch is B independent streams, each with its memory. Under N processes, rank r owns the
-B/N contiguous streams ``[r·B/N, (r+1)·B/N)`` and their memory, so every stream keeps its memory in one
-process; gradients are averaged by DistributedDataParallel, which equals the single-process mean over the B
-streams because every rank holds the same number of tokens. Checkpoints hold all B rows (gathered from every
-rank, written by rank 0), so a run resumes on any N that divides B.
-
-One process (no ``torchrun``, or ``WORLD_SIZE=1``) is :data:`SINGLE`: every method is then a no-op that
-returns its input, so the trainer has one code path.
-
-    torchrun --nproc-per-node 2 -m txl train --config tiny --out runs/ddp    # or: txl train --nproc 2 ...
+"""Data parallelism with ``torch.distributed`` (as launched by ``torchrun``): which process this is, which of
+the B streams of a batch (and their memory) it owns, and the few collectives the trainer and evaluation
+need; one process is :data:`SINGLE`, on which every method returns its input.
 """
 
 from __future__ import annotations
@@ -27,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .config import ConfigError
+from .config import ConfigError, positive_int
 from .device import resolve_device
 
 __all__ = [
@@ -165,8 +155,7 @@ def from_environment(device: str = "cpu") -> Distributed:
 
 def launch_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs ``txl <argv>`` on ``nproc`` processes of this machine."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ConfigError(f"--nproc must be a positive integer, got {nproc!r}")
+    positive_int(nproc, "--nproc")
     return [
         sys.executable,
         "-m",

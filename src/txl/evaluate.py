@@ -27,7 +27,7 @@ from .config import (
     has_memory,
     positive_int,
 )
-from .data import SegmentStream, check_documents, prepare_data
+from .data import BatchSettings, SegmentStream, check_documents, prepare_data
 from .data.stream import Batch
 from .distributed import SINGLE, Distributed
 from .errors import TxlError
@@ -266,14 +266,8 @@ def segment_losses(
         )
     else:
         try:
-            batches = SegmentStream(
-                tokens,
-                batch_size=batch_size,
-                tgt_len=tgt_len,
-                drop_last=False,
-                name=settings.name or "tokens",
-                starts=starts,
-            )
+            reading = BatchSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
+            batches = SegmentStream(tokens, reading, name=settings.name or "tokens", starts=starts)
         except ValueError as exc:
             raise TxlError(str(exc)) from None
     rows = slice(0, batch_size) if rows is None else rows

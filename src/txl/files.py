@@ -1,8 +1,6 @@
-"""Atomic file writes: the one helper every file txl writes goes through (run files, vocabularies, encoded
-splits, reports). A file is written under a temporary name in its folder, flushed to disk and renamed into
-place, so a reader or a killed writer never sees half a file. Folders (checkpoints) are made atomic by
-``txl.checkpoint`` with the same write-then-rename idea. Also the one check of an output path that every
-writing command makes before it starts (:func:`check_output`).
+"""Atomic file writes, the one helper every file txl writes goes through (written under a temporary name,
+flushed, renamed into place), and the one check of an output path every writing command makes before it
+starts (:func:`check_output`).
 """
 
 from __future__ import annotations
@@ -91,7 +89,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
     path = Path(path)
     fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as fh:
+        with os.fdopen(fd, mode, encoding="utf-8" if mode == "w" else None) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -144,7 +142,7 @@ def check_output(path: str | os.PathLike[str], *, flag: str, kind: OutputKind = 
             shutil.rmtree(tempfile.mkdtemp(prefix=".txl-probe-", dir=base))
         free = os.statvfs(base)
     except OSError as exc:
-        reason = _REASONS.get(exc.errno, f"cannot be written ({exc.strerror or exc})")
+        reason = _REASONS.get(exc.errno or 0, f"cannot be written ({exc.strerror or exc})")
         raise OutputPathError(f"{flag} {path}: {where}{reason}") from None
     if free.f_blocks > 0 and free.f_bavail == 0:
         raise OutputPathError(f"{flag} {path}: {where}{_REASONS[errno.ENOSPC]}")

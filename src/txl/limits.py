@@ -1,17 +1,13 @@
-"""Sizes that cannot fit: the bytes that a memory, segment, batch or generation length makes txl allocate,
-derived from the model's sizes, against the memory available on the device; refused before allocating, with
-the setting named. Each estimate is a lower bound of what the code allocates (the largest buffers only), so a
-setting that would fit is never refused. Running the model is :mod:`txl.model`'s; this module only counts.
-
-Dimensions: N layers, B batch, T segment length, M memory length, K = M + T keys, H heads, Dh head size,
-D model size, C = M + max(M // 4, 16) slots of a key/value cache.
+"""Sizes that cannot fit: lower bounds of the bytes a memory, segment, batch or generation length makes txl
+allocate, against the memory available on the device, refused before allocating with the setting named.
+Dimensions: N layers, B batch, T segment, M memory, H heads, Dh head size, D model size.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .config import TransformerXLConfig
+from .config import TransformerXLConfig, cache_slots
 from .errors import SizeError
 
 __all__ = [
@@ -51,7 +47,7 @@ def available_bytes(device: torch.device | str = "cpu") -> int | None:
 def cache_bytes(config: TransformerXLConfig, *, batch: int, mem_len: int, dtype_bytes: int = 4) -> int:
     """The key/value cache of ``mem_len`` positions (:class:`txl.model.KVCache`): per layer the hidden
     states (B, C, D) and the keys and values (2, B, H, C, Dh), C slots for M positions and room to slide."""
-    capacity = mem_len + max(mem_len // 4, 16)
+    capacity = cache_slots(mem_len)
     per_slot = config.d_model + 2 * config.n_head * config.d_head
     return config.n_layer * batch * capacity * per_slot * dtype_bytes
 

@@ -1,17 +1,6 @@
-"""The run folder, the one owner of its layout: where each file lives, refusing to clobber another run,
-the lock held by the process that trains in it, the checkpoints' names and finding one (by name, the latest,
-the best, the newest intact), keeping the last few, and loading a trained model back. Reading and writing
-one checkpoint folder is :mod:`txl.checkpoint`'s.
-
-    RUN_DIR/config.json                    the effective RunConfig (model.vocab_size set from the vocabulary)
-    RUN_DIR/vocab.json                     the vocabulary (JSON, never pickled)
-    RUN_DIR/metrics.jsonl                  one JSON object per log step / evaluation
-    RUN_DIR/summary.json                   final figures
-    RUN_DIR/checkpoints/step-XXXXXXXX/     a checkpoint per saved step (the last train.keep_last kept)
-    RUN_DIR/checkpoints/best/              the checkpoint with the best validation loss
-    RUN_DIR/tensorboard/                   TensorBoard logs, when TensorBoard is installed
-    RUN_DIR/.lock                          {"pid", "host", "since", "started"} of the process training in it,
-                                           while it does
+"""The run folder, the one owner of its layout (:class:`RunPaths`): where each file lives, refusing to clobber
+another run, the training lock, the checkpoints' names and finding one, keeping the last few, and loading a
+trained model back. One checkpoint folder is :mod:`txl.checkpoint`'s.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, eval_lengths, first_set, positive_int
-from ..data import SegmentStream, check_documents, prepare_data
+from ..data import BatchSettings, SegmentStream, check_documents, prepare_data
 from ..evaluate import EvalSettings, eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
@@ -205,7 +205,7 @@ def token_losses(
     n = len(tokens)
     rows = eval_rows(n, settings.batch_size)
     where = SegmentStream(
-        tokens, batch_size=rows, tgt_len=settings.tgt_len, drop_last=False, starts=starts
+        tokens, BatchSettings(batch_size=rows, tgt_len=settings.tgt_len, drop_last=False), starts=starts
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0

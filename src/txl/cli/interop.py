@@ -11,69 +11,29 @@ from ..errors import OutputPathError
 from . import _non_negative_int, _positive_int
 from .command import Command, Output
 from .common import check_device
-from .options import add_span_flags
+from .options import add_span_flags, settings_from
 
 __all__ = ["CONVERT", "EXPORT"]
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from ..analysis.common import parse_ints
-    from ..interop.convert import convert
+    from ..interop.convert import ConvertSettings, convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
-    folder = convert(
-        Path(args.src),
-        Path(args.dst),
-        source=args.source,
-        vocab=args.vocab,
-        corpus=args.corpus,
-        tgt_len=args.tgt_len,
-        mem_len=args.mem_len,
-        clamp_len=args.clamp_len,
-        same_length=args.same_length,
-        pre_norm=args.pre_norm,
-        cutoffs=cutoffs,
-        overwrite=args.overwrite,
-    )
+    settings = settings_from(ConvertSettings, args, cutoffs=cutoffs)
+    folder = convert(Path(args.src), Path(args.dst), settings, overwrite=args.overwrite)
     print(folder)
     return 0
 
 
-def _check_export_fits(args: argparse.Namespace) -> None:
-    """Refuse an exported segment or memory whose example buffers cannot fit, before loading the model."""
-    from ..interop.onnx import EXAMPLE_BATCH
-    from ..limits import check_fits, segment_bytes
-    from ..runs import load_run_config
-
-    config = load_run_config(Path(args.run_dir))
-    tgt_len = args.tgt_len or config.eval.tgt_len or config.train.tgt_len
-    mem_len = config.model.mem_len if args.mem_len is None else args.mem_len
-    check_fits(
-        segment_bytes(config.model, batch=EXAMPLE_BATCH, tgt_len=tgt_len, mem_len=mem_len),
-        setting=f"--tgt-len {tgt_len} --mem-len {mem_len}",
-        what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.model.n_layer} layers)",
-        lower="--tgt-len or --mem-len",
-    )
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..interop.onnx import export_onnx
+    from ..interop.onnx import ExportSettings, export_onnx
 
     check_device(args.device)
-    _check_export_fits(args)
     try:
-        result = export_onnx(
-            Path(args.run_dir),
-            Path(args.out),
-            tgt_len=args.tgt_len,
-            mem_len=args.mem_len,
-            clamp_len=args.clamp_len,
-            same_length=args.same_length,
-            checkpoint=args.checkpoint,
-            opset=args.opset,
-            check=not args.no_check,
-            progress=True,
-        )
+        settings = settings_from(ExportSettings, args, check=not args.no_check)
+        result = export_onnx(Path(args.run_dir), Path(args.out), settings, progress=True)
     except OSError as exc:  # writing the file failed (a full disk): one line naming the flag
         if exc.filename != str(Path(args.out)):
             raise

@@ -60,7 +60,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "started by torchrun; leave --nproc out under torchrun"
         )
     try:
-        _check_training_fits(config, group=group)
         if args.resume:
             summary = resume(
                 Path(args.resume), overrides=tuple(args.set), progress=not args.quiet, group=group
@@ -118,23 +117,6 @@ def _new_run_config(args: argparse.Namespace) -> Any:
     loose = apply_overrides(base, ["model.vocab_size=1000000000", *args.set])
     size = len(prepare_data(loose.data, splits=("train",)).vocab)
     return apply_overrides(base, [f"model.vocab_size={size}", *args.set])
-
-
-def _check_training_fits(config: Any, *, group: Any) -> None:
-    """Refuse a training segment whose buffers cannot fit in this process's device, naming the fields."""
-    from ..limits import check_fits, segment_bytes
-
-    train, model = config.train, config.model
-    rows = max(1, train.batch_size // (group.world_size * train.accum_steps))  # one forward of one process
-    mem_len = model.mem_len if model.attention == "relative" else 0
-    need = segment_bytes(model, batch=rows, tgt_len=train.tgt_len, mem_len=mem_len, training=True)
-    check_fits(
-        need,
-        setting=f"train.batch_size {train.batch_size}, train.tgt_len {train.tgt_len}, model.mem_len {mem_len}",
-        what=f"the attention of {model.n_layer} layers over {rows} rows of {train.tgt_len} + {mem_len} keys",
-        lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps (--set)",
-        device=group.device(train.device),
-    )
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

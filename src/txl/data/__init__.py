@@ -13,7 +13,7 @@ from .corpora import (
 from .download import DOWNLOADS, DownloadSpec, RemoteFile, UnverifiedDownloadWarning, download_corpus
 from .encoded import default_cache_dir, encode_documents, encode_split, split_starts, token_dtype
 from .prepare import PreparedData, check_documents, prepare_data
-from .stream import Batch, SegmentStream
+from .stream import Batch, BatchSettings, SegmentStream
 from .vocab import (
     BPEVocab,
     ByteVocab,
@@ -39,6 +39,7 @@ __all__ = [
     "PreparedData",
     "RemoteFile",
     "SegmentStream",
+    "BatchSettings",
     "UnverifiedDownloadWarning",
     "Vocab",
     "WordVocab",

@@ -1,8 +1,6 @@
-"""Corpus readers: known corpora by name, or plain text files and folders by path.
-
-Owns where corpora are looked for, how each is split into train/valid/test and read as raw bytes, where its
-documents begin (:attr:`Corpus.documents`), and the corpora txl generates itself (`synthetic-recall`).
-Turning text into token ids is left to `vocab.py`, caching ids to `cache.py`, fetching to `download.py`.
+"""Corpus readers: known corpora by name, text files and folders by path, and the corpora txl generates; owns
+where corpora are looked for, their train/valid/test split and where documents begin. Tokens are
+:mod:`txl.data.vocab`'s, caching :mod:`txl.data.encoded`'s, fetching :mod:`txl.data.download`'s.
 """
 
 from __future__ import annotations
@@ -540,7 +538,7 @@ def _load_path(path: Path, *, text_field: str = "text") -> Corpus:
         )
     by_split = _folder_split_files(path)
     if by_split and all(_is_jsonl(p) for p in by_split.values()):  # records are documents
-        parts = {
+        parts: dict[str, list[tuple[bytes, str, int | None]]] = {
             s: [(r, str(p), None) for r in jsonl_records(_read(p), p, text_field=text_field)]
             for s, p in by_split.items()
         }

@@ -1,7 +1,6 @@
-"""Download the standard corpora from their canonical archives, with resume and SHA-256 checks.
-
-Owns the registry of sources (URL, pinned checksum, how to extract) and the fetch/verify/extract steps.
-Reading the extracted files is `corpora.py`'s job.
+"""Download the standard corpora from their canonical archives, with resume and SHA-256 checks: the registry
+of sources (URL, pinned checksum, extraction) and the fetch/verify/extract steps; reading is
+:mod:`txl.data.corpora`'s.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Encoded splits on disk: token ids of one corpus split under one vocabulary, as memory-mapped `.npy` (a
-cache of the encoding, kept next to the data; named for what it holds, apart from ``model/cache.py``), and
-the token indices where its documents begin.
-
-Owns the cache key and the dtype choice; files are written with :func:`txl.files.atomic_open`. Reading corpora and encoding text are left to
-`corpora.py` and `vocab.py`.
+"""Encoded splits on disk: the token ids of one corpus split under one vocabulary, memory-mapped ``.npy`` (the
+cache key, the dtype), and where its documents begin. Reading corpora and encoding text are
+:mod:`txl.data.corpora`'s and :mod:`txl.data.vocab`'s.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Hugging Face ``datasets`` as a corpus source (the optional extra ``datasets``): ``hf:NAME[:CONFIG]`` from
-the hub (or its local cache) and ``hf-disk:PATH`` for a dataset written with ``save_to_disk``.
-
-Each row's ``text_field`` is one record, read as one line of text (a newline is added to rows that have none, as WikiText's rows
-already end with one); the splits ``train``, ``validation`` (or ``valid``, ``dev``) and ``test`` become txl's
-train, valid and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and
-:mod:`txl.data.encoded`'s.
+"""Hugging Face ``datasets`` as a corpus source (the extra ``datasets``): ``hf:NAME[:CONFIG]`` from the hub or
+its cache and ``hf-disk:PATH``, each row's ``text_field`` one line of text, their splits txl's train, valid
+and test. What a corpus is, and caching, are :mod:`txl.data.corpora`'s and :mod:`txl.data.encoded`'s.
 """
 
 from __future__ import annotations
@@ -76,13 +72,13 @@ def _open(spec: str) -> tuple[Any, str]:
 
 def load_hf_corpus(
     spec: str, *, text_field: str = "text"
-) -> tuple[str, dict[str, list[tuple[bytes, str, None]]], dict[str, tuple[int, ...]]]:
+) -> tuple[str, dict[str, list[tuple[bytes, str, int | None]]], dict[str, tuple[int, ...]]]:
     """The corpus name, its splits as pieces (UTF-8 bytes, source, None) for :func:`corpora._make`, and per
     split the byte offset where each row begins (a record: a document, except in a WikiText dataset)."""
     data, name = _open(spec)
     datasets = _datasets()
     splits = {"train": data} if isinstance(data, datasets.Dataset) else dict(data)
-    parts: dict[str, list[tuple[bytes, str, None]]] = {}
+    parts: dict[str, list[tuple[bytes, str, int | None]]] = {}
     records: dict[str, tuple[int, ...]] = {}
     for split, dataset in splits.items():
         ours = SPLIT_NAMES.get(split)
@@ -98,7 +94,7 @@ def load_hf_corpus(
             raise CorpusError(f"corpus {spec}: column {text_field!r} must hold text")
         encoded = [(row if row.endswith("\n") else row + "\n").encode("utf-8") for row in rows]
         before = sum(len(piece) for piece, _, _ in parts.get(ours, ()))
-        offsets = np.cumsum([0, *map(len, encoded[:-1])]) + before if encoded else []
+        offsets = np.cumsum([0, *map(len, encoded[:-1])]) + before if encoded else np.zeros(0, dtype=np.int64)
         records[ours] = (*records.get(ours, ()), *map(int, offsets))
         parts.setdefault(ours, []).append((b"".join(encoded), f"{spec}[{split}]", None))
     if not parts:

@@ -1,7 +1,6 @@
-"""A run's data, ready to use: its corpus loaded, its vocabulary built (or the run's own reused) and its
-splits encoded (memory-mapped from the cache). What the splits are used for is left to the caller: the
-trainer checks them against the training settings, ``txl eval`` reads one split. Where the corpus has
-documents, each split's document starts come with it (token indices).
+"""A run's data, ready to use: its corpus loaded, its vocabulary built (or the run's own reused), its splits
+encoded (memory-mapped from the cache) with their document starts. What the splits are used for is the
+caller's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The ordered segment iterator: one token array cut into B contiguous streams, read T tokens at a time.
-
-Row b of batch k+1 continues exactly where row b of batch k stopped, so a model's memory carries over
-between batches. Owns batching, variable segment lengths, resumable position and where documents begin in
-each batch (``Batch.starts``); not tokenization.
-
-Dimensions: B batch size (streams), T segment length (tgt_len), L tokens per stream.
+"""The ordered segment iterator: one token array cut into B contiguous streams, read T tokens at a time, so
+that a model's memory carries over between batches; owns batching, variable lengths, resumable position and
+document starts, not tokenization. Dimensions: B batch size (streams), T segment length, L tokens per stream.
 """
 
 from __future__ import annotations
@@ -17,9 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import positive_int
+
 __all__ = [
     "Batch",
     "SegmentStream",
+    "BatchSettings",
     "document_cuts",
     "VARLEN_STD",
     "VARLEN_MIN",
@@ -52,6 +51,26 @@ def document_cuts(n_tokens: int, starts: np.ndarray, *, batch_size: int) -> np.n
 
 
 @dataclass(frozen=True)
+class BatchSettings:
+    """How a :class:`SegmentStream` cuts and reads its tokens."""
+
+    batch_size: int
+    """B: the parallel streams the tokens are cut into (rows of each batch)."""
+    tgt_len: int
+    """T: tokens per segment (the mean length with ``varlen``)."""
+    varlen: bool = False
+    """Draw each segment's length as the original Transformer-XL does (training only)."""
+    seed: int = 0
+    """Seed of the generator of the variable lengths."""
+    drop_last: bool = True
+    """True (training): equal streams, the tail dropped; False (evaluation): every target read once."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.batch_size, "batch_size", error=ValueError)
+        positive_int(self.tgt_len, "tgt_len", error=ValueError)
+
+
+@dataclass(frozen=True)
 class Batch:
     """inputs and targets: (B, T) int64, targets = inputs shifted by one token within each stream.
     mask: (B, T) bool, True where the target is a real token; None when all are real.
@@ -79,15 +98,14 @@ class Batch:
         return Batch(self.inputs[rows], self.targets[rows], mask, self.new_epoch, starts)
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
-        mask = self.mask.to(device, non_blocking=non_blocking) if self.mask is not None else None
-        starts = self.starts.to(device, non_blocking=non_blocking) if self.starts is not None else None
-        return Batch(
-            self.inputs.to(device, non_blocking=non_blocking),
-            self.targets.to(device, non_blocking=non_blocking),
-            mask,
-            self.new_epoch,
-            starts,
-        )
+        """The batch on ``device``."""
+
+        def move(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, non_blocking=non_blocking)
+
+        mask = None if self.mask is None else move(self.mask)
+        starts = None if self.starts is None else move(self.starts)
+        return Batch(move(self.inputs), move(self.targets), mask, self.new_epoch, starts)
 
 
 class SegmentStream:
@@ -119,12 +137,8 @@ class SegmentStream:
     def __init__(
         self,
         tokens: np.ndarray | torch.Tensor,
+        settings: BatchSettings,
         *,
-        batch_size: int,
-        tgt_len: int,
-        varlen: bool = False,
-        seed: int = 0,
-        drop_last: bool = True,
         name: str = "tokens",
         starts: np.ndarray | None = None,
     ) -> None:
@@ -133,10 +147,15 @@ class SegmentStream:
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
             raise ValueError(f"{name}: expected a 1-D token array, got shape {tuple(tokens.shape)}")
-        if batch_size < 1 or tgt_len < 1:
-            raise ValueError(f"batch_size and tgt_len must be >= 1, got {batch_size} and {tgt_len}")
         n = int(tokens.shape[0])
-        self.batch_size, self.tgt_len, self.varlen, self.seed = batch_size, tgt_len, varlen, seed
+        batch_size, tgt_len, drop_last = settings.batch_size, settings.tgt_len, settings.drop_last
+        self.settings = settings
+        self.batch_size, self.tgt_len, self.varlen, self.seed = (
+            batch_size,
+            tgt_len,
+            settings.varlen,
+            settings.seed,
+        )
         self.drop_last, self.name, self.n_tokens = drop_last, name, n
         self._starts: np.ndarray | None = None
         if starts is not None:
@@ -258,14 +277,18 @@ class SegmentStream:
 
     def _marks(self, pos: int, seq_len: int) -> np.ndarray:
         """(B, T) bool: True where input ``pos + t`` of row b is a document's first token."""
+        starts = self._starts
+        assert starts is not None  # called only for a stream given document starts
         marks = np.zeros((self.batch_size, seq_len), dtype=bool)  # (B, T)
         first = self._row_start + pos  # (B,) token index of each row's input 0
-        lo = np.searchsorted(self._starts, first + np.maximum(self._row_first - pos, 0))  # not in padding
-        hi = np.searchsorted(
-            self._starts, first + np.clip(self._row_len - 1 - pos, 0, seq_len)
-        )  # inputs only
+        lo = np.asarray(
+            np.searchsorted(starts, first + np.maximum(self._row_first - pos, 0))
+        )  # not in padding
+        hi = np.asarray(
+            np.searchsorted(starts, first + np.clip(self._row_len - 1 - pos, 0, seq_len))
+        )  # inputs
         for b in range(self.batch_size):
-            marks[b, self._starts[lo[b] : hi[b]] - first[b]] = True
+            marks[b, starts[lo[b] : hi[b]] - first[b]] = True
         return marks
 
     def __iter__(self) -> Iterator[Batch]:

@@ -1,7 +1,6 @@
-"""Vocabularies: word, char and byte symbol tables, and byte-level BPE through Hugging Face `tokenizers`.
-
-Owns text <-> id mapping and its JSON form (never pickled). Reading corpora is `corpora.py`'s job,
-caching encoded splits `cache.py`'s.
+"""Vocabularies: word, char and byte symbol tables and byte-level BPE (Hugging Face ``tokenizers``); text <-> id
+and their JSON form, never pickled. Reading corpora is :mod:`txl.data.corpora`'s job, caching encoded splits
+:mod:`txl.data.encoded`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import positive_int
 from ..errors import TxlError
 from ..files import atomic_write_text
 from .corpora import Corpus, CorpusError
@@ -138,8 +138,8 @@ class WordVocab(_TableVocab):
     """
 
     kind = "word"
-    unk_id = 0
-    eos_id = 1
+    unk_id: int | None = 0
+    eos_id: int | None = 1
     unknown_as_unk = True
 
     def __init__(
@@ -195,8 +195,7 @@ class WordVocab(_TableVocab):
     ) -> WordVocab:
         """Count the words of `text`; keep those seen `min_freq` times, at most `max_size` in all
         (specials included)."""
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        positive_int(min_freq, "min_freq", error=ValueError)
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
         counts = Counter(text.split() if tokenizer == "whitespace" else _REGEX.findall(text))

@@ -1,11 +1,6 @@
-"""Other implementations' models in and out of txl: the authors' and Hugging Face's checkpoints
-(:mod:`~txl.interop.checkpoints`), ``txl convert`` (:mod:`~txl.interop.convert`), ``txl export`` to ONNX
-(:mod:`~txl.interop.onnx`) and the restricted unpickler that reads their vocabularies
-(:mod:`~txl.interop.safe_pickle`).
-
-The checkpoint readers are re-exported here (``txl.interop.load_original(...)``, ``txl.interop.load_hf(folder)``)
-and imported when first used (PEP 562), as in :mod:`txl`: reading a pickled vocabulary needs no torch.
-"""
+"""Other implementations' models in and out of txl: the authors' and Hugging Face's checkpoints, ``txl
+convert``, ``txl export`` to ONNX and the restricted unpickler; the checkpoint readers are re-exported here
+and imported when first used (PEP 562), so reading a pickled vocabulary needs no torch."""
 
 from __future__ import annotations
 
@@ -16,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .checkpoints import (
         CheckpointError,
+        OriginalSettings,
         config_from_hf,
         config_from_original,
         hf_to_txl,
@@ -32,6 +28,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {  # public name -> the module that defines it
     "CheckpointError": ".checkpoints",
+    "OriginalSettings": ".checkpoints",
     "load_original": ".checkpoints",
     "original_to_txl": ".checkpoints",
     "txl_to_original": ".checkpoints",
@@ -48,6 +45,7 @@ _EXPORTS = {  # public name -> the module that defines it
 
 __all__ = [  # the names of _EXPORTS (a literal list, for linters and type checkers)
     "CheckpointError",
+    "OriginalSettings",
     "load_original",
     "original_to_txl",
     "txl_to_original",

@@ -1,28 +1,23 @@
-"""Import weights from other Transformer-XL implementations: the authors' checkpoints and Hugging Face's.
-
-``load_original`` reads a ``state_dict`` saved with ``torch.save(model.state_dict())`` from the authors'
-PyTorch ``MemTransformerLM`` (attention type 0, the relative attention of the paper), safely
-(``weights_only=True``), infers every size from the tensor shapes and returns an equivalent
-:class:`~txl.model.TransformerXL`. Their tensors are laid out time-major inside; weights are not.
-
-``load_hf`` reads a Hugging Face ``TransfoXLLMHeadModel`` folder (``config.json`` and ``model.safetensors``
-or ``pytorch_model.bin``, the latter with ``weights_only=True``) and ``load_hf_vocab`` its word vocabulary
-(``vocab.pkl`` through :mod:`txl.interop.safe_pickle`, never running pickle code; or ``vocab.txt`` / ``vocab.json``).
-Writing a txl run folder from either is :mod:`txl.interop.convert`'s job.
+"""Import weights from other Transformer-XL implementations, never running pickle code: the authors'
+``MemTransformerLM`` state_dict (:func:`load_original`, sizes inferred from the shapes) and a Hugging Face
+TransfoXL folder (:func:`load_hf`, :func:`load_hf_vocab`). Writing a run folder is :mod:`txl.interop.convert`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, TransformerXLConfig
+from ..config import ConfigError, TransformerXLConfig, has_memory, positive_int
 from ..data.vocab import WordVocab
 from ..errors import CheckpointError
 from ..model import TransformerXL
@@ -31,6 +26,7 @@ from .safe_pickle import UnsafePickleError, safe_load_file
 
 __all__ = [
     "CheckpointError",
+    "OriginalSettings",
     "load_original",
     "original_to_txl",
     "txl_to_original",
@@ -57,19 +53,45 @@ def _same(a: Tensor | None, b: Tensor | None) -> bool:
     return a is not None and b is not None and a.shape == b.shape and torch.equal(a, b)
 
 
-def config_from_original(
-    state: Mapping[str, Tensor],
-    *,
-    pre_norm: bool = False,
-    mem_len: int,
-    same_length: bool = False,
-    clamp_len: int | None = None,
-    cutoffs: tuple[int, ...] | None = None,
-) -> TransformerXLConfig:
-    """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes.
+@dataclass(frozen=True)
+class OriginalSettings:
+    """What the authors' state_dict does not store, given when reading it (:func:`load_original`)."""
 
-    The one size the shapes cannot tell is the cutoffs of an adaptive softmax with ``div_val = 1`` (the
-    authors' WikiText-103 setting: one table for all clusters); pass ``cutoffs`` then."""
+    mem_len: int
+    """The memory length (M) the model keeps between segments."""
+    pre_norm: bool = False
+    """Layer norm before each sub-layer (their ``pre_lnorm``); False: after it, as the authors trained."""
+    same_length: bool = False
+    """Every position attends the same number of keys (their ``same_length``)."""
+    clamp_len: int | None = None
+    """Relative distances beyond this use the embedding of this distance; None: no clamp."""
+    cutoffs: tuple[int, ...] | None = None
+    """The cutoffs of an adaptive softmax with ``div_val = 1`` (the authors' WikiText-103 setting: one table
+    for all clusters), which the shapes cannot tell; inferred when div_val > 1."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mem_len, bool) or not isinstance(self.mem_len, int) or self.mem_len < 0:
+            raise ConfigError(f"mem_len: must be a non-negative integer, got {self.mem_len!r}")
+        if self.clamp_len is not None:
+            positive_int(self.clamp_len, "clamp_len")
+
+
+def config_from_original(state: Mapping[str, Tensor], settings: OriginalSettings) -> TransformerXLConfig:
+    """Infer a :class:`TransformerXLConfig` from the original's state_dict shapes and ``settings``."""
+    return TransformerXLConfig(
+        **_original_sizes(state, settings.cutoffs),
+        attention="relative",
+        mem_len=settings.mem_len,
+        same_length=settings.same_length,
+        clamp_len=settings.clamp_len,
+        pre_norm=settings.pre_norm,
+        share_rel_bias=True,
+    )
+
+
+def _original_sizes(state: Mapping[str, Tensor], cutoffs: tuple[int, ...] | None) -> dict[str, Any]:
+    """The sizes and tying of the original's model (the config fields the shapes tell), from its state_dict;
+    ``cutoffs``: those of an adaptive softmax with div_val 1, which the shapes cannot tell."""
     required = ["r_w_bias", "r_r_bias", "word_emb.emb_layers.0.weight", "layers.0.dec_attn.qkv_net.weight"]
     missing = [k for k in required if k not in state]
     if missing:
@@ -122,25 +144,19 @@ def config_from_original(
         _same(state.get(f"crit.out_projs.{i}"), state.get(f"word_emb.emb_projs.{0 if div_val == 1 else i}"))
         for i in range(1, n_clusters + 1)
     )
-    return TransformerXLConfig(
-        vocab_size=vocab_size,
-        n_layer=n_layer,
-        n_head=n_head,
-        d_head=d_head,
-        d_model=d_model,
-        d_inner=d_inner,
-        d_embed=None if d_embed == d_model else d_embed,
-        attention="relative",
-        mem_len=mem_len,
-        same_length=same_length,
-        clamp_len=clamp_len,
-        pre_norm=pre_norm,
-        tie_weights=tie_weights,
-        share_rel_bias=True,
-        cutoffs=cutoffs,
-        div_val=div_val,
-        tie_projs=tie_projs or not cutoffs,
-    )
+    return {
+        "vocab_size": vocab_size,
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "d_head": d_head,
+        "d_model": d_model,
+        "d_inner": d_inner,
+        "d_embed": None if d_embed == d_model else d_embed,
+        "tie_weights": tie_weights,
+        "cutoffs": cutoffs,
+        "div_val": div_val,
+        "tie_projs": tie_projs or not cutoffs,
+    }
 
 
 # Our name <- their name, per layer (l) and per cluster (i).
@@ -210,21 +226,10 @@ def txl_to_original(model: TransformerXL) -> dict[str, Tensor]:
     return state
 
 
-def load_original(
-    path: str | Path,
-    *,
-    pre_norm: bool = False,
-    mem_len: int,
-    same_length: bool = False,
-    clamp_len: int | None = None,
-    cutoffs: tuple[int, ...] | None = None,
-) -> TransformerXL:
+def load_original(path: str | Path, settings: OriginalSettings) -> TransformerXL:
     """Load the authors' ``MemTransformerLM`` weights (``torch.save(model.state_dict())``, attn_type 0)
-    with ``weights_only=True`` and return an equivalent TransformerXL in eval mode.
-
-    Sizes, cutoffs, div_val and weight tying are inferred from the tensor shapes; ``pre_norm`` (their
-    ``pre_lnorm``), ``mem_len``, ``same_length`` and ``clamp_len`` are not stored there and are given here, and so are
-    ``cutoffs`` for an adaptive softmax with div_val 1 (they are inferred when div_val > 1)."""
+    with ``weights_only=True`` and return an equivalent TransformerXL in eval mode. Sizes, cutoffs, div_val
+    and weight tying are inferred from the tensor shapes; what they do not store is in ``settings``."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -235,14 +240,7 @@ def load_original(
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    config = config_from_original(
-        state,
-        pre_norm=pre_norm,
-        mem_len=mem_len,
-        same_length=same_length,
-        clamp_len=clamp_len,
-        cutoffs=cutoffs,
-    )
+    config = config_from_original(state, settings)
     return original_to_txl(state, config).eval()
 
 
@@ -352,7 +350,7 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
     clamp_len = hf.get("clamp_len", -1)
     d_model, d_embed = int(hf["d_model"]), int(hf.get("d_embed", hf["d_model"]))
     try:
-        return TransformerXLConfig(
+        config = TransformerXLConfig(
             vocab_size=int(hf["vocab_size"] if "vocab_size" in hf else hf["n_token"]),
             n_layer=int(hf["n_layer"]),
             n_head=int(hf["n_head"]),
@@ -364,7 +362,6 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
             dropatt=float(hf.get("dropatt", 0.0)),
             attention="relative",
             mem_len=mem_len,
-            same_length=bool(hf.get("same_length", False)) and mem_len > 0,
             clamp_len=int(clamp_len) if clamp_len is not None and clamp_len > 0 else None,
             pre_norm=bool(hf.get("pre_lnorm", False)),
             tie_weights=bool(hf.get("tie_word_embeddings", True)),
@@ -379,6 +376,8 @@ def config_from_hf(hf: Mapping) -> TransformerXLConfig:
         raise CheckpointError(f"the TransfoXL config has no {exc.args[0]!r}") from None
     except ConfigError as exc:
         raise CheckpointError(f"the TransfoXL config cannot be expressed in txl: {exc}") from None
+    # same_length needs a memory
+    return dataclasses.replace(config, same_length=bool(hf.get("same_length", False)) and has_memory(config))
 
 
 def _hf_candidates(config: TransformerXLConfig) -> dict[str, list[str]]:

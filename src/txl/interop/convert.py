@@ -1,16 +1,16 @@
-"""``txl convert``: a pretrained checkpoint (the authors' PyTorch state_dict, or a Hugging Face TransfoXL
-folder) written as a txl run folder (config.json, vocab.json, checkpoints/best/ in safetensors) that
-``txl eval`` and ``txl generate`` accept. Reading the checkpoints is :mod:`txl.interop.checkpoints`' job, the run
-folder's layout :mod:`txl.runs`' and :mod:`txl.checkpoint`'s.
+"""``txl convert``: a pretrained checkpoint (the authors' state_dict or a Hugging Face TransfoXL folder) written
+as a txl run folder that ``txl eval`` and ``txl generate`` accept. Reading the checkpoints is
+:mod:`txl.interop.checkpoints`' job, the run folder's layout :mod:`txl.runs`' and :mod:`txl.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..checkpoint import TrainingState, save_checkpoint
+from ..checkpoint import CheckpointContents, save_checkpoint
 from ..config import (
     ConfigError,
     DataConfig,
@@ -19,13 +19,15 @@ from ..config import (
     TrainConfig,
     TransformerXLConfig,
     config_to_dict,
+    has_memory,
+    positive_int,
 )
 from ..data.vocab import Vocab
 from ..errors import CheckpointError, TxlError
 from ..runs import check_new_run_dir, clear_run, save_run_config
-from .checkpoints import load_hf, load_hf_vocab, load_original, read_hf_config
+from .checkpoints import OriginalSettings, load_hf, load_hf_vocab, load_original, read_hf_config
 
-__all__ = ["Source", "convert", "detect_source"]
+__all__ = ["ConvertSettings", "Source", "convert", "detect_source"]
 
 Source = Literal["original", "hf"]
 
@@ -34,6 +36,40 @@ EXPECTED = (
     "vocab.pkl), --from original a state_dict file of the authors' code"
 )
 """What ``txl convert`` reads, said whenever a source is not that."""
+
+
+@dataclass(frozen=True)
+class ConvertSettings:
+    """What :func:`convert` reads and the lengths it gives the run. The original's state_dict stores no
+    ``mem_len``, ``clamp_len``, ``same_length``, ``pre_norm`` or div_val-1 ``cutoffs``: they are given here
+    (``mem_len`` is required for it); for a Hugging Face folder the lengths given override its config."""
+
+    source: Source | None = None
+    """``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file); None: detected."""
+    vocab: str | Path | None = None
+    """The vocabulary file or folder; None: the vocab.pkl / vocab.txt / vocab.json next to the source."""
+    corpus: str = "wikitext-103"
+    """What ``txl eval`` evaluates the run on (its ``data.corpus``)."""
+    tgt_len: int | None = None
+    """The run's evaluation segment length; None: the Hugging Face config's ``tgt_len``, else 128."""
+    mem_len: int | None = None
+    """The memory length; None: the Hugging Face config's (required for ``original``)."""
+    clamp_len: int | None = None
+    """The relative distance clamp; None: the source's (none for ``original``)."""
+    same_length: bool | None = None
+    """Same-length attention; None: the source's (off for ``original``)."""
+    pre_norm: bool = False
+    """The original's layer norm placement: before each sub-layer (True) or after it (the authors')."""
+    cutoffs: tuple[int, ...] | None = None
+    """The adaptive softmax cutoffs of a div_val-1 original; None: read from the state_dict."""
+
+    def __post_init__(self) -> None:
+        for name in ("tgt_len", "clamp_len"):
+            value = getattr(self, name)
+            if value is not None:
+                positive_int(value, name)
+        if self.mem_len is not None and (isinstance(self.mem_len, bool) or self.mem_len < 0):
+            raise ConfigError(f"mem_len: must be a non-negative integer, got {self.mem_len!r}")
 
 
 def _refuse_txl_run(src: Path) -> None:
@@ -66,50 +102,35 @@ def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
 
 
 def convert(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    source: Source | None = None,
-    vocab: str | Path | None = None,
-    corpus: str = "wikitext-103",
-    tgt_len: int | None = None,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
-    pre_norm: bool = False,
-    cutoffs: tuple[int, ...] | None = None,
-    overwrite: bool = False,
+    src: str | Path, dst: str | Path, settings: ConvertSettings | None = None, *, overwrite: bool = False
 ) -> Path:
-    """Write the checkpoint ``src`` as a run folder ``dst`` and return it.
-
-    ``source``: ``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file), detected
-    when None. The vocabulary is ``vocab`` or the vocab.pkl / vocab.txt / vocab.json next to ``src``; its ids
-    are kept. ``corpus`` is what ``txl eval`` evaluates on (``data.corpus``). ``tgt_len`` becomes the run's
-    evaluation segment length (default: the Hugging Face config's ``tgt_len``, else 128). The original's
-    state_dict stores no ``mem_len``, ``clamp_len``, ``same_length``, ``pre_norm`` or div_val-1 ``cutoffs``:
-    they are given here (``mem_len`` is required); for a Hugging Face folder they override its config."""
+    """Write the checkpoint ``src`` as a run folder ``dst`` (replacing a run there with ``overwrite``) and
+    return it. The vocabulary's ids are kept; ``settings`` says what to read and the lengths to give."""
+    s = settings or ConvertSettings()
+    mem_len, tgt_len = s.mem_len, s.tgt_len
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
     if not src.exists():
         raise CheckpointError(f"checkpoint not found: {src}")
     _refuse_txl_run(src)
-    source = source or detect_source(src)
+    source = s.source or detect_source(src)
     paths = check_new_run_dir(dst, overwrite=overwrite, resumable=False)
     if source == "original" and mem_len is None:
         raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
     try:
-        words = _load_vocab(src, None if vocab is None else Path(vocab).expanduser())
+        words = _load_vocab(src, None if s.vocab is None else Path(s.vocab).expanduser())
         if source == "hf":
             model = load_hf(src)
             tgt_len = tgt_len or read_hf_config(src).get("tgt_len") or 128
         else:
-            model = load_original(
-                src,
-                pre_norm=pre_norm,
+            assert mem_len is not None  # refused above
+            lengths = OriginalSettings(
                 mem_len=mem_len,
-                same_length=bool(same_length),
-                clamp_len=clamp_len,
-                cutoffs=cutoffs,
+                pre_norm=s.pre_norm,
+                same_length=bool(s.same_length),
+                clamp_len=s.clamp_len,
+                cutoffs=s.cutoffs,
             )
+            model = load_original(src, lengths)
             tgt_len = tgt_len or 128
     except TxlError:
         raise
@@ -122,8 +143,8 @@ def convert(
     if len(words) != model.config.vocab_size:
         raise CheckpointError(f"the vocabulary has {len(words)} symbols, the model {model.config.vocab_size}")
     config = RunConfig(
-        model=_with_span(model.config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length),
-        data=DataConfig(corpus=corpus, vocab="word", tokenizer="whitespace"),
+        model=_with_span(model.config, s),
+        data=DataConfig(corpus=s.corpus, vocab="word", tokenizer="whitespace"),
         train=TrainConfig(tgt_len=int(tgt_len)),
         eval=EvalConfig(tgt_len=int(tgt_len)),
     )
@@ -138,18 +159,19 @@ def convert(
         "vocab_fingerprint": words.fingerprint,
         "converted_from": {"source": source, "path": str(src)},
     }
-    save_checkpoint(paths.best, model=model, optimizer=None, memory=None, state=TrainingState(), meta=meta)
+    save_checkpoint(paths.best, CheckpointContents(model, meta=meta))
     return paths.root
 
 
-def _with_span(config: TransformerXLConfig, **lengths: int | bool | None) -> TransformerXLConfig:
+def _with_span(config: TransformerXLConfig, settings: ConvertSettings) -> TransformerXLConfig:
     """The config with the default lengths that were given changed (they are not architecture: the weights
     stay as they are); same_length is dropped with no memory."""
+    lengths = {n: getattr(settings, n) for n in ("mem_len", "clamp_len", "same_length")}
     changes = {k: v for k, v in lengths.items() if v is not None}
     try:
         config = dataclasses.replace(config, **changes)
     except ConfigError as exc:
         raise ConfigError(f"convert: {exc}") from None
-    if config.mem_len == 0 and config.same_length:
+    if config.same_length and not has_memory(config):
         config = dataclasses.replace(config, same_length=False)
     return config

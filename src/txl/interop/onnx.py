@@ -1,16 +1,6 @@
-"""``txl export``: a run's model as an ONNX graph that runs one segment with its memory, so that any ONNX
-runtime can do segment-by-segment inference:
-
-    (tokens (B, T) int64, memory_reach (B,) int64, memory_0 .. memory_{N-1} (B, M, D))
-        -> (log_probs (B, T, V), new_memory_reach (B,) int64, new_memory_0 .. new_memory_{N-1})
-
-N = n_layer, one memory per layer (the input of that layer on the last M positions, as txl's ``Memory``), and
-the memory's per-row reach (:attr:`txl.model.Memory.reach`): how many of the last positions each row may
-attend. The batch is dynamic; T and M are fixed when exporting. The graph always reads a memory of M
-positions: start from zeros with reach 0 (``Memory.zeros``: exactly txl's start from an empty memory), or
-from the memory of a txl run (its reach, or M for all). Setting a row's reach to 0 starts that row anew (a
-document start). Loading the run is :mod:`txl.runs`' job; the check against ``onnxruntime`` (the optional
-extra ``export``) is here.
+"""``txl export``: a run's model as an ONNX graph of one segment with its memory, ``(tokens (B, T), memory_reach
+(B,), memory_0 .. memory_{N-1} (B, M, D)) -> (log_probs (B, T, V), new_memory_reach, new_memory_0 ..)``, and
+its check against txl with onnxruntime (the extra ``export``); loading the run is :mod:`txl.runs`' job.
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +21,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import Span, eval_span, first_set
+from ..config import EvalLengths, Span, TransformerXLConfig, eval_lengths, positive_int
 from ..errors import TxlError
 from ..evaluate import EvalSettings, segment_losses
+from ..limits import check_fits, segment_bytes
 from ..model import Memory, TransformerXL, eval_mode
 
 __all__ = [
     "ExportError",
+    "ExportSettings",
+    "OnnxCheck",
+    "check_export_fits",
     "SegmentStep",
     "export_model",
     "export_onnx",
@@ -51,6 +46,52 @@ EXAMPLE_BATCH = 2
 
 class ExportError(TxlError):
     """A model that cannot be exported as asked, or an export that does not match the model."""
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """What :func:`export_onnx` exports. The lengths left as None start from the same place as ``txl eval``'s:
+    the run's ``[eval]`` section, else its training segment length and its model's lengths
+    (:func:`~txl.config.eval_lengths`)."""
+
+    tgt_len: int | None = None
+    """Tokens of each segment the graph reads (T, fixed in the graph)."""
+    mem_len: int | None = None
+    """Positions of the memory the graph reads and returns (M, fixed in the graph; above 0)."""
+    clamp_len: int | None = None
+    """Relative distances beyond this use the embedding of this distance."""
+    same_length: bool | None = None
+    """Every position attends the same number of keys."""
+    checkpoint: str = "best"
+    """The run's checkpoint to export ("best", "last" or a step)."""
+    opset: int = 18
+    """The ONNX opset version of the graph."""
+    check: bool = True
+    """Run the file with onnxruntime over a few segments against txl (:func:`check_onnx`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tgt_len", "clamp_len"):
+            if getattr(self, name) is not None:
+                positive_int(getattr(self, name), name)
+        positive_int(self.opset, "opset")
+
+
+@dataclass(frozen=True)
+class OnnxCheck:
+    """How :func:`check_onnx` compares an exported file with txl."""
+
+    segments: int = 3
+    """Segments run one after the other, the memory carried through."""
+    batch_size: int = 3
+    """Rows of the random tokens (the exported batch is dynamic)."""
+    atol: float = 1e-4
+    """The largest difference allowed (log-probabilities and memory)."""
+    seed: int = 0
+    """Seed of the random tokens."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.segments, "segments")
+        positive_int(self.batch_size, "batch_size")
 
 
 class SegmentStep(nn.Module):
@@ -73,6 +114,17 @@ def _names(n_layer: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
+def check_export_fits(config: TransformerXLConfig, lengths: EvalLengths) -> None:
+    """Refuse (:class:`~txl.errors.SizeError`) a segment or memory whose buffers in the traced example
+    (:data:`EXAMPLE_BATCH` rows) cannot fit in the memory available, naming the lengths."""
+    check_fits(
+        segment_bytes(config, batch=EXAMPLE_BATCH, tgt_len=lengths.tgt_len, mem_len=lengths.span.mem_len),
+        setting=f"--tgt-len {lengths.tgt_len} --mem-len {lengths.span.mem_len}",
+        what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.n_layer} layers)",
+        lower="--tgt-len or --mem-len",
+    )
+
+
 def export_model(
     model: TransformerXL,
     out: str | Path,
@@ -80,16 +132,16 @@ def export_model(
     tgt_len: int,
     mem_len: int | None = None,
     span: Span | None = None,
-    batch_size: int = EXAMPLE_BATCH,
     opset: int = 18,
 ) -> Path:
     """Write ``model`` (relative attention, with memory) as ONNX to ``out``: segments of ``tgt_len`` tokens
     after a memory of ``span.mem_len`` positions, with its clamp and same-length setting (or give ``mem_len``
-    alone: the model's clamp and same-length setting). The file is written under a temporary name next to
-    ``out`` and renamed into place, so a failed export leaves nothing and never half replaces an older file."""
+    alone: the model's clamp and same-length setting), traced with :data:`EXAMPLE_BATCH` rows (SizeError
+    when they cannot fit). The file is written under a temporary name next to ``out`` and renamed into place,
+    so a failed export leaves nothing and never half replaces an older file."""
     cfg = model.config
     span = _span(model, mem_len=mem_len, span=span)
-    mem_len = span.mem_len
+    mem_len, batch_size = span.mem_len, EXAMPLE_BATCH
     if cfg.attention != "relative":
         raise ExportError(
             "only the Transformer-XL (relative attention) exports with memory; the vanilla baseline has none"
@@ -98,6 +150,7 @@ def export_model(
         raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
+    check_export_fits(cfg, EvalLengths(tgt_len, span))  # the buffers of the example below
     step = SegmentStep(model, span=span)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, tgt_len))
     memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
@@ -183,22 +236,21 @@ def check_onnx(
     tgt_len: int,
     mem_len: int | None = None,
     span: Span | None = None,
-    segments: int = 3,
-    batch_size: int = 3,
-    atol: float = 1e-4,
-    seed: int = 0,
+    check: OnnxCheck = OnnxCheck(),
 ) -> float:
-    """Run ``segments`` segments with memory carried through the exported file (onnxruntime), from a zero
-    memory of reach 0, and through ``model`` as ``txl eval`` reads them, from an empty memory, on random
+    """Run ``check.segments`` segments with memory carried through the exported file (onnxruntime), from a
+    zero memory of reach 0, and through ``model`` as ``txl eval`` reads them, from an empty memory, on random
     tokens; returns the largest difference (log-probabilities and the memory's positions in reach; the
-    reaches must be equal) and raises ExportError when it exceeds ``atol``."""
+    reaches must be equal) and raises ExportError when it exceeds ``check.atol``."""
     cfg = model.config
     span = _span(model, mem_len=mem_len, span=span)
     mem_len = span.mem_len
+    segments, batch_size, atol = check.segments, check.batch_size, check.atol
     session = onnxruntime_session(path)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check.seed)
     tokens = torch.randint(0, cfg.vocab_size, (batch_size, segments * tgt_len + 1), generator=generator)
     memory = Memory.zeros(cfg, batch_size, mem_len, dtype=torch.float32)
+    assert memory.reach is not None  # a zero memory has reach 0
     feeds = [memory.reach.numpy(), *(m.numpy() for m in memory.states)]  # float32 states, as exported
     inputs, _ = _names(cfg.n_layer)
     worst = 0.0
@@ -208,6 +260,7 @@ def check_onnx(
     )
     for s, segment in enumerate(expected):
         seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
+        assert segment.log_probs is not None and segment.memory is not None  # asked for, with memory
         got = session.run(None, dict(zip(inputs, [seg.numpy(), *feeds], strict=True)))
         worst = max(worst, float(np.abs(got[0] - segment.log_probs.numpy()).max()))
         length = (
@@ -230,10 +283,10 @@ def check_onnx(
 
 def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Span:
     """The span to export with: ``span``, or ``mem_len`` with the model's clamp and same-length setting."""
-    if (mem_len is None) == (span is None):
-        raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
-    if span is not None:
+    if span is not None and mem_len is None:
         return span
+    if mem_len is None or span is not None:
+        raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
     cfg = model.config
     if mem_len <= 0:  # export_model says what is wrong
         return Span(mem_len=mem_len)
@@ -241,25 +294,15 @@ def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Sp
 
 
 def export_onnx(
-    run_dir: Path,
-    out: Path,
-    *,
-    tgt_len: int | None = None,
-    mem_len: int | None = None,
-    clamp_len: int | None = None,
-    same_length: bool | None = None,
-    checkpoint: str = "best",
-    opset: int = 18,
-    check: bool = True,
-    progress: bool = False,
+    run_dir: Path, out: Path, settings: ExportSettings | None = None, *, progress: bool = False
 ) -> dict[str, Any]:
-    """``txl export``: the run's model as ONNX in ``out``; with ``check`` the file is run by onnxruntime over
-    3 segments against txl. The settings left as None start from the same place as ``txl eval``'s: the run's
-    ``[eval]`` section, else its training segment length and its model's lengths (:func:`~txl.config.eval_span`).
-    ``progress``: say each stage on stderr (loading, tracing and writing, checking) as it starts.
-    Returns what was written (a JSON-able record)."""
-    from ..runs import load_run
+    """``txl export``: the run's model as ONNX in ``out``, checked with onnxruntime over 3 segments against
+    txl unless ``settings.check`` is off. Segments or a memory whose traced buffers cannot fit are refused
+    (SizeError) before tracing. ``progress``: say each stage on stderr (loading, tracing and writing,
+    checking) as it starts. Returns what was written (a JSON-able record)."""
+    from ..runs import load_run, load_run_config
 
+    s = settings or ExportSettings()
     started = time.perf_counter()
 
     def say(message: str) -> None:
@@ -268,18 +311,21 @@ def export_onnx(
                 f"txl export: {message} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True
             )
 
-    say(f"loading {run_dir} (checkpoint {checkpoint})")
-    run = load_run(Path(run_dir), checkpoint=checkpoint)
-    config = run.config
-    tgt_len = first_set(tgt_len, config.eval.tgt_len, config.train.tgt_len)
-    span = eval_span(config, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    config = load_run_config(Path(run_dir))  # the lengths are resolved and sized before the model loads
+    lengths = eval_lengths(
+        config, tgt_len=s.tgt_len, mem_len=s.mem_len, clamp_len=s.clamp_len, same_length=s.same_length
+    )
+    tgt_len, span = lengths.tgt_len, lengths.span
     if span.mem_len <= 0:
         raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
+    check_export_fits(config.model, lengths)
+    say(f"loading {run_dir} (checkpoint {s.checkpoint})")
+    run = load_run(Path(run_dir), checkpoint=s.checkpoint)
     say(
         f"tracing the model (segments of {tgt_len} after a memory of {span.mem_len}) and writing {out}; "
         "tracing takes a while"
     )
-    path = export_model(run.model, out, tgt_len=tgt_len, span=span, opset=opset)
+    path = export_model(run.model, out, tgt_len=lengths.tgt_len, span=lengths.span, opset=s.opset)
     record: dict[str, Any] = {
         "out": str(path),
         "format": "onnx",
@@ -290,10 +336,10 @@ def export_onnx(
         "n_layer": config.model.n_layer,
         "d_model": config.model.d_model,
         "vocab_size": config.model.vocab_size,
-        "opset": opset,
+        "opset": s.opset,
     }
-    if check:
+    if s.check:
         say(f"checking {path} with onnxruntime against txl over 3 segments")
-        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=tgt_len, span=span)
+        record["max_abs_diff"] = check_onnx(run.model, path, tgt_len=lengths.tgt_len, span=lengths.span)
     say(f"wrote {path}")
     return record

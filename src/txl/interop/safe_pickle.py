@@ -1,7 +1,6 @@
 """Reading pickled vocabularies without running pickle code: an unpickler that builds only plain containers,
-strings and numbers, and refuses every other global (functions, classes, ``os.system``...) before it is
-called. It reads plain pickles and both ``torch.save`` layouts (the legacy one, a sequence of pickles, and
-the zip archive) as long as they hold no tensors. What the data means is left to the callers.
+strings and numbers and refuses every other global, for plain pickles and both ``torch.save`` layouts
+without tensors.
 """
 
 from __future__ import annotations

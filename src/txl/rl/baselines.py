@@ -1,7 +1,6 @@
 """The cores the Transformer-XL core is compared with, behind its interface (``initial_state``, ``step``,
-``window``): a GRU, and an MLP that remembers nothing. Same feature size, same state handling.
-
-Dimensions: E environments, T steps of a window, D_obs observation size, D feature size.
+``window``): a GRU, and an MLP that remembers nothing. Dimensions: E environments, T steps of a window,
+D_obs observation size, D feature size.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The memory core of an agent: Transformer-XL layers of :mod:`txl.model` over projected observations, with
-one step per environment for collection and windows for training, through one layer loop. GTrXL's gated
-layer is a variant of ``txl.model``'s decoder layer (its ``forward`` overridden); the maths is the model's.
-
-Dimensions: E environments, T steps of a window, D_obs observation size, L layers, M remembered steps,
-K = M + T keys, D model size.
+"""The memory core of an agent: :mod:`txl.model`'s Transformer-XL layers (or GTrXL's gated variant) over
+projected observations, one step per environment for collection and windows for training. Dimensions:
+E environments, T window steps, D_obs observation size, L layers, M remembered steps, K = M + T, D model.
 """
 
 from __future__ import annotations

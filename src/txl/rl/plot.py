@@ -1,8 +1,5 @@
-"""Learning curves of the PPO runs' CSV logs: one figure per task, one line per agent (the mean over seeds of
-each rollout's mean episode return, smoothed; the seeds' range shaded). Needs matplotlib (the ``plots``
-extra).
-
-    python -m txl.rl.plot runs/rl/*.csv --out docs/rl
+"""Learning curves of the PPO runs' CSV logs (``python -m txl.rl.plot runs/rl/*.csv --out docs/rl``): one
+figure per task, one line per agent, the seeds' range shaded; needs matplotlib (the ``plots`` extra).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""PPO for agents with memory, CleanRL-style: one file, read top to bottom. Three agents share everything but
-their core: ``xl`` (:class:`~txl.rl.MemoryCore`), ``gru`` and ``mlp`` (``baselines.py``). Rollouts are
-collected one step per environment with the core's ``step``; training replays windows of ``seq_len`` steps
-with ``window`` from the core states stored at each window's start (kept stale across the updates of one
-rollout: the memory rule of :class:`~txl.rl.MemoryCore`).
-
-    python -m txl.rl.ppo --task RepeatPreviousEasy --agent xl --total_steps 400000 --seed 1 --out runs/rl
-
-Dimensions: E environments, T rollout steps, W windows per rollout, S window length (T = W * S), N windows
-of a minibatch, D_obs observation size, A actions.
+"""PPO for agents with memory (``xl``, ``gru``, ``mlp`` cores), CleanRL-style: rollouts collected with the
+core's ``step``, training replaying windows with ``window`` from the states stored at each window's start.
+Dimensions: E environments, T rollout steps, W windows, S window length (T = W * S), N windows per minibatch.
 """
 
 from __future__ import annotations
@@ -138,6 +131,107 @@ def gae(
     return advantages
 
 
+@dataclass
+class _Collector:
+    """What carries over from one rollout to the next: the environments, their last observations, which of
+    them begin an episode, the core's state, and each environment's running return and length."""
+
+    envs: Any
+    obs: Tensor  # (E, D_obs)
+    start: Tensor  # (E,) bool
+    state: Any
+    running: np.ndarray  # (E,)
+    lengths: np.ndarray  # (E,)
+
+
+@dataclass
+class _Collected:
+    """One rollout: its tensors, the core states at each window's start, what the updates train towards,
+    and the episodes that ended in it (return, length)."""
+
+    batch: _Rollout
+    window_states: list[TensorState]
+    advantages: Tensor  # (E, T)
+    returns: Tensor  # (E, T)
+    finished: list[tuple[float, int]]
+
+
+def _collect(agent: Agent, env: _Collector, config: PPOConfig) -> _Collected:
+    """Step the E environments T times with the core's ``step`` (no gradients), storing the core state at
+    each window's start; then the advantages and returns of the rollout."""
+    s = config.seq_len
+    batch = _Rollout.empty(config.n_envs, config.n_steps, env.obs.shape[1])
+    window_states: list[TensorState] = []
+    finished: list[tuple[float, int]] = []
+    with torch.no_grad():
+        for t in range(config.n_steps):
+            if t % s == 0:
+                window_states.append(env.state)
+            features, env.state = agent.core.step(env.obs, env.state, env.start)
+            policy, value = agent.heads(features)
+            action = policy.sample()
+            batch.put(
+                t, obs=env.obs, start=env.start, action=action, logp=policy.log_prob(action), value=value
+            )
+            next_obs, reward, terminated, truncated, _ = env.envs.step(action.numpy())
+            done = np.logical_or(terminated, truncated)
+            batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32)
+            batch.dones[:, t] = torch.as_tensor(done)
+            env.running += reward
+            env.lengths += 1
+            for i in np.flatnonzero(done):
+                finished.append((float(env.running[i]), int(env.lengths[i])))
+                env.running[i], env.lengths[i] = 0.0, 0
+            env.obs = torch.as_tensor(next_obs, dtype=torch.float32)
+            env.start = torch.as_tensor(done)
+        next_value = agent.heads(agent.core.step(env.obs, env.state, env.start)[0])[1]
+        advantages = gae(
+            batch.rewards, batch.values, batch.dones, next_value, gamma=config.gamma, lam=config.gae_lambda
+        )
+    return _Collected(batch, window_states, advantages, advantages + batch.values, finished)
+
+
+def _update(
+    agent: Agent, optimizer: torch.optim.Optimizer, rollout: _Collected, config: PPOConfig
+) -> dict[str, float]:
+    """``config.epochs`` passes of minibatches of windows (W, E), each replayed with the core's ``window``
+    from its stored state; returns the mean of each training figure."""
+    e, s = config.n_envs, config.seq_len
+    states = type(rollout.window_states[0]).stack(rollout.window_states)  # (W, E, ...)
+    windows = rollout.batch.windows(s)  # each (W, E, S, ...)
+    adv_w, ret_w = _split(rollout.advantages, s), _split(rollout.returns, s)  # (W, E, S)
+    n_windows = states.tensors()[0].shape[0] * e
+    stats: dict[str, list[float]] = {
+        k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+    }
+    for _ in range(config.epochs):
+        order = torch.randperm(n_windows)
+        for chunk in order.chunk(config.n_minibatches):
+            w, env = chunk // e, chunk % e  # (N,), (N,)
+            features, _ = agent.core.window(windows["obs"][w, env], states[w, env], windows["starts"][w, env])
+            policy, value = agent.heads(features)  # (N, S, A), (N, S)
+            logp = policy.log_prob(windows["actions"][w, env])
+            ratio = (logp - windows["logp"][w, env]).exp()
+            adv = adv_w[w, env]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+            value_loss = 0.5 * (value - ret_w[w, env]).pow(2).mean()
+            entropy = policy.entropy().mean()
+            loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                log_ratio = logp - windows["logp"][w, env]
+                stats["approx_kl"].append(float(((ratio - 1) - log_ratio).mean()))
+                stats["clipfrac"].append(float(((ratio - 1).abs() > config.clip).float().mean()))
+            stats["policy_loss"].append(float(policy_loss.detach()))
+            stats["value_loss"].append(float(value_loss.detach()))
+            stats["entropy"].append(float(entropy.detach()))
+    return {k: float(np.mean(v)) for k, v in stats.items()}
+
+
 def train(
     config: PPOConfig, *, envs: Any = None, out: Path | None = None, progress: bool = True
 ) -> list[dict[str, Any]]:
@@ -147,7 +241,7 @@ def train(
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
-    e, s = config.n_envs, config.seq_len
+    e = config.n_envs
     envs = make_vector_env(config.task, e) if envs is None else envs
     agent = Agent(
         config.agent, envs.single_observation_space.shape[0], envs.single_action_space.n, config.core
@@ -156,11 +250,16 @@ def train(
     n_updates = max(1, config.total_steps // (e * config.n_steps))
     writer, handle = _csv_writer(out, config)
     rows: list[dict[str, Any]] = []
-
     obs = torch.as_tensor(envs.reset(seed=config.seed)[0], dtype=torch.float32)  # (E, D_obs)
-    start = torch.ones(e, dtype=torch.bool)  # the first observations begin episodes
-    state = agent.core.initial_state(e)
-    running, lengths = np.zeros(e), np.zeros(e, dtype=np.int64)
+    # the first observations begin episodes
+    env = _Collector(
+        envs,
+        obs,
+        torch.ones(e, dtype=torch.bool),
+        agent.core.initial_state(e),
+        np.zeros(e),
+        np.zeros(e, dtype=np.int64),
+    )
     wall0, cpu0 = time.perf_counter(), _cpu_seconds()
     bar = tqdm(
         total=n_updates * e * config.n_steps,
@@ -171,79 +270,11 @@ def train(
     for update in range(n_updates):
         for group in optimizer.param_groups:
             group["lr"] = config.lr * (1.0 - update / n_updates)
-        # -- collect T steps of E environments, storing the core state at each window's start ---------------
-        batch = _Rollout.empty(e, config.n_steps, obs.shape[1])
-        window_states: list[TensorState] = []
-        finished: list[tuple[float, int]] = []
-        with torch.no_grad():
-            for t in range(config.n_steps):
-                if t % s == 0:
-                    window_states.append(state)
-                features, state = agent.core.step(obs, state, start)
-                policy, value = agent.heads(features)
-                action = policy.sample()
-                batch.put(t, obs=obs, start=start, action=action, logp=policy.log_prob(action), value=value)
-                next_obs, reward, terminated, truncated, _ = envs.step(action.numpy())
-                done = np.logical_or(terminated, truncated)
-                batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32)
-                batch.dones[:, t] = torch.as_tensor(done)
-                running += reward
-                lengths += 1
-                for i in np.flatnonzero(done):
-                    finished.append((float(running[i]), int(lengths[i])))
-                    running[i], lengths[i] = 0.0, 0
-                obs = torch.as_tensor(next_obs, dtype=torch.float32)
-                start = torch.as_tensor(done)
-            next_value = agent.heads(agent.core.step(obs, state, start)[0])[1]
-            advantages = gae(
-                batch.rewards,
-                batch.values,
-                batch.dones,
-                next_value,
-                gamma=config.gamma,
-                lam=config.gae_lambda,
-            )
-            returns = advantages + batch.values
-        # -- train on windows (W, E) from their stored states ------------------------------------------------
-        states = type(window_states[0]).stack(window_states)  # (W, E, ...)
-        windows = batch.windows(s)  # each (W, E, S, ...)
-        adv_w, ret_w = _split(advantages, s), _split(returns, s)  # (W, E, S)
-        n_windows = states.tensors()[0].shape[0] * e
-        stats: dict[str, list[float]] = {
-            k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
-        }
-        for _ in range(config.epochs):
-            order = torch.randperm(n_windows)
-            for chunk in order.chunk(config.n_minibatches):
-                w, env = chunk // e, chunk % e  # (N,), (N,)
-                features, _ = agent.core.window(
-                    windows["obs"][w, env], states[w, env], windows["starts"][w, env]
-                )
-                policy, value = agent.heads(features)  # (N, S, A), (N, S)
-                logp = policy.log_prob(windows["actions"][w, env])
-                ratio = (logp - windows["logp"][w, env]).exp()
-                adv = adv_w[w, env]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = torch.max(
-                    -adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)
-                ).mean()
-                value_loss = 0.5 * (value - ret_w[w, env]).pow(2).mean()
-                entropy = policy.entropy().mean()
-                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm)
-                optimizer.step()
-                with torch.no_grad():
-                    log_ratio = logp - windows["logp"][w, env]
-                    stats["approx_kl"].append(float(((ratio - 1) - log_ratio).mean()))
-                    stats["clipfrac"].append(float(((ratio - 1).abs() > config.clip).float().mean()))
-                stats["policy_loss"].append(float(policy_loss.detach()))
-                stats["value_loss"].append(float(value_loss.detach()))
-                stats["entropy"].append(float(entropy.detach()))
-        # -- log ------------------------------------------------------------------------------------------
+        rollout = _collect(agent, env, config)
+        stats = _update(agent, optimizer, rollout, config)
         steps = (update + 1) * e * config.n_steps
         wall = time.perf_counter() - wall0
+        finished = rollout.finished
         row: dict[str, Any] = {
             "task": config.task,
             "agent": config.agent,
@@ -253,7 +284,7 @@ def train(
             "episodes": len(finished),
             "return_mean": float(np.mean([r for r, _ in finished])) if finished else math.nan,
             "length_mean": float(np.mean([n for _, n in finished])) if finished else math.nan,
-            **{k: float(np.mean(v)) for k, v in stats.items()},
+            **stats,
             "steps_per_s": steps / wall,
             "wall_s": wall,
             "cpu_s": _cpu_seconds() - cpu0,

@@ -1,8 +1,6 @@
-"""What an agent's core carries from one step to the next, as plain data: frozen values of tensors whose
-leading dimensions index environments (and, once stacked, time), so that a rollout buffer can store, slice,
-detach and move them. The cores that fill them live in ``core.py`` and ``baselines.py``.
-
-Dimensions: E environments, T time (stacked states), L layers, M remembered steps, D model size, H hidden.
+"""What an agent's core carries from one step to the next, as frozen values of tensors indexed by environment
+(and, once stacked, time), which a rollout buffer stores, slices and detaches. Dimensions: E environments,
+T time, L layers, M remembered steps, D model size, H hidden.
 """
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
-"""Training: the trainer (:mod:`.trainer`), the optimizer and its schedules (:mod:`.optim`)."""
+"""Training: the trainer (:mod:`.trainer`), what a run may start with (:mod:`.checks`), the optimizer and its
+schedules (:mod:`.optim`)."""
 
 __all__: list[str] = []

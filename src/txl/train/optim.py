@@ -49,7 +49,8 @@ def schedule_lr(step: int, config: TrainConfig) -> float:
 def configure_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices of linear layers only (not on embeddings, the biases u and v,
     LayerNorms, biases or the adaptive projections). Two parameter groups, in this order: decay, no decay."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     decayed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for param in model.parameters():

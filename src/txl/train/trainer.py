@@ -1,17 +1,6 @@
-"""The training loop. A :class:`Trainer` is given its parts (model, optimizer, the train stream, the
-evaluation splits, the run folder) and knows the model only through ``forward(..., memory, targets)``: it
-carries memory from step to step (dropped when the stream wraps to a new epoch), applies the pure learning-rate
-schedule, accumulates, clips, autocasts to bf16, evaluates with memory, stops early, logs metrics, saves atomic
-checkpoints and resumes exactly. :func:`train` and :func:`resume` assemble the parts; they hold the run
-folder's lock, and a start that fails before its first checkpoint leaves nothing behind.
-
-Under torchrun (a :class:`~txl.distributed.Distributed` group of N processes) each process owns B/N
-contiguous streams of every batch and their memory, the model is wrapped in DistributedDataParallel, and
-rank 0 alone writes the run folder; a checkpoint holds all B rows of memory and every rank's RNG state, so
-it resumes on any N that divides B.
-
-    summary = train(load_config("tiny"), Path("runs/tiny"))
-    summary = resume(Path("runs/tiny"))
+"""The training loop: a :class:`Trainer`, given its parts, carries memory from step to step, schedules,
+accumulates, clips, evaluates with memory, logs, checkpoints and resumes exactly (also under torchrun);
+:func:`train` and :func:`resume` assemble the parts under the run folder's lock.
 """
 
 from __future__ import annotations
@@ -25,14 +14,18 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..checkpoint import (
+    CheckpointContents,
     ResumeWarning,
     TrainingState,
     checkpoint_step,
@@ -40,8 +33,8 @@ from ..checkpoint import (
     load_rank_rng,
     save_checkpoint,
 )
-from ..config import ConfigError, RunConfig, apply_overrides, config_from_dict, config_to_dict, eval_span
-from ..data import CORPUS_NAMES, Batch, PreparedData, SegmentStream, load_vocab, prepare_data
+from ..config import ConfigError, RunConfig, config_from_dict, config_to_dict, eval_lengths
+from ..data import Batch, PreparedData, SegmentStream, load_vocab, prepare_data
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
 from ..evaluate import EvalResult, EvalSettings, bits_name, evaluate, metrics_from_loss
@@ -61,6 +54,7 @@ from ..runs import (
     save_run_config,
     truncate_metrics,
 )
+from .checks import check_data, check_training_fits, resume_config, train_stream
 from .optim import configure_optimizer, schedule_lr, set_hyperparameters, set_lr
 
 __all__ = [
@@ -70,17 +64,10 @@ __all__ = [
     "build_trainer",
     "TrainingDiverged",
     "Interrupted",
-    "ResumeWarning",
-    "check_data",
-    "train_stream",
-    "RESUME_FIXED_TRAIN_FIELDS",
+    "TrainerParts",
+    "TrainerOptions",
 ]
 
-RESUME_FIXED_TRAIN_FIELDS = ("batch_size", "tgt_len", "varlen", "seed")
-"""Train fields a resumed run cannot change: they shape the data stream saved in the checkpoint (its rows,
-its position, its segment lengths) or were used up at the start (the seed). Every model field and every
-data field except the locations (data_dir, cache_dir: the corpus fingerprint is checked) are fixed too."""
-RESUME_MOVABLE_DATA_FIELDS = ("data_dir", "cache_dir")
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "schedule")
 
 Callback = Callable[[dict[str, Any]], None]
@@ -96,61 +83,6 @@ class Interrupted(RunError):
     def __init__(self, message: str, *, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
-
-
-def train_stream(
-    config: RunConfig, splits: Mapping[str, np.ndarray], starts: Mapping[str, np.ndarray] | None = None
-) -> SegmentStream:
-    """The ordered stream of the train split (RunError when there is none, or it is shorter than one segment).
-    With ``data.documents = "reset"`` its batches carry the document starts of the train split (``starts``,
-    :attr:`PreparedData.starts`); with "continue" they carry none, so nothing differs from a corpus without."""
-    if "train" not in splits:
-        raise RunError(f"corpus {config.data.corpus!r} has no train split to train on")
-    tc = config.train
-    try:
-        return SegmentStream(
-            splits["train"],
-            batch_size=tc.batch_size,
-            tgt_len=tc.tgt_len,
-            varlen=tc.varlen,
-            seed=tc.seed,
-            name="train",
-            starts=(starts or {}).get("train") if config.data.documents == "reset" else None,
-        )
-    except ValueError as exc:
-        raise RunError(str(exc)) from None
-
-
-def check_data(config: RunConfig, data: PreparedData) -> None:
-    """Refuse, before anything is written, data a run cannot use: no train split or one shorter than one
-    segment, an evaluation split too short to evaluate (a file corpus is cut 90/5/5, so its validation slice
-    can come out empty), and early stopping that can never happen."""
-    train_stream(config, data.splits)
-    corpus = config.data.corpus
-    for split in ("valid", "test"):
-        n = len(data.splits.get(split, ()))
-        if split in data.splits and n < 2:
-            raise RunError(
-                f"split '{split}' of corpus {corpus!r} has {n} token(s); evaluation needs at least 2; "
-                "use a longer corpus"
-            )
-    if "valid" not in data.splits and corpus not in CORPUS_NAMES and Path(corpus).expanduser().is_file():
-        raise RunError(
-            f"split 'valid' of corpus {corpus!r} is empty (0 tokens): the file is cut 90/5/5 at line "
-            "ends and no text fell between the cuts; use a longer file, or a folder with train.txt "
-            "and valid.txt"
-        )
-    patience = config.train.patience
-    if patience is not None and "valid" not in data.splits:
-        raise RunError(
-            f"train.patience={patience}: corpus {corpus!r} has no validation split to stop early on; "
-            "set train.patience=null"
-        )
-    if patience is not None and not config.train.eval_every:
-        raise RunError(
-            f"train.patience={patience} stops after evaluations without improvement, but "
-            "train.eval_every=0 evaluates only at the end; set train.eval_every"
-        )
 
 
 @contextmanager
@@ -197,50 +129,70 @@ def _catch_signals() -> Iterator[dict[str, int]]:
             signal.signal(sig, old)
 
 
+@dataclass(frozen=True)
+class TrainerParts:
+    """What a :class:`Trainer` is given: the components it trains with and the data it evaluates on."""
+
+    model: TransformerXL
+    """The model, on the device it trains on."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer of the model's parameters."""
+    stream: SegmentStream
+    """The train split's segment stream (every process is given the whole stream)."""
+    run: RunPaths
+    """The run folder it writes (rank 0 only)."""
+    eval_splits: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """Token ids of the evaluation splits (``valid``, ``test``: those the corpus has)."""
+    eval_starts: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """Document starts of the evaluation splits (token indices, by split), passed to the model when
+    ``data.documents = "reset"``; then the train stream's ``Batch.starts`` are passed too, and the memory
+    carries each row's reach (checkpointed with it)."""
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    """Saved with every checkpoint and checked when one is loaded (the vocabulary's and corpus's
+    fingerprints)."""
+    vocab_kind: str | None = None
+    """The vocabulary's kind, which names the bits figure of the records (bpc: char, bpb: byte)."""
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """How a :class:`Trainer` runs: what it shows, whom it tells, with which processes."""
+
+    progress: bool = True
+    """Show a progress bar (rank 0 only)."""
+    callbacks: tuple[Callback, ...] = ()
+    """Functions given each record logged to metrics.jsonl (rank 0 only)."""
+    group: Distributed = SINGLE
+    """The processes of a data-parallel run (torchrun); each trains on its rows of every batch."""
+
+
 class Trainer:
-    """One run's training, given its parts: ``model`` (on its device), its ``optimizer``, the train ``stream``,
-    the ``eval_splits`` (token ids of ``valid`` and ``test``, those the corpus has) and the ``run`` folder.
-    ``facts`` are saved with every checkpoint and checked when one is loaded (the vocabulary's and corpus's
-    fingerprints). :meth:`fit` runs the loop; :meth:`restore` first continues from a checkpoint.
+    """One run's training, given its ``parts`` (:class:`TrainerParts`). :meth:`fit` runs the loop;
+    :meth:`restore` first continues from a checkpoint.
 
-    ``group``: the processes of a data-parallel run (torchrun). Every process is given the whole stream and
-    trains on its rows of each batch (``self.rows``); ``self.memory`` holds the memory of those rows only.
-    Only rank 0 writes logs, metrics, the progress bar, checkpoints and the summary.
-
-    ``eval_starts``: the document starts of the evaluation splits (token indices, by split), passed to the
-    model when ``data.documents = "reset"``; then the train stream's ``Batch.starts`` are passed too, and the
-    memory carries each row's reach (checkpointed with it)."""
+    Under data parallelism (``options.group``) every process is given the whole stream and trains on its rows
+    of each batch (``self.rows``); ``self.memory`` holds the memory of those rows only. Only rank 0 writes
+    logs, metrics, the progress bar, checkpoints and the summary."""
 
     def __init__(
-        self,
-        config: RunConfig,
-        *,
-        model: TransformerXL,
-        optimizer: torch.optim.Optimizer,
-        stream: SegmentStream,
-        run: RunPaths,
-        eval_splits: Mapping[str, np.ndarray] | None = None,
-        eval_starts: Mapping[str, np.ndarray] | None = None,
-        facts: Mapping[str, Any] | None = None,
-        progress: bool = True,
-        callbacks: tuple[Callback, ...] = (),
-        group: Distributed = SINGLE,
-        vocab_kind: str | None = None,
+        self, config: RunConfig, parts: TrainerParts, options: TrainerOptions = TrainerOptions()
     ) -> None:
-        self.vocab_kind = vocab_kind  # names the bits figure of the records (bpc: char, bpb: byte)
-        self.config, self.model, self.optimizer, self.stream, self.run = config, model, optimizer, stream, run
-        self.eval_splits = dict(eval_splits or {})
-        self.eval_starts = dict(eval_starts or {}) if config.data.documents == "reset" else {}
-        self.facts = dict(facts or {})
-        self.progress = progress and group.is_main
-        self.callbacks = callbacks
+        group, model = options.group, parts.model
+        self.vocab_kind = parts.vocab_kind
+        self.config, self.model, self.optimizer = config, model, parts.optimizer
+        self.stream, self.run = parts.stream, parts.run
+        self.eval_splits = dict(parts.eval_splits)
+        self.eval_starts = dict(parts.eval_starts) if config.data.documents == "reset" else {}
+        self.facts = dict(parts.facts)
+        self.progress = options.progress and group.is_main
+        self.callbacks = options.callbacks
         self.group = group
         self.rows = self._check_split(config, group, has_eval=bool(self.eval_splits))
         self.device = next(model.parameters()).device
-        self.parallel = model
+        self.parallel: nn.Module = model
         if group.enabled:  # averages the gradients over the processes during backward
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.parallel = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            self.parallel = DistributedDataParallel(model, device_ids=device_ids)
         self.forward = torch.compile(self.parallel) if config.train.compile else self.parallel
         self.memory: Memory | None = None
         self.state = TrainingState()
@@ -287,15 +239,10 @@ class Trainer:
             memory = Memory(states, reach=reach)
         rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
         if self.group.is_main:
-            save_checkpoint(
-                folder,
-                model=self.model,
-                optimizer=self.optimizer,
-                memory=memory,
-                state=self.state,
-                meta=self._meta(),
-                rank_rng=rank_rng,
+            contents = CheckpointContents(
+                self.model, self.optimizer, memory, self.state, self._meta(), rank_rng
             )
+            save_checkpoint(folder, contents)
         return folder
 
     def save(self) -> Path:
@@ -409,7 +356,7 @@ class Trainer:
             part = slice(c * per, (c + 1) * per)
             memory = None if self.memory is None else self.memory.select(part)
             inner = self.group.enabled and c < chunks - 1
-            with self.parallel.no_sync() if inner else nullcontext():
+            with cast(DistributedDataParallel, self.parallel).no_sync() if inner else nullcontext():
                 with torch.autocast(
                     device_type=self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"
                 ):
@@ -486,7 +433,8 @@ class Trainer:
                             signum=signum,
                         )
         finally:
-            self._bar.close()
+            if self._bar is not None:
+                self._bar.close()
         return self._finish(status or "completed")
 
     def _agreed_signal(self, received: dict[str, int]) -> int:
@@ -547,7 +495,8 @@ class Trainer:
                 tok_s=f"{tokens_per_s:.0f}",
                 lr=f"{lr:.2e}",
             )
-        self._bar.update(1)
+        if self._bar is not None:
+            self._bar.update(1)
 
     def _show(self, **figures: str) -> None:
         """Update the figures after the progress bar (the last training ones, the last validation ones)."""
@@ -569,13 +518,13 @@ class Trainer:
         starts with ``data.documents = "reset"``); None without it."""
         if split not in self.eval_splits:
             return None
-        ec, tc = self.config.eval, self.config.train
+        lengths = eval_lengths(self.config)
         settings = EvalSettings(
-            batch_size=ec.batch_size,
-            tgt_len=ec.tgt_len or tc.tgt_len,
-            span=eval_span(self.config),
+            batch_size=self.config.eval.batch_size,
+            tgt_len=lengths.tgt_len,
+            span=lengths.span,
             device=self.device,
-            precision=tc.precision,
+            precision=self.config.train.precision,
             max_tokens=max_tokens,
             progress=self.progress,
             name=split,
@@ -673,7 +622,7 @@ def _set_rng_state(state: Mapping[str, torch.Tensor], device: torch.device) -> N
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _tensorboard(folder: Path):
+def _tensorboard(folder: Path) -> Any:
     """A TensorBoard writer into ``folder``, or None when TensorBoard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -688,36 +637,28 @@ def _tensorboard(folder: Path):
 
 
 def build_trainer(
-    config: RunConfig,
-    run: RunPaths,
-    data: PreparedData,
-    *,
-    progress: bool = True,
-    callbacks: tuple[Callback, ...] = (),
-    group: Distributed = SINGLE,
+    config: RunConfig, run: RunPaths, data: PreparedData, options: TrainerOptions = TrainerOptions()
 ) -> Trainer:
     """A run's parts, assembled: the model (initialised from ``train.seed``, the same on every process) on
     ``train.device``, its optimizer, the train stream and the evaluation splits of ``data``. Under data
     parallelism each process then draws its dropout masks from its own generator (``train.seed`` + rank)."""
+    group = options.group
     device = group.device(config.train.device)
     torch.manual_seed(config.train.seed)
     model = TransformerXL(config.model).to(device)
     if group.enabled:
         torch.manual_seed(config.train.seed + group.rank)
-    return Trainer(
-        config,
-        model=model,
-        optimizer=configure_optimizer(model, config.train),
-        stream=train_stream(config, data.splits, data.starts),
-        run=run,
+    parts = TrainerParts(
+        model,
+        configure_optimizer(model, config.train),
+        train_stream(config, data.splits, data.starts),
+        run,
         eval_splits={s: t for s, t in data.splits.items() if s != "train"},
         eval_starts={s: t for s, t in data.starts.items() if s != "train"},
         facts={"vocab_fingerprint": data.vocab.fingerprint, "corpus_fingerprint": data.corpus.fingerprint},
-        progress=progress,
-        callbacks=callbacks,
-        group=group,
         vocab_kind=data.vocab.kind,
     )
+    return Trainer(config, parts, options)
 
 
 def train(
@@ -729,14 +670,16 @@ def train(
     callbacks: tuple[Callback, ...] = (),
     group: Distributed = SINGLE,
 ) -> dict[str, Any]:
-    """Train a new run in ``out`` and return its summary (also written to summary.json). The data is read
-    and checked before anything is written; a start that fails before its first checkpoint leaves nothing.
-    Under data parallelism every process calls it; every process checks the data, rank 0 alone writes."""
+    """Train a new run in ``out`` and return its summary (also written to summary.json). The sizes and the
+    data are checked before anything is written (SizeError: a segment whose training buffers cannot fit);
+    a start that fails before its first checkpoint leaves nothing. Under data parallelism every process calls
+    it; every process checks the data, rank 0 alone writes."""
+    check_training_fits(config, group)  # the sizes it counts do not depend on the vocabulary's
     paths = check_new_run_dir(out, overwrite=overwrite)
     data = prepare_data(config.data)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=len(data.vocab)))
     check_data(config, data)
-    trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks, group=group)
+    trainer = build_trainer(config, paths, data, TrainerOptions(progress, callbacks, group))
     group.barrier()  # every process has checked the folder before rank 0 writes in it
     folder = new_run_folder(paths, overwrite=overwrite) if group.is_main else nullcontext()
     with folder, _sigterm_raises(paths):
@@ -744,26 +687,6 @@ def train(
             data.vocab.save(paths.vocab)
             save_run_config(paths.root, config)
         return trainer.fit()
-
-
-def _resume_config(saved: RunConfig, overrides: tuple[str, ...]) -> RunConfig:
-    """The run's config with ``overrides`` applied; RunError naming every field a resume cannot change."""
-    if not overrides:
-        return saved
-    config = apply_overrides(saved, overrides)
-    before, after = config_to_dict(saved), config_to_dict(config)
-    fixed = [("model", name) for name in before["model"]]
-    fixed += [("data", name) for name in before["data"] if name not in RESUME_MOVABLE_DATA_FIELDS]
-    fixed += [("train", name) for name in RESUME_FIXED_TRAIN_FIELDS]
-    refused = [
-        f"{section}.{name}: cannot be changed when resuming (the run has "
-        f"{json.dumps(before[section][name])}, asked {json.dumps(after[section][name])})"
-        for section, name in fixed
-        if before[section][name] != after[section][name]
-    ]
-    if refused:
-        raise RunError("; ".join(refused))
-    return config
 
 
 def resume(
@@ -775,14 +698,16 @@ def resume(
     group: Distributed = SINGLE,
 ) -> dict[str, Any]:
     """Continue a run from its newest intact checkpoint. ``overrides`` may change train (except
-    RESUME_FIXED_TRAIN_FIELDS), eval and generate fields; config.json then records them. Nothing in the run
-    folder changes before every check has passed. Under data parallelism every process calls it, on any
-    number of processes that divides train.batch_size; rank 0 holds the lock and writes, and says on stderr
-    from which step (and checkpoint) the run resumes."""
+    :data:`~txl.train.checks.RESUME_FIXED_TRAIN_FIELDS`), eval and generate fields; config.json then records them. Nothing in the run
+    folder changes before every check has passed (SizeError: a segment whose training buffers cannot fit).
+    Under data parallelism every process calls it, on any number of processes that divides
+    train.batch_size; rank 0 holds the lock and writes, and says on stderr from which step (and checkpoint)
+    the run resumes."""
     paths = RunPaths(Path(run_dir))
     check_run_folder(paths.root)
     with lock_run(paths.root) if group.is_main else nullcontext(), _sigterm_raises(paths):
-        config = _resume_config(load_run_config(paths.root), tuple(overrides))
+        config = resume_config(load_run_config(paths.root), tuple(overrides))
+        check_training_fits(config, group)
         if group.is_main:
             recover_run(paths.root)
         group.barrier()  # the checkpoints folder is tidy before every process looks in it
@@ -797,7 +722,7 @@ def resume(
             raise RunError(f"{paths.root} has no vocab.json")
         data = prepare_data(config.data, vocab=load_vocab(paths.vocab))
         check_data(config, data)
-        trainer = build_trainer(config, paths, data, progress=progress, callbacks=callbacks, group=group)
+        trainer = build_trainer(config, paths, data, TrainerOptions(progress, callbacks, group))
         trainer.restore(folder)  # checks everything before anything in the run folder changes
         if overrides and group.is_main:
             save_run_config(paths.root, config)
