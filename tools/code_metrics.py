@@ -149,14 +149,14 @@ def measure(src: Path) -> Metrics:
 
 RULES: dict[str, str] = {
     "evaluation segment length (given, else [eval], else training)": r"eval\.tgt_len\b.*train\.tgt_len|eval\.tgt_len\s+or\b",
-    "has memory (relative attention and mem_len > 0)": r"attention\s*[!=]=\s*\"relative\"\s+and\s+[\w.]*mem_len\s*>\s*0"
+    "has memory (relative attention and mem_len > 0)": r"attention\s*==\s*\"relative\"\s+and\s+[\w.]*mem_len\s*>\s*0"
     r"|mem_len\s*>\s*0\s+and\s+[\w.]*attention\s*==",
-    "start token of a text (<eos>, else newline)": r"getattr\(\s*[\w.]*vocab\w*,\s*\"eos_id\"",
+    "start token of a text (<eos>, else newline)": r"def start_token\b|tensor\(\[\s*[\w.]*eos\w*\s*\]|encode\(\"\\n\"\)",
     "perplexity of a mean loss": r"math\.exp\(\s*[\w.\[\]\"']*loss",
     "key/value cache slots (M + max(M // 4, 16))": r"max\(\s*[\w.]*mem_len\s*//\s*4\s*,\s*16\s*\)",
-    "reach spelled out (None means every position)": r"torch\.full\(\s*\(self\.batch_size,\)",
-    "model/cache size compatibility": r"sizes\s*=\s*\(\"n_layer\", \"n_head\", \"d_head\", \"d_model\"\)",
-    "positive-integer check": r"must be a positive integer",
+    "reach spelled out (None means every position)": r"torch\.full\(\s*\((?:self\.)?batch_size,\)",
+    "model/cache size compatibility": r"\(\"n_layer\", \"n_head\", \"d_head\", \"d_model\"\)",
+    "positive-integer check": r"positive integer",
     "eval_mode": r"def eval_mode\b",
 }
 """Each rule and a pattern that finds where it is written out (its definition included)."""
@@ -174,19 +174,39 @@ def _docstring_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
+def _scopes(tree: ast.Module) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function and class in `tree`."""
+    out: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                out.append((child.lineno, child.end_lineno or child.lineno, name))
+                walk(child, f"{name}.")
+
+    walk(tree, "")
+    return out
+
+
 def rules(src: Path) -> dict[str, list[str]]:
-    """Where each of `RULES` is written out under `src`: ``path:line`` per match."""
+    """Where each of `RULES` is written out under `src`: one ``path:function`` per place (a module's top
+    level is ``path:<module>``), however many of its lines match."""
     found: dict[str, list[str]] = {name: [] for name in RULES}
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src.parent).as_posix()
         text = path.read_text(encoding="utf-8")
-        prose = _docstring_lines(ast.parse(text))
+        tree = ast.parse(text)
+        prose, scopes = _docstring_lines(tree), _scopes(tree)
         for number, line in enumerate(text.splitlines(), 1):
             if number in prose or line.lstrip().startswith("#"):
                 continue
             for name, pattern in RULES.items():
                 if re.search(pattern, line):
-                    found[name].append(f"{rel}:{number}")
+                    inside = [(a, q) for a, b, q in scopes if a <= number <= b]
+                    place = f"{rel}:{max(inside)[1] if inside else '<module>'}"
+                    if place not in found[name]:
+                        found[name].append(place)
     return found
 
 

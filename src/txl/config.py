@@ -588,20 +588,22 @@ def has_memory(model: TransformerXLConfig, span: Span | None = None) -> bool:
     return model.attention == "relative" and mem_len > 0
 
 
+@typing.overload
+def positive_int(
+    value: Any, name: str, *, error: type[Exception] = ..., optional: Literal[False] = ...
+) -> int: ...
+@typing.overload
+def positive_int(value: Any, name: str, *, error: type[Exception] = ..., optional: bool) -> int | None: ...
 def positive_int(
     value: Any, name: str, *, error: type[Exception] = ConfigError, optional: bool = False
-) -> Any:
-    """``value`` when it is an integer above 0 (not a bool), or None when ``optional``; else ``error``
-    naming ``name``: the one positive-integer check."""
+) -> int | None:
+    """``value`` when it is an integer above 0 (not a bool), or None when ``optional``; else ``error``,
+    ``"{name} must be a positive integer, got {value!r}"``: the one positive-integer check."""
     if optional and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        expected = (
-            f"{name} must be a positive integer or None"
-            if optional
-            else f"{name}: must be a positive integer"
-        )
-        raise error(f"{expected}, got {value!r}")
+        kind = "a positive integer or None" if optional else "a positive integer"
+        raise error(f"{name} must be {kind}, got {value!r}")
     return value
 
 

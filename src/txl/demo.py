@@ -18,6 +18,7 @@ from .config import (
     TrainConfig,
     TransformerXLConfig,
     eval_span,
+    positive_int,
     vanilla_baseline,
 )
 from .errors import TxlError
@@ -175,9 +176,7 @@ def choose_steps(steps: int | None, minutes: float | None) -> int:
     if steps is not None and minutes is not None:
         raise ValueError("give steps or minutes, not both")
     steps = DEFAULT_STEPS if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    return steps
+    return positive_int(steps, "steps", error=ValueError)
 
 
 def _duration(seconds: float) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .config import ConfigError, eval_lengths, first_set
+from .config import ConfigError, eval_lengths, first_set, positive_int
 from .data.vocab import start_token
 from .errors import TxlError
 from .evaluate import RaggedSettings, score_rows
@@ -415,8 +415,7 @@ def _gen_settings(kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
     temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
     if not kwargs.pop("do_sample", False):
         temperature = 0.0
-    if max_gen_toks < 1:
-        raise TxlError(f"generate_until: max_gen_toks must be a positive integer, got {max_gen_toks}")
+    positive_int(max_gen_toks, "generate_until: max_gen_toks", error=TxlError)
     return until, max_gen_toks, temperature
 
 

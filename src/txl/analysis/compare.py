@@ -16,6 +16,8 @@ import torch
 
 from ..config import ConfigError, RunConfig, eval_lengths, eval_span, positive_int, vanilla_baseline
 from ..data import CorpusError, Vocab
+from ..data.vocab import start_token
+from ..errors import TxlError
 from ..evaluate import bits_name, metrics_from_loss
 from ..files import atomic_write_text
 from ..inference import GenerationSettings, generate
@@ -255,17 +257,20 @@ def _sliding_row(
 def default_prompts(
     tokens: np.ndarray, vocab: Vocab, *, count: int = 3, length: int = 32
 ) -> list[np.ndarray]:
-    """``count`` prompts of ``length`` tokens from evenly spaced places of ``tokens`` (for character and
-    byte vocabularies each starts after a newline when one is near)."""
+    """``count`` prompts of ``length`` tokens from evenly spaced places of ``tokens``, each starting where a
+    text starts (after the vocabulary's :func:`~txl.data.vocab.start_token`) when one is near."""
     n = len(tokens)
     if n < length + 1:
         return [np.asarray(tokens[: max(1, n - 1)], dtype=np.int64)]
-    newline = vocab.encode("\n")
+    try:
+        boundary: int | None = start_token(vocab)
+    except TxlError:
+        boundary = None
     prompts = []
     for i in range(count):
         start = (i + 1) * (n - length) // (count + 1)
-        if vocab.kind in ("char", "byte") and len(newline) == 1:
-            ahead = np.flatnonzero(np.asarray(tokens[start : start + 400]) == newline[0])
+        if boundary is not None:
+            ahead = np.flatnonzero(np.asarray(tokens[start : start + 400]) == boundary)
             if len(ahead) and start + ahead[0] + 1 + length <= n:
                 start += int(ahead[0]) + 1
         prompts.append(np.asarray(tokens[start : start + length], dtype=np.int64))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import Span, has_memory
+from ..config import Span, has_memory, positive_int
 from ..model import KVCache, Memory
 from ..model.decode import Decoder
 from ..model.transformer import config_of
@@ -112,9 +112,7 @@ def _drain(steps: Generator[None, None, Prefilled]) -> Prefilled:
 
 
 def _check_size(rows: Any) -> int:
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows must be a positive integer, got {rows!r}")
-    return rows
+    return positive_int(rows, "rows", error=ValueError)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import Span, check_sampling
+from ..config import Span, check_sampling, positive_int
 
 __all__ = ["GenerationSettings", "GREEDY", "DEFAULT_CONTEXT", "DEFAULT_MAX_NEW_TOKENS"]
 
@@ -22,12 +22,11 @@ DEFAULT_MAX_NEW_TOKENS = 100
 """Tokens generated when ``max_new_tokens`` is not given."""
 
 
-def _count(name: str, value: Any, *, low: int, optional: bool = False) -> None:
+def _non_negative(name: str, value: Any, *, optional: bool = False) -> None:
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        what = "a positive integer" if low == 1 else f"an integer >= {low}"
-        raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0{' or None' if optional else ''}, got {value!r}")
 
 
 def _stop_ids(value: Sequence[int] | Tensor | None) -> tuple[int, ...] | None:
@@ -90,13 +89,13 @@ class GenerationSettings:
     """Memory length, clamp and same-length attention (None: the model's)."""
 
     def __post_init__(self) -> None:
-        _count("max_new_tokens", self.max_new_tokens, low=0)
+        _non_negative("max_new_tokens", self.max_new_tokens)
         check_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
         object.__setattr__(self, "stop_ids", _stop_ids(self.stop_ids))
         object.__setattr__(self, "stop", _stop(self.stop))
-        _count("seed", self.seed, low=0, optional=True)
-        _count("prompt_chunk", self.prompt_chunk, low=1, optional=True)
-        _count("context", self.context, low=1, optional=True)
+        _non_negative("seed", self.seed, optional=True)
+        positive_int(self.prompt_chunk, "prompt_chunk", error=ValueError, optional=True)
+        positive_int(self.context, "context", error=ValueError, optional=True)
         if self.span is not None and not isinstance(self.span, Span):
             raise ValueError(f"span must be a txl Span, got {type(self.span).__name__}")
 

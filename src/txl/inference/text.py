@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from ..config import has_memory, span_of
+from ..config import has_memory, positive_int, span_of
 from ..data.vocab import start_token
 from ..errors import TxlWarning
 from ..limits import TOKEN_BYTES, cache_bytes, check_fits
@@ -369,8 +369,7 @@ def generate_from_run(
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or any(not isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    positive_int(num_samples, "num_samples", error=ValueError)
     if settings.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(
             f"max_new_tokens={settings.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "

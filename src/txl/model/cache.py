@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..config import Span, TransformerXLConfig, cache_slots, has_memory
+from ..config import Span, TransformerXLConfig, cache_slots, has_memory, positive_int
 from .memory import Memory, full_reach, next_reach
 
 __all__ = ["KVCache", "LayerCache", "CACHE_SIZES"]
@@ -123,8 +123,7 @@ class KVCache:
             batch_size = memory.batch_size
             dtype = memory.states[0].dtype if dtype is None else dtype
             device = memory.states[0].device if device is None else device
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer (or give a memory), got {batch_size!r}")
+        batch_size = positive_int(batch_size, "batch_size (without a memory)", error=ValueError)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         m0 = 0 if memory is None else memory.length
         self.config = config

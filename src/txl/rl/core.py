@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import positive_int
 from ..model.attention import AbsoluteContext, RelativeContext
 from ..model.cache import LayerCache
 from ..model.layers import DecoderLayer
@@ -100,8 +101,7 @@ class MemoryCore(nn.Module):
     def __init__(self, obs_dim: int, config: CoreConfig | None = None) -> None:
         super().__init__()
         config = CoreConfig() if config is None else config
-        if not isinstance(obs_dim, int) or isinstance(obs_dim, bool) or obs_dim <= 0:
-            raise ValueError(f"obs_dim must be a positive integer, got {obs_dim!r}")
+        positive_int(obs_dim, "obs_dim", error=ValueError)
         self.obs_dim, self.config = obs_dim, config
         self.input = nn.Linear(obs_dim, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -118,8 +118,7 @@ class MemoryCore(nn.Module):
     def initial_state(self, n_envs: int) -> CoreState:
         """The state of ``n_envs`` environments that remember nothing: zero slots, reach 0 (on the core's
         device, in its dtype)."""
-        if not isinstance(n_envs, int) or isinstance(n_envs, bool) or n_envs <= 0:
-            raise ValueError(f"n_envs must be a positive integer, got {n_envs!r}")
+        positive_int(n_envs, "n_envs", error=ValueError)
         cfg, weight = self.config, self.input.weight
         memory = weight.new_zeros(n_envs, cfg.n_layer, cfg.mem_len, cfg.d_model)  # (E, L, M, D)
         return CoreState(memory, torch.zeros(n_envs, dtype=torch.int64, device=weight.device))

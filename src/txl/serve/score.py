@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ..config import EvalLengths, RunConfig, SameLengthOff, Span, eval_lengths
+from ..config import EvalLengths, RunConfig, SameLengthOff, Span, eval_lengths, positive_int
 from ..evaluate import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL
 
@@ -57,8 +57,7 @@ def score_segments(
     (T,) to ``losses`` (so a caller can do other work between segments; closing it stops)."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
-    if lengths.tgt_len < 1:
-        raise ValueError(f"tgt_len must be a positive integer, got {lengths.tgt_len}")
+    positive_int(lengths.tgt_len, "tgt_len", error=ValueError)
     # txl eval's loop (a generator: closed early, it restores the training flags now)
     settings = EvalSettings(lengths.tgt_len, batch_size=1, span=lengths.span)
     segments = cast(Generator[SegmentLosses, None, None], segment_losses(model, ids[None], settings))

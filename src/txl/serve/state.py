@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..config import has_memory
+from ..config import has_memory, positive_int
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
@@ -51,8 +51,7 @@ class ServeSettings:
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(value, name, error=ValueError)
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
             raise ValueError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
         ttl = self.session_ttl
