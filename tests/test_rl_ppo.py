@@ -105,3 +105,40 @@ def test_plot_and_final_return_from_the_logs(tmp_path):
     assert final_return(*runs[("T", "mlp")][0]) == pytest.approx(-0.45)
     (png,) = plot_curves(paths, tmp_path / "png")
     assert png.name == "rl_T.png" and png.stat().st_size > 1000
+
+
+def test_reward_scale_scales_what_the_values_learn_not_the_logged_returns(monkeypatch, tmp_path):
+    """With ``reward_scale`` s, GAE sees s times the rewards of the same rollout, and the CSV's returns are
+    the environment's own."""
+    import txl.rl.ppo as ppo
+
+    seen = []
+
+    def spy(rewards, *args, **kwargs):
+        seen.append(rewards.clone())
+        return gae(rewards, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "gae", spy)
+    rows = {}
+    for scale in (1.0, 10.0):
+        config = PPOConfig(
+            task="Echo",
+            agent="mlp",
+            total_steps=128,
+            n_envs=8,
+            n_steps=16,
+            seq_len=8,
+            n_minibatches=2,
+            reward_scale=scale,
+            core=CoreConfig(n_layer=1, d_model=16, d_head=8, d_inner=16, mem_len=4),
+        )
+        rows[scale] = train(config, envs=make_vector_env(Echo, 8), out=tmp_path / str(scale), progress=False)
+    assert seen[0].abs().sum() > 0
+    np.testing.assert_allclose(seen[1].numpy(), 10 * seen[0].numpy(), rtol=1e-6)
+    assert rows[1.0][0]["return_mean"] == rows[10.0][0]["return_mean"]
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, float("nan"), True])
+def test_reward_scale_must_be_a_positive_number(scale):
+    with pytest.raises(ValueError, match="reward_scale"):
+        PPOConfig(reward_scale=scale)

@@ -70,6 +70,9 @@ class PPOConfig:
     """Value loss weight."""
     max_grad_norm: float = 0.5
     """Gradient norm clip."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before the values and advantages are learned (the logged returns are
+    not): for tasks whose returns are large, such as CartPole's (up to 500), a scale that brings them near 1."""
     core: CoreConfig = field(default_factory=CoreConfig)
     """The XL core's sizes; ``core.d_model`` is also the GRU's and the MLP's feature size."""
 
@@ -78,6 +81,15 @@ class PPOConfig:
         for name in ("total_steps", "n_envs", "n_steps", "seq_len", "n_minibatches", "epochs"):
             _positive_int(self, name)
         _check(self.n_steps % self.seq_len == 0, "seq_len", f"must divide n_steps ({self.n_steps})")
+        scale = self.reward_scale
+        _check(
+            isinstance(scale, (int, float))
+            and not isinstance(scale, bool)
+            and math.isfinite(scale)
+            and scale > 0,
+            "reward_scale",
+            f"must be a finite number above 0, got {scale!r}",
+        )
         windows = self.n_envs * self.n_steps // self.seq_len
         _check(windows % self.n_minibatches == 0, "n_minibatches", f"must divide the {windows} windows")
 
@@ -175,7 +187,7 @@ def _collect(agent: Agent, env: _Collector, config: PPOConfig) -> _Collected:
             )
             next_obs, reward, terminated, truncated, _ = env.envs.step(action.numpy())
             done = np.logical_or(terminated, truncated)
-            batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32)
+            batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32) * config.reward_scale
             batch.dones[:, t] = torch.as_tensor(done)
             env.running += reward
             env.lengths += 1
