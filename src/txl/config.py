@@ -497,7 +497,7 @@ def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = No
         or temperature < 0
     ):
         raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
-    positive_int(top_k, "top_k", optional=True)
+    positive_int(top_k, "top_k", optional=True, field=False)
     if top_p is not None and (
         isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
     ):
@@ -590,20 +590,23 @@ def has_memory(model: TransformerXLConfig, span: Span | None = None) -> bool:
 
 @typing.overload
 def positive_int(
-    value: Any, name: str, *, error: type[Exception] = ..., optional: Literal[False] = ...
+    value: Any, name: str, *, error: type[Exception] = ..., optional: Literal[False] = ..., field: bool = ...
 ) -> int: ...
 @typing.overload
-def positive_int(value: Any, name: str, *, error: type[Exception] = ..., optional: bool) -> int | None: ...
 def positive_int(
-    value: Any, name: str, *, error: type[Exception] = ConfigError, optional: bool = False
+    value: Any, name: str, *, error: type[Exception] = ..., optional: bool, field: bool = ...
+) -> int | None: ...
+def positive_int(
+    value: Any, name: str, *, error: type[Exception] = ConfigError, optional: bool = False, field: bool = True
 ) -> int | None:
-    """``value`` when it is an integer above 0 (not a bool), or None when ``optional``; else ``error``,
-    ``"{name} must be a positive integer, got {value!r}"``: the one positive-integer check."""
+    """``value`` when it is an integer above 0 (not a bool), or None when ``optional``; else ``error``: the
+    one positive-integer check. A settings field is named as every field is (``name: must be a positive
+    integer, got 0``); an argument (``field=False``) in a sentence (``name must be a positive integer, ...``)."""
     if optional and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         kind = "a positive integer or None" if optional else "a positive integer"
-        raise error(f"{name} must be {kind}, got {value!r}")
+        raise error(f"{name}{':' if field else ''} must be {kind}, got {value!r}")
     return value
 
 

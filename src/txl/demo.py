@@ -176,7 +176,7 @@ def choose_steps(steps: int | None, minutes: float | None) -> int:
     if steps is not None and minutes is not None:
         raise ValueError("give steps or minutes, not both")
     steps = DEFAULT_STEPS if steps is None else steps
-    return positive_int(steps, "steps", error=ValueError)
+    return positive_int(steps, "steps", error=ValueError, field=False)
 
 
 def _duration(seconds: float) -> str:

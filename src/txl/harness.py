@@ -415,7 +415,7 @@ def _gen_settings(kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
     temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
     if not kwargs.pop("do_sample", False):
         temperature = 0.0
-    positive_int(max_gen_toks, "generate_until: max_gen_toks", error=TxlError)
+    positive_int(max_gen_toks, "generate_until: max_gen_toks", error=TxlError, field=False)
     return until, max_gen_toks, temperature
 
 

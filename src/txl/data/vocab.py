@@ -195,7 +195,7 @@ class WordVocab(_TableVocab):
     ) -> WordVocab:
         """Count the words of `text`; keep those seen `min_freq` times, at most `max_size` in all
         (specials included)."""
-        positive_int(min_freq, "min_freq", error=ValueError)
+        positive_int(min_freq, "min_freq", error=ValueError, field=False)
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
         counts = Counter(text.split() if tokenizer == "whitespace" else _REGEX.findall(text))

@@ -112,7 +112,7 @@ def _drain(steps: Generator[None, None, Prefilled]) -> Prefilled:
 
 
 def _check_size(rows: Any) -> int:
-    return positive_int(rows, "rows", error=ValueError)
+    return positive_int(rows, "rows", error=ValueError, field=False)
 
 
 @dataclass(frozen=True)

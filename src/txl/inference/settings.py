@@ -94,8 +94,8 @@ class GenerationSettings:
         object.__setattr__(self, "stop_ids", _stop_ids(self.stop_ids))
         object.__setattr__(self, "stop", _stop(self.stop))
         _non_negative("seed", self.seed, optional=True)
-        positive_int(self.prompt_chunk, "prompt_chunk", error=ValueError, optional=True)
-        positive_int(self.context, "context", error=ValueError, optional=True)
+        positive_int(self.prompt_chunk, "prompt_chunk", error=ValueError, optional=True, field=False)
+        positive_int(self.context, "context", error=ValueError, optional=True, field=False)
         if self.span is not None and not isinstance(self.span, Span):
             raise ValueError(f"span must be a txl Span, got {type(self.span).__name__}")
 

@@ -369,7 +369,7 @@ def generate_from_run(
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or any(not isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
-    positive_int(num_samples, "num_samples", error=ValueError)
+    positive_int(num_samples, "num_samples", error=ValueError, field=False)
     if settings.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(
             f"max_new_tokens={settings.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "

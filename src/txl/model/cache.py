@@ -123,7 +123,7 @@ class KVCache:
             batch_size = memory.batch_size
             dtype = memory.states[0].dtype if dtype is None else dtype
             device = memory.states[0].device if device is None else device
-        batch_size = positive_int(batch_size, "batch_size (without a memory)", error=ValueError)
+        batch_size = positive_int(batch_size, "batch_size (without a memory)", error=ValueError, field=False)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         m0 = 0 if memory is None else memory.length
         self.config = config

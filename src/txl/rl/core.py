@@ -101,7 +101,7 @@ class MemoryCore(nn.Module):
     def __init__(self, obs_dim: int, config: CoreConfig | None = None) -> None:
         super().__init__()
         config = CoreConfig() if config is None else config
-        positive_int(obs_dim, "obs_dim", error=ValueError)
+        positive_int(obs_dim, "obs_dim", error=ValueError, field=False)
         self.obs_dim, self.config = obs_dim, config
         self.input = nn.Linear(obs_dim, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -118,7 +118,7 @@ class MemoryCore(nn.Module):
     def initial_state(self, n_envs: int) -> CoreState:
         """The state of ``n_envs`` environments that remember nothing: zero slots, reach 0 (on the core's
         device, in its dtype)."""
-        positive_int(n_envs, "n_envs", error=ValueError)
+        positive_int(n_envs, "n_envs", error=ValueError, field=False)
         cfg, weight = self.config, self.input.weight
         memory = weight.new_zeros(n_envs, cfg.n_layer, cfg.mem_len, cfg.d_model)  # (E, L, M, D)
         return CoreState(memory, torch.zeros(n_envs, dtype=torch.int64, device=weight.device))

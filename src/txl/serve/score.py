@@ -57,7 +57,7 @@ def score_segments(
     (T,) to ``losses`` (so a caller can do other work between segments; closing it stops)."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise ValueError(f"scoring needs at least 2 tokens, got {ids.numel()}")
-    positive_int(lengths.tgt_len, "tgt_len", error=ValueError)
+    positive_int(lengths.tgt_len, "tgt_len", error=ValueError, field=False)
     # txl eval's loop (a generator: closed early, it restores the training flags now)
     settings = EvalSettings(lengths.tgt_len, batch_size=1, span=lengths.span)
     segments = cast(Generator[SegmentLosses, None, None], segment_losses(model, ids[None], settings))

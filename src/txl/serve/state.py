@@ -51,7 +51,7 @@ class ServeSettings:
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions"):
             value = getattr(self, name)
-            positive_int(value, name, error=ValueError)
+            positive_int(value, name, error=ValueError, field=False)
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
             raise ValueError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
         ttl = self.session_ttl
