@@ -234,10 +234,10 @@ def attention_step(
     through one ``baddbmm``, the residual through the output projection's ``addmm``.
 
     ``keys.bias`` rides in the position term's matmul."""
-    b, first, bias = x.shape[0], keys.first, keys.bias
+    b, bias = x.shape[0], keys.bias
     h, dh = tables.v_minus_u.shape
     qkv = torch.addmm(tables.q_bias, x, tables.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
-    k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1), first=first)  # (B*H, Dh, K), (B*H, K, Dh)
+    k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1), first=keys.first)  # (B*H, Dh, K), (B*H, K, Dh)
     q_u = qkv[:, 0]  # (B, H, Dh)
     q_v = (q_u + tables.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
     scale = tables.scale
