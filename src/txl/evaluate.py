@@ -266,7 +266,7 @@ def segment_losses(
         )
     else:
         try:
-            reading = BatchSettings(batch_size=batch_size, tgt_len=tgt_len, drop_last=False)
+            reading = BatchSettings(batch_size, tgt_len, drop_last=False)
             batches = SegmentStream(tokens, reading, name=settings.name or "tokens", starts=starts)
         except ValueError as exc:
             raise TxlError(str(exc)) from None
@@ -421,7 +421,7 @@ def ragged_losses(
         raise ValueError("memory: the model reads without memory here (vanilla baseline or mem_len 0)")
     if any(m is not None and m.batch_size != 1 for m in starts):
         raise ValueError("memory: each row's memory must have one batch row")
-    reader = _RaggedReader(model, settings, span=span, cached=cached, starts=starts)
+    reader = _RaggedReader(model, settings, span, cached, starts)
     return reader.run(ids)
 
 
@@ -462,7 +462,6 @@ class _RaggedReader:
         self,
         model: TransformerXL,
         settings: RaggedSettings,
-        *,
         span: Span,
         cached: bool,
         starts: list[Memory | None],
@@ -615,7 +614,7 @@ class _RaggedReader:
             last = n == slot.left
             memory = None
             if last and settings.final_memory and cache is not None and remembered is not None:
-                memory = _row_memory(cache, b, before=int(remembered[b]), t=t, n=n)
+                memory = _row_memory(cache, b, int(remembered[b]), t, n)
             segments.append(
                 RowSegment(
                     row=slot.row,
@@ -633,7 +632,7 @@ class _RaggedReader:
         return tuple(segments), done
 
 
-def _row_memory(cache: KVCache, b: int, *, before: int, t: int, n: int) -> Memory | None:
+def _row_memory(cache: KVCache, b: int, before: int, t: int, n: int) -> Memory | None:
     """Row ``b``'s memory right after a call of T positions of which its first ``n`` were real: the last
     ``mem_len`` of the ``before`` positions it remembered and its ``n`` new ones (the slots the cache has just
     written; the padding after them is left out)."""

@@ -105,7 +105,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         fh.write(text)
 
 
-def _existing_ancestor(path: Path, *, flag: str) -> Path:
+def _existing_ancestor(path: Path, flag: str) -> Path:
     """The deepest existing folder of ``path`` (``path`` itself when it is one); refuses a file on the way."""
     base = path
     while not base.exists():
@@ -131,7 +131,7 @@ def check_output(path: str | os.PathLike[str], *, flag: str, kind: OutputKind = 
     if kind == "file" and path.is_dir():
         raise OutputPathError(f"{flag} {path}: is a folder; give the name of the file to write")
     target = path if kind == "folder" else path.parent
-    base = _existing_ancestor(target, flag=flag)
+    base = _existing_ancestor(target, flag)
     where = "" if base == path else f"{base} "
     try:
         if base == target:

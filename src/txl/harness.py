@@ -80,7 +80,7 @@ def task_manager(
     )
 
 
-def _int_arg(name: str, value: Any, *, low: int) -> int | None:
+def _int_arg(name: str, value: Any, low: int) -> int | None:
     """A model argument given as an int or as text (``--model_args mem_len=0``), at least ``low``."""
     if value is None:
         return None
@@ -125,7 +125,7 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("mem_len", 0), ("tgt_len", 1), ("clamp_len", 1), ("seed", 0)):
-            _int_arg(name, getattr(self, name), low=low)
+            _int_arg(name, getattr(self, name), low)
         _bool_arg("same_length", self.same_length)
 
     @classmethod
@@ -140,7 +140,7 @@ class ModelArgs:
         if str(args.get("batch_size")).startswith("auto"):
             raise ConfigError("model_args batch_size: 'auto' is not supported; give a number of requests")
         ints = {"batch_size": 1, "mem_len": 0, "tgt_len": 1, "clamp_len": 1, "seed": 0}
-        parsed: dict[str, Any] = {k: _int_arg(k, v, low=ints[k]) if k in ints else v for k, v in args.items()}
+        parsed: dict[str, Any] = {k: _int_arg(k, v, ints[k]) if k in ints else v for k, v in args.items()}
         if "same_length" in parsed:
             parsed["same_length"] = _bool_arg("same_length", parsed["same_length"])
         typed: dict[str, Any] = {k: str(v) if k in ("checkpoint", "device") else v for k, v in parsed.items()}
@@ -368,7 +368,7 @@ class TxlLM(TemplateLM):
                         rows.join(r, first)
                         until, max_gen_toks, temperature = asks[index]
                         active[r] = _Request(
-                            index=index,
+                            index,
                             text=TextStream(self.vocab, prompts[index], stop=until),
                             settings=GenerationSettings(temperature=temperature),
                             left=max_gen_toks,

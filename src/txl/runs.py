@@ -548,6 +548,4 @@ def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") ->
             if attempt == 1:
                 raise
     model.to(resolve_device(device)).eval()
-    return LoadedRun(
-        config=config, vocab=vocab, model=model, checkpoint=folder, step=document["state"]["step"]
-    )
+    return LoadedRun(config, vocab, model, checkpoint=folder, step=document["state"]["step"])

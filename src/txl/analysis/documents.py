@@ -266,8 +266,8 @@ def _split(
         if inside.any():
             buckets.append(
                 PositionBucket(
-                    start=start,
-                    stop=stop,
+                    start,
+                    stop,
                     tokens=int(inside.sum()),
                     continue_loss=float(losses["continue"][inside].mean()),
                     reset_loss=float(losses["reset"][inside].mean()),

@@ -518,7 +518,7 @@ def _load_jsonl_file(path: Path, text_field: str) -> Corpus:
     return _make(path.name, "char", False, parts, documents="pieces")
 
 
-def _load_path(path: Path, *, text_field: str = "text") -> Corpus:
+def _load_path(path: Path, text_field: str) -> Corpus:
     name = path.name or str(path)
     if path.is_file():
         if _is_jsonl(path):
@@ -583,7 +583,7 @@ def load_corpus(spec: str, *, data_dir: Path | None = None, text_field: str = "t
         return _load_named(spec, search)
     path = Path(spec).expanduser()
     if path.exists():
-        return _load_path(path, text_field=text_field)
+        return _load_path(path, text_field)
     if os.sep in spec or "/" in spec or "." in spec:
         raise CorpusError(f"corpus path {path} does not exist; give an existing file or folder")
     raise CorpusError(

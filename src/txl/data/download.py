@@ -162,7 +162,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fetch(url: str, part: Path, *, progress: bool) -> None:
+def _fetch(url: str, part: Path, progress: bool) -> None:
     """Download `url` into `part`, continuing an existing partial file with an HTTP Range request.
     A server that answers a Range request with the whole file (200) restarts the download."""
     have = part.stat().st_size if part.exists() else 0
@@ -174,7 +174,7 @@ def _fetch(url: str, part: Path, *, progress: bool) -> None:
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:  # range not satisfiable: the partial file is useless
             part.unlink()
-            return _fetch(url, part, progress=progress)
+            return _fetch(url, part, progress)
         raise CorpusError(f"download of {url} failed: HTTP {err.code} {err.reason}") from None
     except (urllib.error.URLError, OSError) as err:
         raise CorpusError(
@@ -293,7 +293,7 @@ def download_corpus(
             src = url or rf.url
             expected = sha256 if sha256 is not None else rf.sha256
             part = root / (f"{name}.part" if len(spec.files) == 1 else f"{name}.{rf.filename}.part")
-            _fetch(src, part, progress=progress)
+            _fetch(src, part, progress)
             _verify(part, expected, url=src)
             produced += _extract(rf, part, staging, check_extracted=sha256 is None)
         corpus_dir.mkdir(exist_ok=True)

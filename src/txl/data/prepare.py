@@ -69,8 +69,8 @@ def prepare_data(
     names = [s for s in SPLITS if corpus.has(s)] if splits is None else list(splits)
     encoded = {s: encode_documents(corpus, s, vocab, cache_dir=cache_dir) for s in names}
     return PreparedData(
-        corpus=corpus,
-        vocab=vocab,
+        corpus,
+        vocab,
         splits={s: ids for s, (ids, _) in encoded.items()},
         starts={s: starts for s, (_, starts) in encoded.items() if starts is not None},
     )

@@ -75,7 +75,6 @@ class _Decoding:
         model: nn.Module,
         prompt: Tensor | Sequence[Tensor],
         settings: GenerationSettings,
-        *,
         generator: Generators,
         memory: Memory | None,
     ) -> None:
@@ -174,7 +173,7 @@ def stream(
 
     The arguments are checked when this is called; the model runs, in eval mode, while the stream is
     consumed, and gets its training flags back when the stream ends or is closed."""
-    decoding = _Decoding(model, prompt, settings, generator=generator, memory=memory)
+    decoding = _Decoding(model, prompt, settings, generator, memory)
 
     def steps() -> Generator[Step, None, None]:
         for step in decoding.steps():
@@ -222,7 +221,7 @@ def generate(
     ``return_scores``: also return the log-probabilities of every step, (B, N, V). Runs in inference mode and
     eval mode, and restores every module's training flag afterwards. A 1-D prompt is treated as one row: the
     result is still batch-first (1, ...)."""
-    decoding = _Decoding(model, prompt, settings, generator=generator, memory=memory)
+    decoding = _Decoding(model, prompt, settings, generator, memory)
     tokens, scores = [], []
     for step in decoding.steps():
         tokens.append(step.tokens)

@@ -31,7 +31,7 @@ from .settings import DEFAULT_CONTEXT, GenerationSettings
 __all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows"]
 
 
-def _prompt(prompt: Any, *, vocab_size: int, device: torch.device) -> Tensor:
+def _prompt(prompt: Any, vocab_size: int, device: torch.device) -> Tensor:
     """Validate and return a tensor prompt as (B, P) int64 on ``device``."""
     if not isinstance(prompt, Tensor):
         raise ValueError(f"prompt must be a tensor of token ids, got {type(prompt).__name__}")
@@ -54,7 +54,7 @@ def prepare_rows(prompt: Any, *, vocab_size: int, device: torch.device) -> list[
     """The prompt as a list of rows (P_r,) int64 on ``device``, checked: a (B, P) or (P,) tensor gives rows of
     one length, a non-empty sequence of 1-D tensors (or of lists of ids) rows of any lengths."""
     if isinstance(prompt, Tensor):
-        return list(_prompt(prompt, vocab_size=vocab_size, device=device))
+        return list(_prompt(prompt, vocab_size, device))
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise ValueError(
             f"prompt must be a tensor of token ids or a non-empty list of rows, got {prompt!r:.80}"
@@ -64,7 +64,7 @@ def prepare_rows(prompt: Any, *, vocab_size: int, device: torch.device) -> list[
         row = row if isinstance(row, Tensor) else torch.as_tensor(row)
         if row.dim() != 1:
             raise ValueError(f"each prompt row must be 1-D (time,), got shape {tuple(row.shape)}")
-        rows.append(_prompt(row, vocab_size=vocab_size, device=device)[0])
+        rows.append(_prompt(row, vocab_size, device)[0])
     return rows
 
 
@@ -209,13 +209,13 @@ class RowBatch:
         if all(len(row) == longest for row in rows):  # one batch, as given
             cache = self._cache(n, memory)
             log_probs = yield from self._feed(cache, torch.stack(rows), None)
-            return Prefilled(log_probs, cache=cache)
+            return Prefilled(log_probs, cache)
         # left-padded in one chunk, each row starting at its first token
         if memory is None and longest <= self.chunk:
             tokens, starts = _left_pad(rows)  # (n, P) each
             cache = self._cache(n, None)
             log_probs = yield from self._feed(cache, tokens, starts)
-            return Prefilled(log_probs, cache=cache)
+            return Prefilled(log_probs, cache)
         # each row alone (its chunks fall where they fall alone), then one cache of n rows
         alone, first = [], []
         for r, row in enumerate(rows):
@@ -227,7 +227,7 @@ class RowBatch:
         cache = self._empty(n, max(c.length for c in alone))
         for r, part in enumerate(alone):
             cache.put_rows([r], part)
-        return Prefilled(torch.cat(first), cache=cache)
+        return Prefilled(torch.cat(first), cache)
 
     def _cache(self, n: int, memory: Memory | None) -> KVCache:
         return KVCache(

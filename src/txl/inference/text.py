@@ -133,7 +133,7 @@ def generate_text(
         return ""
     show = None if on_text is None else (lambda _row, piece: on_text(piece))
     streams = [TextStream(vocab, ids.tolist(), stop=settings.stop)]
-    (pieces,) = _decode_rows(model, [ids], streams, settings, generator=generator, on_text=show)
+    (pieces,) = _decode_rows(model, [ids], streams, settings, generator, show)
     return (
         cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
         if pieces.stopped
@@ -232,7 +232,6 @@ def _decode_rows(
     ids: list[Tensor],
     pieces: list[TextStream],
     settings: GenerationSettings,
-    *,
     generator: torch.Generator | Sequence[torch.Generator] | None,
     on_text: Callable[[int, str], None] | None,
 ) -> list[TextStream]:
@@ -403,7 +402,7 @@ def generate_from_run(
         TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
         for row, t in zip(ids, texts, strict=True)
     ]
-    pieces = _decode_rows(model, ids, streams, settings, generator=generators, on_text=on_text)
+    pieces = _decode_rows(model, ids, streams, settings, generators, on_text)
     seconds = time.perf_counter() - start
     count = sum(len(p.new_ids) for p in pieces)
     # the exact decoding, which the printed pieces may only approach

@@ -104,7 +104,7 @@ class SegmentStep(nn.Module):
         self.model, self.span = model, span
 
     def forward(self, tokens: Tensor, reach: Tensor, *memory: Tensor) -> tuple[Tensor, ...]:
-        out = self.model(tokens, memory=Memory(tuple(memory), reach=reach), span=self.span)
+        out = self.model(tokens, memory=Memory(tuple(memory), reach), span=self.span)
         return (out.log_probs, out.memory.reach, *out.memory.states)
 
 
@@ -140,7 +140,7 @@ def export_model(
     when they cannot fit). The file is written under a temporary name next to ``out`` and renamed into place,
     so a failed export leaves nothing and never half replaces an older file."""
     cfg = model.config
-    span = _span(model, mem_len=mem_len, span=span)
+    span = _span(model, mem_len, span)
     mem_len, batch_size = span.mem_len, EXAMPLE_BATCH
     if cfg.attention != "relative":
         raise ExportError(
@@ -243,7 +243,7 @@ def check_onnx(
     tokens; returns the largest difference (log-probabilities and the memory's positions in reach; the
     reaches must be equal) and raises ExportError when it exceeds ``check.atol``."""
     cfg = model.config
-    span = _span(model, mem_len=mem_len, span=span)
+    span = _span(model, mem_len, span)
     mem_len = span.mem_len
     segments, batch_size, atol = check.segments, check.batch_size, check.atol
     session = onnxruntime_session(path)
@@ -281,7 +281,7 @@ def check_onnx(
     return worst
 
 
-def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Span:
+def _span(model: TransformerXL, mem_len: int | None, span: Span | None) -> Span:
     """The span to export with: ``span``, or ``mem_len`` with the model's clamp and same-length setting."""
     if span is not None and mem_len is None:
         return span
@@ -289,7 +289,7 @@ def _span(model: TransformerXL, *, mem_len: int | None, span: Span | None) -> Sp
         raise ExportError("give the memory length (mem_len) or the whole span (span), one of them")
     cfg = model.config
     if mem_len <= 0:  # export_model says what is wrong
-        return Span(mem_len=mem_len)
+        return Span(mem_len)
     return Span(mem_len=mem_len, clamp_len=cfg.clamp_len, same_length=cfg.same_length)
 
 

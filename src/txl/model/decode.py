@@ -43,6 +43,7 @@ __all__ = [
     "LayerTables",
     "OutputLayout",
     "StepKeys",
+    "TableShape",
     "attention_step",
     "bind_memory",
     "decoding_tables",
@@ -140,14 +141,21 @@ def _output_blocks(model: TransformerXL) -> int:
     return min(torch.get_num_threads(), 4) if model.config.vocab_size >= 4096 else 1
 
 
-def weights_key(model: TransformerXL, *, longest: int, clamp_len: int | None, batch_size: int) -> tuple:
+class TableShape(NamedTuple):
+    """The settings decoding tables are made for: key windows of up to ``longest`` + 1 positions, distances
+    clamped at ``clamp_len`` (None: not clamped), ``batch_size`` rows."""
+
+    longest: int
+    clamp_len: int | None
+    batch_size: int
+
+
+def weights_key(model: TransformerXL, shape: TableShape) -> tuple:
     """What decoding tables depend on: the settings, the output's column blocks (from the thread count), and
     every parameter's storage and version counter (an in-place change, as an optimizer step, bumps it)."""
     params = list(model.parameters())
     return (
-        longest,
-        clamp_len,
-        batch_size,
+        *shape,
         _output_blocks(model),
         params[0].dtype,
         params[0].device,
@@ -156,7 +164,7 @@ def weights_key(model: TransformerXL, *, longest: int, clamp_len: int | None, ba
 
 
 @torch.no_grad()
-def _layer_tables(layer: DecoderLayer, pos: Tensor, *, u: Tensor, v: Tensor, batch_size: int) -> LayerTables:
+def _layer_tables(layer: DecoderLayer, pos: Tensor, u: Tensor, v: Tensor, batch_size: int) -> LayerTables:
     attn = cast(RelativeMultiHeadAttention, layer.attn)
     b, h, dh = batch_size, attn.n_head, attn.d_head
     rel = attn.project_distances(pos)  # (H, Dh, R)
@@ -183,7 +191,7 @@ def decoding_tables(
 ) -> DecodingTables:
     """The :class:`DecodingTables` of ``model`` for key windows of up to ``longest`` + 1 positions and
     ``batch_size`` rows: the remembered ones while :func:`weights_key` is unchanged, else made anew."""
-    key = weights_key(model, longest=longest, clamp_len=clamp_len, batch_size=batch_size)
+    key = weights_key(model, TableShape(longest, clamp_len, batch_size))
     memo = _MEMO.get(model)
     if memo is not None and memo.key == key:
         return memo
@@ -192,7 +200,7 @@ def decoding_tables(
         distances = relative_distances(longest + 1, clamp_len=clamp_len, device=param.device)  # (R,)
         pos = sinusoid(distances, model.config.d_model, dtype=param.dtype)  # (R, D)
         layers = tuple(
-            _layer_tables(cast(DecoderLayer, layer), pos, u=u, v=v, batch_size=batch_size)
+            _layer_tables(cast(DecoderLayer, layer), pos, u, v, batch_size)
             for layer, (u, v) in zip(model.layers, model._biases(), strict=True)
         )
         output = None
@@ -226,10 +234,10 @@ def attention_step(
     through one ``baddbmm``, the residual through the output projection's ``addmm``.
 
     ``keys.bias`` rides in the position term's matmul."""
-    b, first, bias = x.shape[0], keys.first, keys.bias
+    b, bias = x.shape[0], keys.bias
     h, dh = tables.v_minus_u.shape
     qkv = torch.addmm(tables.q_bias, x, tables.qkv_t).view(b, 3, h, dh)  # (B, 3, H, Dh): q + u | k | v
-    k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1), first=first)  # (B*H, Dh, K), (B*H, K, Dh)
+    k_t, v = cache.append_one(qkv[:, 1:].transpose(0, 1), first=keys.first)  # (B*H, Dh, K), (B*H, K, Dh)
     q_u = qkv[:, 0]  # (B, H, Dh)
     q_v = (q_u + tables.v_minus_u).view(b * h, 1, dh)  # (B*H, 1, Dh)
     scale = tables.scale
@@ -307,6 +315,10 @@ class Decoder:
         self.tables = None if self.xl is None else self._tables(self.xl)
         self._rel: tuple[int, list[Tensor]] = (-1, [])
 
+    def _shape(self) -> TableShape:
+        cache = self.cache
+        return TableShape(cache.longest, cache.span.clamp_len, cache.batch_size)
+
     def _tables(self, xl: TransformerXL) -> DecodingTables:
         cache = self.cache
         return decoding_tables(
@@ -316,13 +328,9 @@ class Decoder:
     @property
     def stale(self) -> bool:
         """Whether a weight changed since the tables were made (or the thread count moved)."""
-        cache = self.cache
         if self.tables is None or self.xl is None:
             return False
-        key = weights_key(
-            self.xl, longest=cache.longest, clamp_len=cache.span.clamp_len, batch_size=cache.batch_size
-        )
-        return key != self.tables.key
+        return weights_key(self.xl, self._shape()) != self.tables.key
 
     def prefill(self, tokens: Tensor, *, starts: Tensor | None = None, chunk: int | None = None) -> Tensor:
         """Feed tokens (B, T) through the model with the cache, ``chunk`` positions at a time (default: all),
@@ -371,9 +379,8 @@ class Decoder:
         first = cache.end + 1 - k
         bias = None  # documents: the keys before each row's own are out of view
         if starts is not None or cache.reach is not None:
-            heads = xl.config.n_head
             bias = document_bias(
-                cache.full_reach(), starts, k=k, heads=heads, dtype=cache.dtype
+                cache.full_reach(), starts, k=k, heads=xl.config.n_head, dtype=cache.dtype
             )  # (B*H, 1, K)
         h = xl.embedding(token[:, None])[:, 0]  # (B, D)
         inputs, keys = [], StepKeys(first, bias)

@@ -91,14 +91,14 @@ class Memory:
         if not isinstance(rows, (slice, Tensor)):
             rows = torch.as_tensor(list(rows), dtype=torch.long, device=self.states[0].device)
         reach = None if self.reach is None else self.reach[rows]
-        return Memory(tuple(s[rows] for s in self.states), reach=reach)
+        return Memory(tuple(s[rows] for s in self.states), reach)
 
     def to(self, *args: Any, **kwargs: Any) -> Memory:
         """Move or cast every state (arguments as ``Tensor.to``); the reach follows to the new device and
         stays int64."""
         states = tuple(s.to(*args, **kwargs) for s in self.states)
         reach = None if self.reach is None else self.reach.to(states[0].device)
-        return Memory(states, reach=reach)
+        return Memory(states, reach)
 
     def full_reach(self) -> Tensor:
         """The reach, with None spelled out: (B,) int64, M for every row of a memory without one."""
@@ -133,7 +133,7 @@ class Memory:
         reach = None
         if any(p.reach is not None for p in parts):
             reach = torch.cat([p.full_reach() for p in parts])
-        return Memory(states, reach=reach)
+        return Memory(states, reach)
 
 
 def full_reach(reach: Tensor | None, *, batch_size: int, length: int, device: torch.device) -> Tensor:
@@ -187,4 +187,4 @@ def update_memory(
         else:
             before = memory.full_reach()
         reach = next_reach(before, starts, t=t, length=merged[0].shape[1])
-    return Memory(tuple(m.detach() for m in merged), reach=reach)
+    return Memory(tuple(m.detach() for m in merged), reach)

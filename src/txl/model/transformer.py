@@ -194,11 +194,11 @@ class TransformerXL(nn.Module):
         self,
         t: int,
         m: int,
-        *,
         span: Span,
+        documents: Tensor | None,
+        *,
         device: torch.device,
         dtype: torch.dtype,
-        documents: Tensor | None = None,
     ) -> list[RelativeContext]:
         """Per-layer positions, mask and biases for T queries after M remembered positions; ``documents``
         (B, T, K) the keys each row's queries may not see for document boundaries (:func:`document_mask`)."""
@@ -208,7 +208,7 @@ class TransformerXL(nn.Module):
         mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=device)
         if documents is not None:
             mask = (mask | documents)[:, None]  # (B, 1, T, K): one mask per row, shared by the heads
-        return [RelativeContext(pos=pos, mask=mask, u=u, v=v) for u, v in self._biases()]
+        return [RelativeContext(pos, mask, u, v) for u, v in self._biases()]
 
     def _absolute_documents(self, h: Tensor, starts: Tensor) -> tuple[Tensor, AbsoluteContext]:
         """The vanilla baseline with document starts: positions count from each document's start (from the
@@ -344,9 +344,7 @@ class TransformerXL(nn.Module):
                 if reach is None:
                     reach = torch.full((tokens.shape[0],), m, dtype=torch.int64, device=tokens.device)
                 documents = document_mask(starts, reach, t=t, m=m)  # (B, T, K)
-            contexts = self._relative_contexts(
-                t, m, span=span, device=tokens.device, dtype=h.dtype, documents=documents
-            )
+            contexts = self._relative_contexts(t, m, span, documents, device=tokens.device, dtype=h.dtype)
         elif starts is None:
             positions = torch.arange(t, device=tokens.device)
             h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only

@@ -149,7 +149,7 @@ class MemoryCore(nn.Module):
         # behind are masked (same-length attention over M + 1 keys)
         causal = attention_mask(t, m, same_length=True, mem_len=m + 1, device=obs.device)  # (T, K)
         documents = document_mask(starts, state0.reach, t=t, m=m)  # (E, T, K): before the episode's start
-        context = RelativeContext(pos=pos, mask=(causal | documents)[:, None], u=self.u, v=self.v)
+        context = RelativeContext(pos, (causal | documents)[:, None], self.u, self.v)
         inputs = []  # the input of every layer: what the next steps remember
         for index, layer in enumerate(self.layers):
             inputs.append(h)

@@ -85,7 +85,7 @@ async def complete(
     loop = asyncio.get_running_loop()
     job.future.add_done_callback(lambda f: _put(loop, events, ("end", f)))
     include_usage = req.stream_options is not None and req.stream_options.include_usage
-    body = _stream(job, events, head, tail, include_usage=include_usage)
+    body = _stream(job, events, head, tail, include_usage)
     return EventStream(body, on_close=job.cancel)
 
 
@@ -127,7 +127,6 @@ async def _stream(
     events: asyncio.Queue,
     head: dict[str, Any],
     tail: Callable[[CompletionResult], dict[str, Any]],
-    *,
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """The events of a streamed completion: the events waiting go out in one write; each counts as sent when

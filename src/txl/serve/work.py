@@ -42,7 +42,7 @@ class Reading:
 
 
 def _read(
-    run: LoadedRun, seq: list[int], settings: RaggedSettings, *, memory: Memory | None
+    run: LoadedRun, seq: list[int], settings: RaggedSettings, memory: Memory | None
 ) -> Generator[Pause, None, Reading]:
     """Read ``seq`` after ``memory`` with the ragged scorer (the harness's), one model call per slice."""
     losses: list[float] = []
@@ -73,7 +73,7 @@ def read_tokens(
     if len(seq) < 2:  # nothing to predict: the memory stays as it was
         return Reading((), None, memory, seq[-1] if seq else pending)
     settings = RaggedSettings(lengths.tgt_len, lengths.span, log_probs=log_probs, final_memory=True)
-    return (yield from _read(run, seq, settings, memory=memory))
+    return (yield from _read(run, seq, settings, memory))
 
 
 def _top(run: LoadedRun, row: Tensor, k: int) -> dict[str, float]:
@@ -279,7 +279,7 @@ def score_work(run: LoadedRun, ids: Tensor, *, memory: bool) -> Work:
     lengths = scoring_lengths(run.config, memory=memory)
     tgt_len, span = lengths.tgt_len, lengths.span
     id_list = ids.tolist()
-    reading = yield from _read(run, id_list, RaggedSettings(tgt_len, span), memory=None)
+    reading = yield from _read(run, id_list, RaggedSettings(tgt_len, span), None)
     pieces = token_pieces(run.vocab.decode, id_list)
     logprobs = [None] + [-x for x in reading.losses]
     return ScoreResult(tuple(zip(id_list, pieces, logprobs, strict=True)), reading.losses, tgt_len, span)

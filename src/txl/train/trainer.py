@@ -236,7 +236,7 @@ class Trainer:
         if memory is not None and self.group.enabled:
             states = tuple(self.group.gather_rows(state) for state in memory.states)  # (B, M, D) each
             reach = None if memory.reach is None else self.group.gather_rows(memory.reach)  # (B,)
-            memory = Memory(states, reach=reach)
+            memory = Memory(states, reach)
         rank_rng = self.group.gather_objects(_rng_state(self.device)) if self.group.enabled else ()
         if self.group.is_main:
             contents = CheckpointContents(
