@@ -13,7 +13,9 @@ import typing
 import numpy as np
 import pytest
 
-gym = pytest.importorskip("gymnasium", reason="txl.rl's tasks need gymnasium: pip install 'transformer-xl[rl]'")
+gym = pytest.importorskip(
+    "gymnasium", reason="txl.rl's tasks need gymnasium: pip install 'transformer-xl[rl]'"
+)
 pytest.importorskip("popgym", reason="the POPGym tasks need popgym: pip install 'transformer-xl[rl]'")
 
 from txl.rl.envs import (  # noqa: E402
@@ -75,7 +77,9 @@ def test_every_named_task_is_flat_float32_with_its_documented_episodes(task):
     steps, returns, total = 0, [], np.zeros(2)
     for action in random_actions(envs.action_space, rng, 2 * (length or 1000) + 2):
         assert obs.dtype == np.float32 and obs.shape == (2, size)
-        assert np.all(obs >= envs.single_observation_space.low) and np.all(obs <= envs.single_observation_space.high)
+        assert np.all(obs >= envs.single_observation_space.low) and np.all(
+            obs <= envs.single_observation_space.high
+        )
         obs, reward, terminated, truncated, _ = envs.step(action)
         steps, total = steps + 1, total + reward
         done = terminated | truncated
@@ -133,7 +137,11 @@ def test_no_velocity_tasks_hide_the_velocities(task, name, keep):
     rng = np.random.default_rng(2)
     for _ in range(30):
         assert np.array_equal(obs, raw_obs[keep])
-        action = int(rng.integers(2)) if name.startswith("CartPole") else rng.uniform(-1, 1, (1,)).astype(np.float32)
+        action = (
+            int(rng.integers(2))
+            if name.startswith("CartPole")
+            else rng.uniform(-1, 1, (1,)).astype(np.float32)
+        )
         raw_obs, raw_reward, raw_terminated, raw_truncated, _ = raw.step(action)
         obs, reward, terminated, truncated, _ = env.step(action)
         assert (reward, terminated, truncated) == (raw_reward, raw_terminated, raw_truncated)
@@ -197,9 +205,14 @@ def test_a_gymnasium_id_and_a_module_factory_are_tasks(monkeypatch):
 
     module = types.ModuleType("txl_test_tasks")
     module.image = lambda: _Custom(gym.spaces.Box(0, 255, (2, 3), dtype=np.uint8), gym.spaces.Discrete(3))
-    module.grid = lambda: _Custom(gym.spaces.Box(0, 1, (2,), dtype=np.float32), gym.spaces.MultiDiscrete([2, 2]))
-    module.shifted = lambda: _Custom(gym.spaces.Box(0, 1, (2,), dtype=np.float32), gym.spaces.Discrete(3, start=1))
+    module.grid = lambda: _Custom(
+        gym.spaces.Box(0, 1, (2,), dtype=np.float32), gym.spaces.MultiDiscrete([2, 2])
+    )
+    module.shifted = lambda: _Custom(
+        gym.spaces.Box(0, 1, (2,), dtype=np.float32), gym.spaces.Discrete(3, start=1)
+    )
     module.not_env = lambda: "an env"
+    module.sequence = lambda: _Custom(gym.spaces.Sequence(gym.spaces.Discrete(2)), gym.spaces.Discrete(2))
     monkeypatch.setitem(sys.modules, "txl_test_tasks", module)
     image = make_env("txl_test_tasks:image")
     assert image.observation_space.shape == (6,) and image.observation_space.dtype == np.float32
@@ -207,6 +220,8 @@ def test_a_gymnasium_id_and_a_module_factory_are_tasks(monkeypatch):
     for name in ("grid", "shifted"):
         with pytest.raises(ValueError, match="supports Discrete actions"):
             make_env(f"txl_test_tasks:{name}")
+    with pytest.raises(ValueError, match="cannot be made a flat vector"):
+        make_env("txl_test_tasks:sequence")
     with pytest.raises(ValueError, match="returned str, not a gymnasium.Env"):
         make_env("txl_test_tasks:not_env")
     with pytest.raises(ValueError, match="has no function 'missing'"):
@@ -229,7 +244,9 @@ class _Custom(gym.Env):
         return self.observation_space.sample(), 0.0, False, False, {}
 
 
-@pytest.mark.parametrize("task", ["NoSuchTask", "repeatpreviouseasy", "MemoryLength-0", "MemoryLength-x", "CartPole"])
+@pytest.mark.parametrize(
+    "task", ["NoSuchTask", "repeatpreviouseasy", "MemoryLength-0", "MemoryLength-x", "CartPole"]
+)
 def test_an_unknown_task_is_a_one_line_error_naming_the_forms(task):
     assert not is_named_task(task)
     with pytest.raises(ValueError) as error:
@@ -280,16 +297,23 @@ def test_a_saved_state_steps_on_exactly_in_fresh_environments(task):
     fresh = make_vector_env(task, 3)
     fresh.reset(seed=99)
     set_env_state(fresh, state)
-    assert np.array_equal(np.array(state["observations"]["data"], np.float32).reshape(3, -1), fresh._observations)
+    assert np.array_equal(
+        np.array(state["observations"]["data"], np.float32).reshape(3, -1), fresh._observations
+    )
     got = run(fresh, actions[before:])
-    for (obs, reward, terminated, truncated), (obs2, reward2, terminated2, truncated2) in zip(expected, got):
+    for (obs, reward, terminated, truncated), (obs2, reward2, terminated2, truncated2) in zip(
+        expected, got, strict=True
+    ):
         assert np.array_equal(obs, obs2) and np.array_equal(reward, reward2)
         assert np.array_equal(terminated, terminated2) and np.array_equal(truncated, truncated2)
 
     unrestored = make_vector_env(task, 3)
     unrestored.reset(seed=99)
     other = run(unrestored, actions[before:])
-    assert not all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(expected, other))
+    assert not all(
+        np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        for a, b in zip(expected, other, strict=True)
+    )
 
 
 def test_a_state_restores_into_environments_never_reset():
@@ -302,7 +326,9 @@ def test_a_state_restores_into_environments_never_reset():
     fresh = make_vector_env("RepeatPreviousEasy", 2)
     set_env_state(fresh, json.loads(json.dumps(state)))
     got = run(fresh, actions[20:])
-    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(expected, got))
+    assert all(
+        np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(expected, got, strict=True)
+    )
 
 
 def test_a_state_keeps_next_step_autoreset_bookkeeping():
@@ -325,7 +351,9 @@ def test_a_state_keeps_next_step_autoreset_bookkeeping():
     fresh.reset(seed=5)
     set_env_state(fresh, state)
     got = run(fresh, actions[3:])
-    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(expected, got))
+    assert all(
+        np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(expected, got, strict=True)
+    )
 
 
 def test_only_named_tasks_have_a_state_and_a_state_fits_its_own_tasks():

@@ -6,10 +6,10 @@ size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
-
-from dataclasses import dataclass
 
 from .state import RecurrentState, TensorState
 

@@ -45,19 +45,22 @@ Task = Literal[
 
 - ``RepeatPrevious{Easy,Medium,Hard}`` (POPGym): cards are dealt one a step (observed: the suit, one-hot of
   4); the action is the suit of the card dealt k steps before (k = 4, 32, 64; 1, 2, 3 decks; 51, 103, 155
-  steps). Reward ±1/n on each of the n steps that have a card k back: return in [-1, 1], chance -0.5.
+  steps). Reward ±1/n on each of the n steps that have a card k back (n = 48, 72, 92): return in [-1, 1],
+  chance -0.5.
 - ``RepeatFirst{Easy,Medium}`` (POPGym): say the suit of the first card at every step (1 or 8 decks; 51 or
-  415 steps); return in [-1, 1], chance -0.5.
+  415 steps; reward ±1/51 or ±1/415 a step): return in [-1, 1], chance -0.5.
 - ``Autoencode{Easy,Medium}`` (POPGym): watch a deck (1 or 2) dealt card by card, then play its suits back in
-  reverse order (103 or 207 steps). Observed: one-hot of the phase flag (2) then of the suit (4), 6 numbers;
-  reward ±1/52 (±1/104) on each step of play: return in [-1, 1], chance -0.5.
-- ``CartPoleNoVelocity``, ``PendulumNoVelocity``, ``MountainCarContinuousNoVelocity``: gymnasium's
-  CartPole-v1 (cart position, pole angle; return up to 500), Pendulum-v1 (cos and sin of the angle; torque in
-  [-2, 2], 200 steps, return in about [-1600, 0]) and MountainCarContinuous-v0 (position; force in [-1, 1],
-  999 steps, about 90 or more once solved) without their velocities, as rl-baselines3-zoo's NoVel tasks.
+  reverse order (51 + 52 = 103 or 103 + 104 = 207 steps). Observed: the one-hot of the phase (play, watch:
+  play from the last card dealt on) then of the suit (4), 6 numbers; reward ±1/52 (±1/104) on each step of
+  play: return in [-1, 1], chance -0.5.
+- ``CartPoleNoVelocity``, ``PendulumNoVelocity``, ``MountainCarContinuousNoVelocity``: gymnasium's tasks
+  without their velocities, as rl-baselines3-zoo's NoVel tasks. CartPole-v1 observing the cart position and
+  the pole angle (2 actions; return up to 500, about 20 for random actions); Pendulum-v1 observing the cos and
+  sin of the angle (torque in [-2, 2]; 200 steps; return in about [-3250, 0], about -1200 for random
+  torques); MountainCarContinuous-v0 observing the position (force in [-1, 1]; up to 999 steps; +100 at the
+  goal less 0.1 x the squared force per step: about -33 for random forces, 90 or more once solved).
 """
 
-MEMORY_LENGTH = "MemoryLength-"
 _MEMORY_LENGTH = re.compile(r"MemoryLength-([1-9][0-9]*)")
 
 # Named task -> (gymnasium id, the observation's components kept): the velocities are left out.
@@ -78,7 +81,7 @@ _POPGYM = {
 }
 
 
-class MemoryLength(gym.Env[np.ndarray, int]):
+class MemoryLength(gym.Env[np.ndarray, np.int64]):
     """bsuite's memory-length task: remember a cue (one of 2) shown at the first step and name it when asked,
     ``length - 1`` steps later.
 
@@ -111,13 +114,15 @@ class MemoryLength(gym.Env[np.ndarray, int]):
         obs[3] = float(self._t == self.length - 1)
         return obs
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict]:
         """Draw a cue; the first observation shows it."""
         super().reset(seed=seed)
         self._cue, self._t = int(self.np_random.integers(2)), 0
         return self._observation(), {}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+    def step(self, action: int | np.integer) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Act at step t: rewarded (±1) and terminated at the query, 0 before."""
         if self._t >= self.length:
             raise RuntimeError("MemoryLength.step after the episode ended: call reset")
@@ -163,7 +168,7 @@ def make_env(task: str) -> gym.Env:
 
 
 def _unknown(task: str) -> str:
-    if task.startswith(MEMORY_LENGTH):
+    if task.startswith("MemoryLength-"):
         return f"task {task!r}: MemoryLength-L needs an integer L >= 1 (e.g. MemoryLength-48)"
     names = ", ".join(typing.get_args(Task))
     return (
@@ -235,18 +240,27 @@ def _flat(env: gym.Env, task: str, *, named: bool) -> _FlatObservation:
     space = env.observation_space
     if task in _NO_VELOCITY:
         keep = list(_NO_VELOCITY[task][1])
+        space = typing.cast(gym.spaces.Box, space)  # classic control observes a Box
         box = gym.spaces.Box(space.low[keep], space.high[keep], dtype=np.float32)
         return _FlatObservation(env, lambda obs: obs[keep].astype(np.float32), box, task=task, named=named)
     if isinstance(space, gym.spaces.Box) and space.dtype == np.float32 and len(space.shape) == 1:
-        return _FlatObservation(env, lambda obs: np.asarray(obs, dtype=np.float32), space, task=task, named=named)
+        return _FlatObservation(
+            env, lambda obs: np.asarray(obs, dtype=np.float32), space, task=task, named=named
+        )
     try:
         flat = gym.spaces.flatten_space(space)
-    except NotImplementedError as error:
-        raise ValueError(f"task {task!r}: its observation space {space} cannot be made a flat vector") from error
+    except NotImplementedError:
+        flat = None
+    if not isinstance(flat, gym.spaces.Box):
+        raise ValueError(f"task {task!r}: its observation space {space} cannot be made a flat vector")
     with np.errstate(over="ignore"):  # bounds beyond float32 become infinite
         box = gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
     return _FlatObservation(
-        env, lambda obs: gym.spaces.flatten(space, obs).astype(np.float32), box, task=task, named=named
+        env,
+        lambda obs: np.asarray(gym.spaces.flatten(space, obs), dtype=np.float32),
+        box,
+        task=task,
+        named=named,
     )
 
 
@@ -397,7 +411,9 @@ def _set_one_state(env: gym.Env, state: dict[str, Any]) -> None:
     base = typing.cast(Any, base)  # its fields are its own class's
     layers = _names([*wrappers, base])
     if layers != state["layers"]:
-        raise ValueError(f"state is of an environment made of {state['layers']}; this one is made of {layers}")
+        raise ValueError(
+            f"state is of an environment made of {state['layers']}; this one is made of {layers}"
+        )
     for wrapper, values in zip(wrappers, state["wrappers"], strict=True):
         for name, value in values.items():
             setattr(wrapper, name, _decode(value))
