@@ -306,7 +306,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     },
     f"{__name__}.MemoryLength": ("_cue", "_t"),
 }
-# The attributes of a wrapper that change, by its class; a wrapper not listed has none.
+# The attributes of a wrapper that change, by its exact class (another wrapper is refused).
 _WRAPPER_FIELDS: dict[type, tuple[str, ...]] = {
     gym.wrappers.TimeLimit: ("_elapsed_steps",),
     gym.wrappers.OrderEnforcing: ("_has_reset",),
