@@ -169,11 +169,12 @@ class MemoryCore(nn.Module):
         documents = document_mask(starts, state0.reach, t=t, m=m)  # (E, T, K): before the episode's start
         blocked = causal | documents  # (E, T, K)
         context = RelativeContext(pos, blocked[:, None], self.u, self.v)
+        visible = ~blocked  # (E, T, K)
         inputs = []  # the input of every layer: what the next steps remember
         for index, layer in enumerate(self.layers):
             inputs.append(h)
             memory = state0.memory[:, index] if m > 0 else None  # (E, M, D)
-            h = _isolated(typing.cast(DecoderLayer, layer), h, memory, context, blocked)
+            h = _isolated(typing.cast(DecoderLayer, layer), h, memory, context, visible)
         return self.drop(self.norm(h)), self._next_state(state0, inputs, starts)
 
     def _next_state(self, state0: CoreState, inputs: list[Tensor], starts: Tensor) -> CoreState:
@@ -257,22 +258,20 @@ def _as_tensor(value: Tensor | ArrayLike, name: str, shape: str, **kwargs: Any) 
 
 
 def _isolated(
-    layer: DecoderLayer, h: Tensor, memory: Tensor | None, context: RelativeContext, blocked: Tensor
+    layer: DecoderLayer, h: Tensor, memory: Tensor | None, context: RelativeContext, visible: Tensor
 ) -> Tensor:
-    """``layer(h, memory=memory, context=context)`` where a step a query may not attend (``blocked``
-    (E, T, K), True where it may not) contributes nothing to it, whatever it holds.
+    """``layer(h, memory=memory, context=context)`` where a step a query may not attend (``visible``
+    (E, T, K), False there) contributes nothing to it, whatever it holds.
 
     Attention gives such a key weight 0, but 0 x NaN is NaN. So a step whose attention input (its normed
     hidden state, what its key and value are projected from) is not finite enters the layer as zeros
     (selected, not multiplied), and the queries that may attend it get NaN, as they would without the
     selection. Where every attention input is finite this is the layer itself, bit for bit."""
-    bad_now = ~torch.isfinite(layer.attention_input(h)).all(dim=-1)  # (E, T)
-    h = torch.where(bad_now[..., None], 0.0, h)  # (E, T, D)
-    bad = bad_now
-    if memory is not None:
-        bad_memory = ~torch.isfinite(layer.attention_input(memory)).all(dim=-1)  # (E, M)
-        memory = torch.where(bad_memory[..., None], 0.0, memory)  # (E, M, D)
-        bad = torch.cat([bad_memory, bad_now], dim=1)  # (E, K)
-    sees_bad = (bad[:, None, :] & ~blocked).any(dim=-1)  # (E, T)
-    out = layer(h, memory=memory, context=context)  # (E, T, D)
+    m = 0 if memory is None else memory.shape[1]
+    steps = h if memory is None else torch.cat([memory, h], dim=1)  # (E, K, D)
+    # a row with a NaN or an infinity sums to one (a normed row is far too small to overflow)
+    bad = ~torch.isfinite(layer.attention_input(steps).sum(dim=-1))  # (E, K)
+    steps = torch.where(bad[..., None], 0.0, steps)  # (E, K, D)
+    sees_bad = (bad[:, None, :] & visible).any(dim=-1)  # (E, T)
+    out = layer(steps[:, m:], memory=steps[:, :m] if m else None, context=context)  # (E, T, D)
     return torch.where(sees_bad[..., None], float("nan"), out)
