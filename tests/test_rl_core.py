@@ -252,7 +252,7 @@ def test_bad_inputs_get_one_line_errors():
         (
             lambda: core.step(torch.randn(2, OBS), state.to(torch.float64), no_start),
             ValueError,
-            "state memory must be",
+            "state must be torch.float32 on cpu",
         ),
         (
             lambda: core.step("abc", state, no_start),

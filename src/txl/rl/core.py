@@ -5,8 +5,7 @@ E environments, T window steps, D_obs observation size, L layers, M remembered s
 
 from __future__ import annotations
 
-import typing
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -174,7 +173,7 @@ class MemoryCore(nn.Module):
         for index, layer in enumerate(self.layers):
             inputs.append(h)
             memory = state0.memory[:, index] if m > 0 else None  # (E, M, D)
-            h = _isolated(typing.cast(DecoderLayer, layer), h, memory, context, visible)
+            h = _isolated(cast(DecoderLayer, layer), h, memory, context, visible)
         return self.drop(self.norm(h)), self._next_state(state0, inputs, starts)
 
     def _next_state(self, state0: CoreState, inputs: list[Tensor], starts: Tensor) -> CoreState:
@@ -217,10 +216,10 @@ class MemoryCore(nn.Module):
             raise ValueError(
                 f"state memory must be {expected} for these {e} environments, got {tuple(state.memory.shape)}"
             )
-        if state.memory.dtype != weight.dtype or state.memory.device != weight.device:
+        if state.memory.dtype != weight.dtype or {state.memory.device, state.reach.device} != {weight.device}:
             raise ValueError(
-                f"state memory must be {weight.dtype} on {weight.device} (the core's), got "
-                f"{state.memory.dtype} on {state.memory.device}"
+                f"state must be {weight.dtype} on {weight.device} (the core's), got memory "
+                f"{state.memory.dtype} on {state.memory.device}, reach on {state.reach.device}"
             )
         # one host sync for both value checks
         finite, in_reach = torch.stack(
