@@ -5,8 +5,11 @@ E environments, T window steps, D_obs observation size, L layers, M remembered s
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
+from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
 from ..config import positive_int
@@ -92,6 +95,15 @@ class MemoryCore(nn.Module):
     episode, and every later one, attends to nothing before it. The memory has ``mem_len`` slots from the
     first step on and slides, so episodes of any length cost the same per step.
 
+    Inputs: observations may be tensors, numpy arrays or nested lists (cast to the core's dtype and device);
+    episode starts bool tensors, arrays or lists (moved to its device). A window of T = 0 steps returns
+    features (E, 0, D) and the state it was given. Observations must be finite: a NaN or infinite value
+    raises a ValueError naming its environment (and step of the window); replace or clip such values before
+    the core (e.g. ``torch.nan_to_num``). A step a query may not attend (another episode, the future, a slot
+    outside the reach) contributes nothing to it, whatever it holds: a non-finite value in such a slot (a
+    state written by other code, an overflow) never reaches another episode, and ``window`` equals the steps
+    around it; a query that does attend one gets NaN features.
+
     After a weight update the state is kept as it is (stale), never recomputed: it is what the agent acted
     on, so a training window started from a stored state sees the policy's own inputs; and its staleness is
     bounded: the features no longer depend on any value computed with the old weights after
@@ -123,25 +135,30 @@ class MemoryCore(nn.Module):
         memory = weight.new_zeros(n_envs, cfg.n_layer, cfg.mem_len, cfg.d_model)  # (E, L, M, D)
         return CoreState(memory, torch.zeros(n_envs, dtype=torch.int64, device=weight.device))
 
-    def step(self, obs: Tensor, state: CoreState, episode_start: Tensor) -> tuple[Tensor, CoreState]:
+    def step(
+        self, obs: Tensor | ArrayLike, state: CoreState, episode_start: Tensor | ArrayLike
+    ) -> tuple[Tensor, CoreState]:
         """One step of E environments: obs (E, D_obs), episode_start (E,) bool (True where obs is the first
         of a new episode: that row forgets its memory) -> features (E, D) and the next state."""
-        if obs.dim() != 2 or episode_start.dim() != 1:
-            raise ValueError(
-                f"step takes obs (E, D_obs) and episode_start (E,), got {tuple(obs.shape)} and "
-                f"{tuple(episode_start.shape)}"
-            )
-        features, state = self.window(obs[:, None], state, episode_start[:, None])
+        obs, episode_start = self._inputs(obs, state, episode_start, window=False)
+        features, state = self._run(obs[:, None], state, episode_start[:, None])
         return features[:, 0], state  # (E, D)
 
-    def window(self, obs: Tensor, state0: CoreState, starts: Tensor) -> tuple[Tensor, CoreState]:
+    def window(
+        self, obs: Tensor | ArrayLike, state0: CoreState, starts: Tensor | ArrayLike
+    ) -> tuple[Tensor, CoreState]:
         """T steps of E environments from ``state0`` (detached, e.g. stored in a rollout buffer): obs
         (E, T, D_obs), starts (E, T) bool (episode starts) -> features (E, T, D), with gradients inside the
-        window, and the state after it."""
-        self._check(obs, state0, starts)
+        window, and the state after it (T = 0: no features, ``state0``)."""
+        obs, starts = self._inputs(obs, state0, starts, window=True)
+        if obs.shape[1] == 0:
+            return obs.new_zeros(obs.shape[0], 0, self.config.d_model), state0  # (E, 0, D)
+        return self._run(obs, state0, starts)
+
+    def _run(self, obs: Tensor, state0: CoreState, starts: Tensor) -> tuple[Tensor, CoreState]:
+        """:meth:`window` on checked inputs, T >= 1."""
         cfg = self.config
-        e, t, _ = obs.shape
-        m = cfg.mem_len
+        t, m = obs.shape[1], cfg.mem_len
         h = self.drop(self.input(obs))  # (E, T, D)
         distances = relative_distances(m + t, clamp_len=None, device=obs.device)  # (K,)
         pos = self.drop(sinusoid(distances, cfg.d_model, dtype=h.dtype))  # (K, D)
@@ -149,12 +166,14 @@ class MemoryCore(nn.Module):
         # behind are masked (same-length attention over M + 1 keys)
         causal = attention_mask(t, m, same_length=True, mem_len=m + 1, device=obs.device)  # (T, K)
         documents = document_mask(starts, state0.reach, t=t, m=m)  # (E, T, K): before the episode's start
-        context = RelativeContext(pos, (causal | documents)[:, None], self.u, self.v)
+        blocked = causal | documents  # (E, T, K)
+        context = RelativeContext(pos, blocked[:, None], self.u, self.v)
+        visible = ~blocked  # (E, T, K)
         inputs = []  # the input of every layer: what the next steps remember
         for index, layer in enumerate(self.layers):
             inputs.append(h)
             memory = state0.memory[:, index] if m > 0 else None  # (E, M, D)
-            h = layer(h, memory=memory, context=context)
+            h = _isolated(cast(DecoderLayer, layer), h, memory, context, visible)
         return self.drop(self.norm(h)), self._next_state(state0, inputs, starts)
 
     def _next_state(self, state0: CoreState, inputs: list[Tensor], starts: Tensor) -> CoreState:
@@ -168,24 +187,90 @@ class MemoryCore(nn.Module):
         assert after is not None and after.reach is not None
         return CoreState(torch.stack(after.states, dim=1), after.reach)  # (E, L, M, D), (E,)
 
-    def _check(self, obs: Tensor, state: CoreState, starts: Tensor) -> None:
-        cfg = self.config
-        if obs.dim() != 3 or obs.shape[-1] != self.obs_dim:
-            raise ValueError(f"obs must be (E, T, {self.obs_dim}), got {tuple(obs.shape)}")
-        e, t = obs.shape[:2]
-        if not isinstance(starts, Tensor) or starts.dtype != torch.bool or starts.shape != (e, t):
-            got = (
-                f"{starts.dtype} {tuple(starts.shape)}"
-                if isinstance(starts, Tensor)
-                else type(starts).__name__
+    def _inputs(
+        self, obs: Tensor | ArrayLike, state: CoreState, starts: Tensor | ArrayLike, *, window: bool
+    ) -> tuple[Tensor, Tensor]:
+        """obs and starts as tensors on the core's device (obs in its dtype), checked against the shapes of
+        a window (obs (E, T, D_obs), starts (E, T)) or of a step (obs (E, D_obs), episode_start (E,)), and
+        the state against them; a one-line error that names the argument otherwise."""
+        cfg, weight = self.config, self.input.weight
+        obs_shape, starts_name = ("(E, T, {})", "starts") if window else ("(E, {})", "episode_start")
+        obs_shape = obs_shape.format(self.obs_dim)
+        obs = _as_tensor(obs, "obs", f"of shape {obs_shape}", dtype=weight.dtype, device=weight.device)
+        if obs.dim() != (3 if window else 2) or obs.shape[-1] != self.obs_dim:
+            raise ValueError(f"obs must be {obs_shape}, got {tuple(obs.shape)}")
+        lead = tuple(obs.shape[:-1])  # (E, T) or (E,)
+        starts = _as_tensor(starts, starts_name, f"of shape {lead}", device=weight.device)
+        if starts.dtype != torch.bool or tuple(starts.shape) != lead:
+            raise ValueError(
+                f"{starts_name} must be a bool tensor of shape {lead} (episode starts), got {starts.dtype} "
+                f"{tuple(starts.shape)}"
             )
-            raise ValueError(f"episode starts must be a bool tensor of shape ({e}, {t}), got {got}")
         if not isinstance(state, CoreState):
             raise ValueError(
                 f"state must be a CoreState (from initial_state or a step), got {type(state).__name__}"
             )
+        e = lead[0]
         expected = (e, cfg.n_layer, cfg.mem_len, cfg.d_model)
         if tuple(state.memory.shape) != expected:
             raise ValueError(
                 f"state memory must be {expected} for these {e} environments, got {tuple(state.memory.shape)}"
             )
+        if state.memory.dtype != weight.dtype or {state.memory.device, state.reach.device} != {weight.device}:
+            raise ValueError(
+                f"state must be {weight.dtype} on {weight.device} (the core's), got memory "
+                f"{state.memory.dtype} on {state.memory.device}, reach on {state.reach.device}"
+            )
+        # one host sync for both value checks
+        finite, in_reach = torch.stack(
+            [torch.isfinite(obs).all(), ((state.reach >= 0) & (state.reach <= cfg.mem_len)).all()]
+        ).tolist()
+        if not in_reach:
+            env = int(((state.reach < 0) | (state.reach > cfg.mem_len)).nonzero()[0, 0])
+            raise ValueError(
+                f"state reach must be between 0 and mem_len = {cfg.mem_len}, got {int(state.reach[env])} at "
+                f"environment {env}"
+            )
+        if not finite:
+            where = (~torch.isfinite(obs)).nonzero()[0].tolist()
+            at = (
+                f"environment {where[0]}, step {where[1]} of the window"
+                if window
+                else f"environment {where[0]}"
+            )
+            raise ValueError(
+                f"obs must be finite, got {obs[tuple(where)].item()} at {at} (replace or clip non-finite "
+                f"observations before the core, e.g. with torch.nan_to_num)"
+            )
+        return obs, starts
+
+
+def _as_tensor(value: Tensor | ArrayLike, name: str, shape: str, **kwargs: Any) -> Tensor:
+    """``torch.as_tensor(value, **kwargs)`` (no copy for a tensor already there), or a TypeError naming the
+    argument."""
+    try:
+        return torch.as_tensor(value, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{name} must be a tensor, array or nested list {shape}, got {type(value).__name__}"
+        ) from error
+
+
+def _isolated(
+    layer: DecoderLayer, h: Tensor, memory: Tensor | None, context: RelativeContext, visible: Tensor
+) -> Tensor:
+    """``layer(h, memory=memory, context=context)`` where a step a query may not attend (``visible``
+    (E, T, K), False there) contributes nothing to it, whatever it holds.
+
+    Attention gives such a key weight 0, but 0 x NaN is NaN. So a step whose attention input (its normed
+    hidden state, what its key and value are projected from) is not finite enters the layer as zeros
+    (selected, not multiplied), and the queries that may attend it get NaN, as they would without the
+    selection. Where every attention input is finite this is the layer itself, bit for bit."""
+    m = 0 if memory is None else memory.shape[1]
+    steps = h if memory is None else torch.cat([memory, h], dim=1)  # (E, K, D)
+    # a row with a NaN or an infinity sums to one (a normed row is far too small to overflow)
+    bad = ~torch.isfinite(layer.attention_input(steps).sum(dim=-1))  # (E, K)
+    steps = torch.where(bad[..., None], 0.0, steps)  # (E, K, D)
+    sees_bad = (bad[:, None, :] & visible).any(dim=-1)  # (E, T)
+    out = layer(steps[:, m:], memory=steps[:, :m] if m else None, context=context)  # (E, T, D)
+    return torch.where(sees_bad[..., None], float("nan"), out)
