@@ -85,6 +85,28 @@ def test_window_equals_its_steps_across_episode_starts(kind):
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_an_episode_start_forgets_even_a_non_finite_state(kind):
+    """A state holding NaN or inf (an environment's bad observation in an earlier episode) is gone at the next
+    episode start: nothing of it survives, on the step path and on the window path."""
+    core = _core(kind)
+    obs, starts = inputs()
+    starts[:, 0] = True
+    poisoned = type(core.initial_state(3))(
+        *(
+            torch.full_like(t, float("nan")).index_fill(0, torch.tensor([1]), float("inf"))
+            for t in core.initial_state(3).tensors()
+        )
+    )
+    with torch.no_grad():
+        from_poisoned, _ = core.window(obs, poisoned, starts)
+        from_fresh, _ = core.window(obs, core.initial_state(3), starts)
+        stepped, _ = core.step(obs[:, 0], poisoned, starts[:, 0])
+    assert torch.isfinite(from_poisoned).all()
+    assert torch.equal(from_poisoned, from_fresh)
+    assert torch.allclose(stepped, from_fresh[:, 0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
 def test_an_episode_start_equals_a_fresh_state(kind):
     """From any state, a window whose first step starts an episode gives what a zero state gives."""
     core = _core(kind)

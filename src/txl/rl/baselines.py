@@ -43,7 +43,8 @@ class GRUCore(nn.Module):
         h = state0.hidden  # (E, D)
         out = []
         for t in range(obs.shape[1]):
-            h = self.cell(x[:, t], h * (~starts[:, t, None]).to(h.dtype))  # an episode start forgets
+            # an episode start forgets: select, so that nothing of the old state (even a NaN) survives it
+            h = self.cell(x[:, t], torch.where(starts[:, t, None], 0.0, h))
             out.append(h)
         return torch.stack(out, dim=1), RecurrentState(h.detach())  # (E, T, D)
 
@@ -83,8 +84,8 @@ class LSTMCore(nn.Module):
         h, c = state0.hidden, state0.cell  # (E, D) each
         out = []
         for t in range(obs.shape[1]):
-            keep = (~starts[:, t, None]).to(h.dtype)  # an episode start forgets h and c
-            h, c = self.cell(x[:, t], (h * keep, c * keep))
+            start = starts[:, t, None]  # an episode start forgets h and c (select: even a NaN goes)
+            h, c = self.cell(x[:, t], (torch.where(start, 0.0, h), torch.where(start, 0.0, c)))
             out.append(h)
         return torch.stack(out, dim=1), LSTMState(h.detach(), c.detach())  # (E, T, D)
 
