@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +26,7 @@ import torch
 pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx")
 
+import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import train_char_run, wait_for  # noqa: E402
@@ -35,6 +44,7 @@ SOURCE = (Path(__file__).parent / "serve_helpers.py").read_text(encoding="utf-8"
 READ = SOURCE[:129]  # two evaluation segments, more than the evaluation memory (48 positions)
 GREEDY = {"max_tokens": 12, "temperature": 0, "logprobs": 0}
 SEEDED = {"max_tokens": 12, "temperature": 1.0, "seed": 7, "logprobs": 0}
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(scope="module")
@@ -360,8 +370,10 @@ def test_a_bad_upload_is_a_4xx_and_nothing_else_is_lost(run, run_dir, tmp_path, 
         _error(c.post("/v1/sessions", content=data + b"\0" * limit), 413, "bytes")
         escaping = Session("../../escaped", created=1.0, last_used=0.0)
         _error(c.post("/v1/sessions", content=pack_session(escaping, run_identity(run))), 400, "escaped")
-        for ident in ("a.b", ".hidden", "x" * 200):
+        for ident in ("a.b", ".hidden", "x" * 200, "%2E%2E"):
             _error(c.get(f"/v1/sessions/{ident}"), 400, "not a session id")
+        for path in ("/v1/sessions/..%2F..%2Fescaped", "/v1/sessions/%2E%2E%2Fescaped/score"):
+            assert 400 <= c.request("GET" if "score" not in path else "POST", path).status_code < 500
         assert not list(tmp_path.rglob("*escaped*"))
         assert sorted(p.name for p in folder.iterdir())[1:] == [f"{good}.json", f"{good}.lock"]
         assert _go_on(c, good) == _reference(run, run_dir, READ)
@@ -431,3 +443,92 @@ def test_without_a_folder_sessions_stay_in_memory(run, run_dir, tmp_path, monkey
         fork = c.post(f"/v1/sessions/{sid}/fork").json()["id"]
         assert _go_on(c, fork) == _go_on(c, sid)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_flags_of_txl_serve(run_dir, tmp_path, capsys):
+    from txl.cli import main
+    from txl.cli.serve import _byte_size
+
+    sizes = [4096, 512 << 20, 4 << 30, 1024, 2 << 30]
+    assert [_byte_size(t) for t in ("4096", "512M", "4G", "1k", "2GiB")] == sizes
+    folder = tmp_path / "sessions"
+    flags = ["serve", str(run_dir), "--port", "0", "--sessions-dir", str(folder)]
+    assert main([*flags, "--sessions-max-bytes", "1K"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("txl: error: sessions_max_bytes: 1024 bytes cannot hold one session")
+    assert "--sessions-max-bytes" in error and "\n" not in error
+    assert main([*flags, "--sessions-max-bytes", "0"]) == 2
+    assert "--sessions-max-bytes must be a positive number of bytes" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["serve", str(run_dir), "--sessions-dir", str(tmp_path / "file" / "s")]) == 2
+    assert "--sessions-dir" in capsys.readouterr().err
+
+
+# -- a real server, killed -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _txl_serve(run_dir: Path, folder: Path) -> Iterator[tuple[httpx.Client, subprocess.Popen]]:
+    """A ``txl serve RUN --sessions-dir FOLDER`` process on a free port: a client of it, and the process."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "txl", "serve", str(run_dir), "--port", "0", "--log-level", "warning"]
+    proc = subprocess.Popen(
+        [*command, "--sessions-dir", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        first = proc.stdout.readline()
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)/$", first.strip())
+        assert match, first
+        with httpx.Client(base_url=match.group(1), timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get("/v1/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, "txl serve did not answer"
+                time.sleep(0.1)
+            yield client, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_server_killed_and_started_again_continues_its_sessions_exactly(run_dir, tmp_path):
+    """Real ``txl serve`` processes: one killed (SIGKILL) between two requests, started again, killed during a
+    request, started again: the session is at its last completed request and goes on (greedy, seeded) exactly
+    as on a server never stopped; a session whose file was truncated meanwhile is a 400, the others go on."""
+    with _txl_serve(run_dir, tmp_path / "reference") as (client, _):
+        ref = _new(client, READ)
+        before = _complete(client, ref, "import ", GREEDY)
+        expected = _go_on(client, ref)
+    folder = tmp_path / "sessions"
+    with _txl_serve(run_dir, folder) as (client, proc):
+        sid, spare = _new(client, READ), _new(client, READ)
+        assert _complete(client, sid, "import ", GREEDY) == before
+        proc.send_signal(signal.SIGKILL)
+    with _txl_serve(run_dir, folder) as (client, proc):
+        body = {"prompt": "\nclass ", "max_tokens": 1000, "temperature": 0, "stream": True}
+        with pytest.raises(httpx.TransportError):  # the server dies under the stream
+            with client.stream("POST", f"/v1/sessions/{sid}/completions", json=body) as streamed:
+                for line in streamed.iter_lines():
+                    if line.startswith("data:") and '"text"' in line:
+                        proc.send_signal(signal.SIGKILL)  # while it generates
+                        proc.wait()
+    kept = sorted(p.name for p in folder.glob(f"{sid}*"))
+    assert len(kept) == 3 and kept[1:] == [f"{sid}.json", f"{sid}.lock"]  # one memory file, whole
+    _truncate(_memory_file(folder, spare))
+    with _txl_serve(run_dir, folder) as (client, proc):
+        shown = client.get(f"/v1/sessions/{sid}").json()
+        assert shown["tokens_read"] == len(READ + "import " + before[0])  # the killed request left no trace
+        assert _go_on(client, sid) == expected
+        _error(client.post(f"/v1/sessions/{spare}/score", json={"text": "x"}), 400, spare, "truncated")
+        assert client.get("/v1/health").json()["status"] == "ok"
+        assert proc.poll() is None
