@@ -176,11 +176,25 @@ def test_an_uploaded_memory_with_a_reach_reads_as_that_memory(run, run_dir):
         )
         return [-x for x in after.losses]
 
-    with _server(run, run_dir) as c:
-        assert c.post("/v1/sessions", content=pack_session(session, run_identity(run))).status_code == 200
+    # the same place with a memory of the 5 positions in reach only
+    alone = Session("sess-alone", created=1.0, last_used=0.0, pending=reading.pending, tokens_read=21)
+    alone.memory = Memory(tuple(s[:, -5:] for s in memory.states))
+    alone.recent = session.recent
+    with _server(run, run_dir) as c, _server(run, run_dir) as d:
+        for one in (session, alone):
+            data = pack_session(one, run_identity(run))
+            assert (
+                c.post("/v1/sessions", content=data).status_code
+                == d.post("/v1/sessions", content=data).status_code
+                == 200
+            )
         got = _scores(c, "sess-reach", text)
+        assert got == pytest.approx(_scores(c, "sess-alone", text), abs=1e-5)
+        # a completion continues the last 16 positions (the model's memory length), 5 of them in reach
+        ours, theirs = (_complete(d, one.id, "", {**GREEDY, "max_tokens": 24}) for one in (session, alone))
     assert got == pytest.approx(expected(memory), abs=1e-6)
     assert got != pytest.approx(expected(Memory(memory.states)), abs=1e-3)
+    assert ours[0] == theirs[0] and ours[1] == pytest.approx(theirs[1], abs=1e-5)
 
 
 # -- atomic writes --------------------------------------------------------------------------------------------
