@@ -231,6 +231,53 @@ def test_a_write_that_fails_half_way_leaves_the_last_revision(run, run_dir, tmp_
     assert here == _reference(run, run_dir, READ)
 
 
+def test_what_killed_writes_leave_is_tidied_and_the_session_stays(run, tmp_path):
+    """A save killed after its memory file (a second memory file no document names), a session killed while it
+    was made (a memory file without a document), a temporary file: the sweep deletes them once they are old,
+    never the files a document names."""
+    files = SessionFiles(tmp_path, run_identity(run), max_bytes=1 << 20, ttl=3600.0)
+    states = tuple(torch.randn(1, 8, run.config.model.d_model) for _ in range(run.config.model.n_layer))
+    session = Session("sess-kept", created=1.0, last_used=0.0, pending=3, recent=[3], tokens_read=9)
+    session.memory = Memory(states)
+    session.revision, _ = files.save(session)
+    named = sorted(p.name for p in tmp_path.iterdir())
+    leftovers = [
+        tmp_path / "sess-kept.0123456789abcdef.safetensors",
+        tmp_path / "sess-gone.0123456789abcdef.safetensors",
+        tmp_path / ".sess-kept.json.0badc0de.tmp",
+    ]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    files.sweep()
+    assert all(path.exists() for path in leftovers)  # young: perhaps a write in progress
+    for path in tmp_path.iterdir():  # all old, the files the document names too
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    os.utime(tmp_path / "sess-kept.json")  # used now: not expired
+    files.sweep()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock") == named
+    back = files.load("sess-kept", files.read_document("sess-kept"))
+    assert all(torch.equal(a, b) for a, b in zip(back.memory.states, states, strict=True))
+
+
+def test_a_session_is_saved_before_its_answer_goes_out(run, run_dir, tmp_path):
+    """The last event of a streamed session completion (and a whole answer) goes out once the session is on
+    disk: a server killed after its client saw the end has kept the request."""
+    folder = tmp_path / "sessions"
+    with _server(run, run_dir, folder) as c:
+        sid = _new(c, READ)
+        body = {"prompt": "\ndef ", "max_tokens": 20, "temperature": 0, "stream": True}
+        with c.stream("POST", f"/v1/sessions/{sid}/completions", json=body) as streamed:
+            for line in streamed.iter_lines():
+                if '"finish_reason":"length"' in line:
+                    read = json.loads((folder / f"{sid}.json").read_text())["tokens_read"]
+                    assert read == json.loads(line[5:])["session"]["tokens_read"] == len(READ) + 5 + 20
+                    break
+            else:
+                raise AssertionError("no last event")
+        answer = c.post(f"/v1/sessions/{sid}/score", json={"text": "abc"}).json()
+        assert json.loads((folder / f"{sid}.json").read_text())["tokens_read"] == answer["tokens_read"]
+
+
 # -- two servers, one folder ----------------------------------------------------------------------------------
 
 

@@ -599,15 +599,18 @@ class SessionFiles:
         with self._guard:
             return sum(entry.bytes for entry in self._index.values()) + self._loose
 
-    def scan(self) -> dict[str, list[Path]]:
-        """Look at the folder again: each session's size and last use; returns the memory files of each id
-        (to find those no document names)."""
+    def scan(self) -> tuple[dict[str, list[Path]], list[Path]]:
+        """Look at the folder again: each session's size and last use. Returns what a killed write may have
+        left: the memory files of each session that has several or no document, and the temporary files."""
         index: dict[str, _Entry] = {}
         memories: dict[str, list[Path]] = {}
         sizes: dict[str, int] = {}
+        temporaries = []
         with os.scandir(self.folder) as entries:
             for entry in entries:
                 ident, _, rest = entry.name.partition(".")
+                if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                    temporaries.append(Path(entry.path))
                 if entry.name.startswith(".") or not _ID.fullmatch(ident):
                     continue
                 try:
@@ -624,7 +627,8 @@ class SessionFiles:
             found.bytes = sizes.pop(ident)
         with self._guard:
             self._index, self._loose = index, sum(sizes.values())
-        return memories
+        suspects = {k: paths for k, paths in memories.items() if len(paths) > 1 or k not in index}
+        return suspects, temporaries
 
     def make_room(self, ident: str, size: int) -> list[str]:
         """Delete the oldest idle sessions (not ``ident``, not one locked) until ``size`` more bytes fit under
@@ -659,15 +663,15 @@ class SessionFiles:
     def sweep(self) -> list[str]:
         """Look at the folder: delete the sessions idle for longer than the ttl (not one in use) and the files of
         killed writes; returns the ids of the sessions deleted."""
-        memories = self.scan()
+        memories, temporaries = self.scan()
         deadline = time.time() - self.ttl
         with self._guard:
             old = [k for k, e in self._index.items() if e.mtime < deadline]
         expired = [ident for ident in old if self._delete_idle(ident, before=deadline)]
-        self._remove_loose(memories)
+        self._remove_loose(memories, temporaries)
         return expired
 
-    def _remove_loose(self, memories: dict[str, list[Path]]) -> None:
+    def _remove_loose(self, memories: dict[str, list[Path]], temporaries: list[Path]) -> None:
         """Delete the memory files no document names and the temporary files of writes killed long ago."""
         now = time.time()
         for ident, paths in memories.items():
@@ -684,7 +688,7 @@ class SessionFiles:
                         path.unlink(missing_ok=True)
             finally:
                 lock.release()
-        for path in self.folder.glob(".*.tmp"):  # atomic_open's, of a write killed long ago
+        for path in temporaries:  # atomic_open's, of a write killed long ago
             if _age(path, now) > _STALE_TEMPORARY:
                 path.unlink(missing_ok=True)
 
