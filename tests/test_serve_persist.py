@@ -8,6 +8,7 @@ stay under the size bound. The references are servers that hold the same session
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -35,8 +36,9 @@ from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve import session_files  # noqa: E402
 from txl.serve.app import create_app  # noqa: E402
-from txl.serve.session_files import SessionFiles, pack_session, run_identity  # noqa: E402
-from txl.serve.sessions import Session  # noqa: E402
+from txl.serve.session_files import SessionError, SessionFiles, pack_session, run_identity  # noqa: E402
+from txl.serve.session_store import SessionKeeper  # noqa: E402
+from txl.serve.sessions import Session, SessionStore  # noqa: E402
 from txl.serve.state import ServeSettings  # noqa: E402
 from txl.serve.work import read_tokens  # noqa: E402
 
@@ -276,6 +278,33 @@ def test_a_session_is_saved_before_its_answer_goes_out(run, run_dir, tmp_path):
                 raise AssertionError("no last event")
         answer = c.post(f"/v1/sessions/{sid}/score", json={"text": "abc"}).json()
         assert json.loads((folder / f"{sid}.json").read_text())["tokens_read"] == answer["tokens_read"]
+
+
+def test_a_claim_whose_request_is_gone_is_let_go(run, tmp_path):
+    """A request cancelled while its session is being claimed (read from disk, locked): once the claim is
+    made, it is let go; the next request gets the session, not a 409."""
+    identity = run_identity(run)
+    files = SessionFiles(tmp_path, identity, max_bytes=1 << 20, ttl=60.0)
+    keeper = SessionKeeper(SessionStore(limit=4, ttl=60.0), identity=identity, files=files)
+
+    async def main() -> None:
+        session = await keeper.create()
+        opening = asyncio.ensure_future(keeper.open(session.id, claim=True))
+        await asyncio.sleep(0)  # the claim has started on its thread
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                again = await keeper.open(session.id, claim=True)
+                break
+            except SessionError as exc:
+                assert exc.status == 409 and time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+        keeper.release(again)
+
+    asyncio.run(main())
 
 
 # -- two servers, one folder ----------------------------------------------------------------------------------
@@ -565,7 +594,8 @@ def _txl_serve(run_dir: Path, folder: Path) -> Iterator[tuple[httpx.Client, subp
 def test_a_server_killed_and_started_again_continues_its_sessions_exactly(run_dir, tmp_path):
     """Real ``txl serve`` processes: one killed (SIGKILL) between two requests, started again, killed during a
     request, started again: the session is at its last completed request and goes on (greedy, seeded) exactly
-    as on a server never stopped; a session whose file was truncated meanwhile is a 400, the others go on."""
+    as on a server never stopped, and so does a fork of it; a session whose file was truncated meanwhile is a
+    400, the others go on."""
     with _txl_serve(run_dir, tmp_path / "reference") as (client, _):
         ref = _new(client, READ)
         before = _complete(client, ref, "import ", GREEDY)
@@ -589,7 +619,9 @@ def test_a_server_killed_and_started_again_continues_its_sessions_exactly(run_di
     with _txl_serve(run_dir, folder) as (client, proc):
         shown = client.get(f"/v1/sessions/{sid}").json()
         assert shown["tokens_read"] == len(READ + "import " + before[0])  # the killed request left no trace
+        fork = client.post(f"/v1/sessions/{sid}/fork").json()["id"]
         assert _go_on(client, sid) == expected
+        assert _go_on(client, fork) == expected
         _error(client.post(f"/v1/sessions/{spare}/score", json={"text": "x"}), 400, spare, "truncated")
         assert client.get("/v1/health").json()["status"] == "ok"
         assert proc.poll() is None

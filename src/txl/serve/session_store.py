@@ -113,7 +113,17 @@ class SessionKeeper:
                     raise _busy(ident)
                 self._claims[ident] = _Claim.of(session, None)
             return session
-        return await asyncio.to_thread(self._open_file, ident, claim)
+        opening = asyncio.ensure_future(asyncio.to_thread(self._open_file, ident, claim))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:  # the request is gone: a session claimed meanwhile is let go
+            if claim:
+                opening.add_done_callback(self._let_go)
+            raise
+
+    def _let_go(self, opening: asyncio.Future) -> None:
+        if not opening.cancelled() and opening.exception() is None:
+            self.release(opening.result())
 
     def _open_file(self, ident: str, claim: bool) -> Session:
         files = self.files
