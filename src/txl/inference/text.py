@@ -354,8 +354,9 @@ def generate_from_run(
     ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
 
     ``prompt``: one text or a list of texts (of any lengths). ``settings``: None is the run's
-    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds row i's own generator with seed + i, so a row's
-    text does not depend on the others. Unknown prompt tokens: see :func:`generate_text`.
+    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds sample j of each prompt with its own generator,
+    seed + j (as a completion of ``txl serve`` seeds its choices), so a row's text does not depend on the
+    others: a prompt given alone or beside other prompts gets the same samples. Unknown prompt tokens: see :func:`generate_text`.
     ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
     the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
     made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
@@ -395,7 +396,10 @@ def generate_from_run(
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     seed = 0 if settings.seed is None else settings.seed
-    generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
+    # sample j of every prompt draws from seed + j: a prompt's samples do not depend on the prompts beside it
+    generators = [
+        torch.Generator(device=device).manual_seed((seed + r % num_samples) % 2**64) for r in range(len(rows))
+    ]
     start = time.perf_counter()
     ids = [encoded[i] for i in rows]
     streams = [
