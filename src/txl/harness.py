@@ -63,18 +63,19 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 def task_manager(
-    include_path: Sequence[str | Path] = (),
+    include_path: str | Path | Sequence[str | Path] = (),
     *,
     metadata: dict[str, Any] | None = None,
     include_defaults: bool = True,
 ) -> Any:
-    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added;
-    ``metadata`` goes to every task it loads (over the task's own). ``include_defaults=False`` leaves out
-    lm-eval's own tasks (their index takes a while to build)."""
+    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the task folders ``include_path`` (one
+    folder, or a list of them) added; ``metadata`` goes to every task it loads (over the task's own).
+    ``include_defaults=False`` leaves out lm-eval's own tasks (their index takes a while to build)."""
     from lm_eval.tasks import TaskManager
 
+    folders = [include_path] if isinstance(include_path, (str, Path)) else list(include_path)
     return TaskManager(
-        include_path=[str(TASKS_DIR), *(str(p) for p in include_path)],
+        include_path=[str(TASKS_DIR), *(str(p) for p in folders)],
         include_defaults=include_defaults,
         metadata=metadata,
     )
