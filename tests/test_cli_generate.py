@@ -349,3 +349,13 @@ def test_a_prompts_samples_do_not_depend_on_the_prompts_before_it(trained_run, c
     assert second == alone
     romeo, _, _ = _generate(capsys, monkeypatch, trained_run, "--prompt", "ROMEO:", *flags)
     assert first == "=== prompt 1/2 ===\n" + romeo
+
+
+def test_an_empty_prompt_without_an_end_of_text_token_says_what_to_give(trained_run, capsys):
+    """``--prompt ""`` on a byte-level run (no end-of-text token to start from): one line in the user's terms,
+    naming the flag and what to give instead, not the vocabulary's attribute names."""
+    assert main(["generate", str(trained_run), "--prompt", "", "--max-new-tokens", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eos_id" not in err, err
+    assert err.startswith("txl: error: generate: the prompt is empty") and "end-of-text token" in err, err
+    assert "give a prompt of at least one character (a newline starts a new text)" in err, err

@@ -89,8 +89,8 @@ def read_prompt(
 
 def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"] = "unk") -> Tensor:
     """(P,) int64 ids of ``prompt`` (:func:`read_prompt`; unknown tokens read as ``<unk>`` are named by an
-    :class:`UnknownTokensWarning`); an empty prompt is the vocabulary's ``eos_id`` (a document boundary) when it
-    has one."""
+    :class:`UnknownTokensWarning`); an empty prompt is the vocabulary's end-of-text token ``eos_id`` (a
+    document boundary) when it has one (word vocabularies), else a ValueError that asks for a prompt."""
     ids, missing = read_prompt(vocab, prompt, unknown=unknown)
     if missing:
         message = (
@@ -99,7 +99,11 @@ def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"
         warnings.warn(UnknownTokensWarning(message), stacklevel=3)
     if ids.numel() == 0:  # a document boundary to start from: only a vocabulary with <eos> has one
         if getattr(vocab, "eos_id", None) is None:
-            raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
+            kind = getattr(vocab, "kind", "")
+            raise ValueError(
+                f"the prompt is empty, and this {kind + ' ' if kind else ''}vocabulary has no end-of-text "
+                "token to start from: give a prompt of at least one character (a newline starts a new text)"
+            )
         ids = torch.tensor([start_token(vocab)], dtype=torch.long)  # (1,)
     return ids
 
