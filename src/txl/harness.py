@@ -29,6 +29,7 @@ from .inference import GenerationSettings, draw, rows_for
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .model import eval_mode
 from .runs import load_run
+from .threads import threads_for
 
 
 class HarnessMissing(TxlError, ImportError):
@@ -352,7 +353,7 @@ class TxlLM(TemplateLM):
         active: dict[int, _Request] = {}  # batch row -> request
         results = [""] * len(prompts)
         tokens = torch.zeros(rows.size, dtype=torch.long, device=self.device)  # (R,): each row's last token
-        with eval_mode(self.model):
+        with eval_mode(self.model), threads_for("tokens"):
             while True:
                 while any(request.done for request in active.values()) or (
                     waiting and len(active) < rows.size
