@@ -28,6 +28,7 @@ An HTML comment right above a block (invisible on the site and on GitHub) declar
 - ``serve=PATH``: a live ``txl serve`` of the run at PATH on a free port; ``127.0.0.1:8000`` and
   ``localhost:8000`` in the block stand for its address;
 - ``continue``: a python block that continues the page's previous python block (the same session);
+- ``slow``: the block takes seconds (marked slow, as are those with ``serve`` or ``corpus``);
 - ``replace OLD NEW``: a test-time substitution (OLD must occur), for a cost the suite cannot pay, such as the
   number of training steps; the code path is the block's own;
 - ``exec`` (every ``txl`` line of a shell block, run in this process; a block of no ``txl`` line runs with
@@ -67,7 +68,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 DIRECTIVE = re.compile(r"^\s*<!--\s*test:(?P<body>.*?)-->\s*$")
 SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
 KEYS = ("run", "corpus", "file", "original", "serve", "exec")
-FLAGS = ("continue", "exec")
+FLAGS = ("continue", "exec", "slow")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -664,8 +665,9 @@ def check_data(block: Block, folder: Path) -> None:
 # The test: one per block
 # ---------------------------------------------------------------------------------------------------------
 
-SLOW = ("serve", "corpus")
-"""Directives whose fixtures take seconds (a live server, training or lm-eval on a corpus): marked slow."""
+SLOW = ("serve", "corpus", "slow")
+"""Directives whose blocks take seconds (a live server, training or lm-eval on a corpus, or ``slow`` said
+outright): marked slow."""
 
 
 def _param(block: Block):
