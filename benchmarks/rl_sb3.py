@@ -176,6 +176,10 @@ def run_seed(seed: int, *, steps: int, eval_episodes: int, eval_envs: int) -> di
                 "clip_reward": vec_normalize.clip_reward,
                 "gamma": vec_normalize.gamma,
                 "epsilon": vec_normalize.epsilon,
+                # the running statistics at the end of training (what the evaluation froze)
+                "obs_mean": vec_normalize.obs_rms.mean.tolist(),
+                "obs_var": vec_normalize.obs_rms.var.tolist(),
+                "return_var": float(vec_normalize.ret_rms.var),
             },
             "policy": str(model.policy),
             "parameters": sum(p.numel() for p in model.policy.parameters()),
