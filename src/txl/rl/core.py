@@ -1,7 +1,7 @@
 """The memory core of an agent: :mod:`txl.model`'s layer stack (Transformer-XL layers, or GTrXL's gated
 variant) over projected observations, one step per environment for collection and windows for training.
-Dimensions: E environments, T window steps, D_obs observation size, L layers, M remembered steps, K = M + T, D model.
-"""
+Dimensions: E environments, T window steps, D_obs observation size, L layers, M remembered steps, K = M + T,
+D model."""
 
 from __future__ import annotations
 
@@ -158,7 +158,6 @@ class MemoryCore(nn.Module):
         self.input = nn.Linear(obs_dim, config.d_model)
         self.drop = nn.Dropout(config.dropout)  # the features' (the stack drops its input and positions)
         self.layers = CoreStack(config.stack, layer=GatedLayer if config.gating == "gru" else DecoderLayer)
-        self.span = config.span
         self.u = nn.Parameter(torch.zeros(config.n_head, config.d_head))  # global content bias (shared)
         self.v = nn.Parameter(torch.zeros(config.n_head, config.d_head))  # global position bias (shared)
         self.norm = nn.LayerNorm(config.d_model)
@@ -201,12 +200,13 @@ class MemoryCore(nn.Module):
         if cfg.mem_len > 0:  # the input of every layer at the last M steps, (E, M, D) each
             memory = Memory(tuple(state0.memory.unbind(dim=1)), reach=state0.reach)
         biases = [(self.u, self.v)] * cfg.n_layer  # shared by the layers
-        h, after = self.layers(h, memory=memory, span=self.span, starts=starts, biases=biases)
+        h, after = self.layers(h, memory=memory, span=cfg.span, starts=starts, biases=biases)
         return self.drop(self.norm(h)), self._next_state(state0, after)
 
     def _next_state(self, state0: CoreState, after: Memory | None) -> CoreState:
-        """The state after a window from the stack's memory (:func:`txl.model.update_memory`: concatenate,
-        keep the last M, detach; the reach follows the episode starts), None for mem_len 0."""
+        """The state after a window, from the memory the stack returned (``after``; None for mem_len 0): the
+        layer inputs of the last M steps (:func:`txl.model.update_memory`: concatenate, keep the last M,
+        detach) and the reach, which follows the episode starts."""
         if after is None:
             return CoreState(state0.memory, torch.zeros_like(state0.reach))
         assert after.reach is not None  # the stack was given starts
