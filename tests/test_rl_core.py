@@ -154,7 +154,7 @@ def test_gates_start_near_the_identity():
     assert (gate(x, y) - x).norm() / x.norm() < 0.25
     config = CoreConfig(d_model=64, mem_len=4)
     core = MemoryCore(OBS, config).eval()  # its u, v for the layers' context
-    gated, plain = GatedLayer(config).eval(), MemoryCore(OBS, replace(config, gating="none")).layers[0]
+    gated, plain = GatedLayer(config.stack).eval(), MemoryCore(OBS, replace(config, gating="none")).layers[0]
     h = torch.randn(3, 6, 64)
     with torch.no_grad():
         out, summed = _layer_output(core, gated, h), _layer_output(core, plain, h)

@@ -1,28 +1,27 @@
-"""The memory core of an agent: :mod:`txl.model`'s Transformer-XL layers (or GTrXL's gated variant) over
-projected observations, one step per environment for collection and windows for training. Dimensions:
-E environments, T window steps, D_obs observation size, L layers, M remembered steps, K = M + T, D model.
-"""
+"""The memory core of an agent: :mod:`txl.model`'s layer stack (Transformer-XL layers, or GTrXL's gated
+variant) over projected observations, one step per environment for collection and windows for training.
+Dimensions: E environments, T window steps, D_obs observation size, L layers, M remembered steps, K = M + T,
+D model."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from ..config import positive_int
+from ..config import Span, StackConfig, positive_int
+from ..model import DecoderLayer, LayerStack, Memory, attention_mask
 from ..model.attention import AbsoluteContext, RelativeContext
-from ..model.cache import LayerCache
-from ..model.layers import DecoderLayer
-from ..model.memory import Memory, update_memory
-from ..model.positional import relative_distances, sinusoid
-from ..model.transformer import attention_mask, document_mask
 from .config import CoreConfig
 from .state import CoreState
 
-__all__ = ["MemoryCore", "GatedLayer", "GRUGate"]
+if TYPE_CHECKING:
+    from ..model.cache import LayerCache
+
+__all__ = ["MemoryCore", "CoreStack", "GatedLayer", "GRUGate"]
 
 GATE_BIAS = 2.0
 """GTrXL's initial gate bias b_g: the update gate starts at about sigmoid(-2) = 0.12, so that each layer
@@ -61,8 +60,8 @@ class GatedLayer(DecoderLayer):
         y = FF(LN(x));                          x = g2(x, ReLU(y))
     """
 
-    def __init__(self, config: CoreConfig) -> None:
-        super().__init__(config.layer_config())
+    def __init__(self, config: StackConfig) -> None:
+        super().__init__(config)
         self.attn_gate = GRUGate(config.d_model)
         self.ff_gate = GRUGate(config.d_model)
 
@@ -81,9 +80,50 @@ class GatedLayer(DecoderLayer):
         return self.ff_gate(x, F.relu(self.ff(self.ff_norm(x))))
 
 
+class CoreStack(LayerStack):
+    """The core's layer stack: :class:`~txl.model.LayerStack` with two rules of its own.
+
+    - Each step attends its last M steps and itself (same-length attention over M + 1 keys): what one step
+      sees, so that a window equals its steps.
+    - A step a query may not attend (another episode, the future, a slot outside the reach) contributes
+      nothing to it, whatever it holds (:meth:`run_layer`)."""
+
+    def causal_mask(self, t: int, m: int, *, span: Span, device: torch.device) -> Tensor:
+        """(T, K) bool: the future and the keys more than M steps behind each query are out of view."""
+        return attention_mask(t, m, same_length=True, mem_len=m + 1, device=device)
+
+    def run_layer(
+        self,
+        layer: nn.Module,
+        h: Tensor,
+        *,
+        memory: Tensor | None,
+        context: RelativeContext | AbsoluteContext | None,
+        cache: LayerCache | None,
+    ) -> Tensor:
+        """``layer(h, memory=memory, context=context)``, h (E, T, D), memory (E, M, D), where a step a query may
+        not attend (True in ``context.mask``) contributes nothing to it, whatever it holds.
+
+        Attention gives such a key weight 0, but 0 x NaN is NaN. So a step whose attention input (its normed
+        hidden state, what its key and value are projected from) is not finite enters the layer as zeros
+        (selected, not multiplied), and the queries that may attend it get NaN, as they would without the
+        selection. Where every attention input is finite this is the layer itself, bit for bit."""
+        assert isinstance(context, RelativeContext) and cache is None  # the core's stack: relative, no cache
+        m = 0 if memory is None else memory.shape[1]
+        steps = h if memory is None else torch.cat([memory, h], dim=1)  # (E, K, D)
+        # a row with a NaN or an infinity sums to one (a normed row is far too small to overflow)
+        bad = ~torch.isfinite(cast(DecoderLayer, layer).attention_input(steps).sum(dim=-1))  # (E, K)
+        steps = torch.where(bad[..., None], 0.0, steps)  # (E, K, D)
+        blocked = context.mask if context.mask.dim() == 2 else context.mask[:, 0]  # (T, K) or (E, T, K)
+        sees_bad = (bad[:, None, :] & ~blocked).any(dim=-1)  # (E, T)
+        out = layer(steps[:, m:], memory=steps[:, :m] if m else None, context=context)  # (E, T, D)
+        return torch.where(sees_bad[..., None], float("nan"), out)
+
+
 class MemoryCore(nn.Module):
-    """Transformer-XL memory over observations: obs -> Linear -> L layers (relative attention over each
-    environment's remembered steps of its current episode) -> LayerNorm -> features (D).
+    """Transformer-XL memory over observations: obs -> Linear -> :class:`CoreStack` (the L layers of
+    :class:`~txl.model.LayerStack`, relative attention over each environment's remembered steps of its current
+    episode) -> LayerNorm -> features (D).
 
         core = MemoryCore(obs_dim, CoreConfig())
         state = core.initial_state(E)
@@ -116,11 +156,8 @@ class MemoryCore(nn.Module):
         positive_int(obs_dim, "obs_dim", error=ValueError, field=False)
         self.obs_dim, self.config = obs_dim, config
         self.input = nn.Linear(obs_dim, config.d_model)
-        self.drop = nn.Dropout(config.dropout)
-        if config.gating == "gru":
-            self.layers = nn.ModuleList([GatedLayer(config) for _ in range(config.n_layer)])
-        else:
-            self.layers = nn.ModuleList([DecoderLayer(config.layer_config()) for _ in range(config.n_layer)])
+        self.drop = nn.Dropout(config.dropout)  # the features' (the stack drops its input and positions)
+        self.layers = CoreStack(config.stack, layer=GatedLayer if config.gating == "gru" else DecoderLayer)
         self.u = nn.Parameter(torch.zeros(config.n_head, config.d_head))  # global content bias (shared)
         self.v = nn.Parameter(torch.zeros(config.n_head, config.d_head))  # global position bias (shared)
         self.norm = nn.LayerNorm(config.d_model)
@@ -158,33 +195,21 @@ class MemoryCore(nn.Module):
     def _run(self, obs: Tensor, state0: CoreState, starts: Tensor) -> tuple[Tensor, CoreState]:
         """:meth:`window` on checked inputs, T >= 1."""
         cfg = self.config
-        t, m = obs.shape[1], cfg.mem_len
-        h = self.drop(self.input(obs))  # (E, T, D)
-        distances = relative_distances(m + t, clamp_len=None, device=obs.device)  # (K,)
-        pos = self.drop(sinusoid(distances, cfg.d_model, dtype=h.dtype))  # (K, D)
-        # each query sees its last M steps and itself, what one step sees: the future and keys more than M
-        # behind are masked (same-length attention over M + 1 keys)
-        causal = attention_mask(t, m, same_length=True, mem_len=m + 1, device=obs.device)  # (T, K)
-        documents = document_mask(starts, state0.reach, t=t, m=m)  # (E, T, K): before the episode's start
-        blocked = causal | documents  # (E, T, K)
-        context = RelativeContext(pos, blocked[:, None], self.u, self.v)
-        visible = ~blocked  # (E, T, K)
-        inputs = []  # the input of every layer: what the next steps remember
-        for index, layer in enumerate(self.layers):
-            inputs.append(h)
-            memory = state0.memory[:, index] if m > 0 else None  # (E, M, D)
-            h = _isolated(cast(DecoderLayer, layer), h, memory, context, visible)
-        return self.drop(self.norm(h)), self._next_state(state0, inputs, starts)
+        h = self.input(obs)  # (E, T, D)
+        memory = None
+        if cfg.mem_len > 0:  # the input of every layer at the last M steps, (E, M, D) each
+            memory = Memory(tuple(state0.memory.unbind(dim=1)), reach=state0.reach)
+        biases = [(self.u, self.v)] * cfg.n_layer  # shared by the layers
+        h, after = self.layers(h, memory=memory, span=cfg.span, starts=starts, biases=biases)
+        return self.drop(self.norm(h)), self._next_state(state0, after)
 
-    def _next_state(self, state0: CoreState, inputs: list[Tensor], starts: Tensor) -> CoreState:
-        """The memory after the window: :func:`txl.model.memory.update_memory` (concatenate, keep the last M,
-        detach; the reach follows the episode starts)."""
-        m = self.config.mem_len
-        if m == 0:
+    def _next_state(self, state0: CoreState, after: Memory | None) -> CoreState:
+        """The state after a window, from the memory the stack returned (``after``; None for mem_len 0): the
+        layer inputs of the last M steps (:func:`txl.model.update_memory`: concatenate, keep the last M,
+        detach) and the reach, which follows the episode starts."""
+        if after is None:
             return CoreState(state0.memory, torch.zeros_like(state0.reach))
-        before = Memory(tuple(state0.memory.unbind(dim=1)), reach=state0.reach)
-        after = update_memory(before, inputs, mem_len=m, starts=starts)
-        assert after is not None and after.reach is not None
+        assert after.reach is not None  # the stack was given starts
         return CoreState(torch.stack(after.states, dim=1), after.reach)  # (E, L, M, D), (E,)
 
     def _inputs(
@@ -254,23 +279,3 @@ def _as_tensor(value: Tensor | ArrayLike, name: str, shape: str, **kwargs: Any) 
         raise TypeError(
             f"{name} must be a tensor, array or nested list {shape}, got {type(value).__name__}"
         ) from error
-
-
-def _isolated(
-    layer: DecoderLayer, h: Tensor, memory: Tensor | None, context: RelativeContext, visible: Tensor
-) -> Tensor:
-    """``layer(h, memory=memory, context=context)`` where a step a query may not attend (``visible``
-    (E, T, K), False there) contributes nothing to it, whatever it holds.
-
-    Attention gives such a key weight 0, but 0 x NaN is NaN. So a step whose attention input (its normed
-    hidden state, what its key and value are projected from) is not finite enters the layer as zeros
-    (selected, not multiplied), and the queries that may attend it get NaN, as they would without the
-    selection. Where every attention input is finite this is the layer itself, bit for bit."""
-    m = 0 if memory is None else memory.shape[1]
-    steps = h if memory is None else torch.cat([memory, h], dim=1)  # (E, K, D)
-    # a row with a NaN or an infinity sums to one (a normed row is far too small to overflow)
-    bad = ~torch.isfinite(layer.attention_input(steps).sum(dim=-1))  # (E, K)
-    steps = torch.where(bad[..., None], 0.0, steps)  # (E, K, D)
-    sees_bad = (bad[:, None, :] & visible).any(dim=-1)  # (E, T)
-    out = layer(steps[:, m:], memory=steps[:, :m] if m else None, context=context)  # (E, T, D)
-    return torch.where(sees_bad[..., None], float("nan"), out)
