@@ -2,7 +2,7 @@
 they give alone (and what the library gives); a disconnect frees its row; the OpenAI fields (``echo``,
 ``logprobs``, token-id prompts, ``n``, ``max_tokens: 0``) checked against the model's forward with memory and
 ``/v1/score``, through the official ``openai`` client, streamed and not; ``--api-key``; sessions whose memory
-persists, against one pass of ``txl.evaluate``'s loop."""
+persists, against one pass of ``txl.evaluation``'s loop."""
 
 from __future__ import annotations
 

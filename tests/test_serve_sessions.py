@@ -16,7 +16,7 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import train_char_run  # noqa: E402
-from txl.evaluate import EvalSettings, segment_losses  # noqa: E402
+from txl.evaluation import EvalSettings, segment_losses  # noqa: E402
 from txl.inference import GenerationSettings, generate  # noqa: E402
 from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402

@@ -307,14 +307,12 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
     assert _python(code).stdout.split() == ["[]"]  # the importers are imported when first used
     code = "import sys, txl.interop.safe_pickle; print('torch' in sys.modules)"
     assert _python(code).stdout.split() == ["False"]  # reading a pickled vocabulary needs no torch
-    code = (
-        "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluate.evaluate))"  # as the README does
-    )
+    code = "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluation.evaluate))"  # as the README does
     assert _python(code).stdout.split() == ["KVCache", "True"]
 
 
 def test_every_public_name_resolves_to_its_module():
-    from txl import config, evaluate, inference, interop, model, threads
+    from txl import config, evaluation, inference, interop, model, threads
 
     names = {
         config: (
@@ -329,15 +327,15 @@ def test_every_public_name_resolves_to_its_module():
             "load_config",
         ),
         model: ("TransformerXL", "ModelOutput", "Memory", "update_memory", "KVCache"),
-        evaluate: ("segment_losses",),
-        inference: ("generate", "stream", "GenerationSettings", "Step"),
+        evaluation: ("evaluate", "segment_losses"),
+        inference: ("generate", "stream", "SamplingParams", "DecodeSettings", "Engine", "Step"),
         threads: ("configure_threads",),
     }
     for module, exported in names.items():
         for name in exported:
             assert getattr(txl, name) is getattr(module, name), name
-    assert txl.interop is interop and txl.evaluate is evaluate
-    modules = {"interop", "evaluate"}
+    assert txl.interop is interop and txl.evaluate is evaluation.evaluate and callable(txl.evaluate)
+    modules = {"interop"}
     assert {n for exported in names.values() for n in exported} | modules == set(txl.__all__)
     assert set(txl.__all__) == set(txl._EXPORTS) and set(txl.__all__) <= set(dir(txl))
     namespace: dict = {}

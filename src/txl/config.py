@@ -105,7 +105,7 @@ class Span:
 
     The same weights run with any span; training uses the model config's (:attr:`TransformerXLConfig.span`),
     evaluation and generation may use a longer memory, a clamp or same-length attention. Pass it to
-    ``TransformerXL.forward(..., span=...)``, :func:`txl.evaluate.evaluate` and :func:`txl.inference.generate`.
+    ``TransformerXL.forward(..., span=...)``, :func:`txl.evaluation.evaluate` and :func:`txl.inference.generate`.
     """
 
     mem_len: int

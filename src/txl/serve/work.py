@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..config import has_memory
-from ..evaluate import RaggedSettings, ragged_losses
+from ..evaluation import RaggedSettings, ragged_losses
 from ..inference import GenerationSettings
 from ..inference.text import TextStream
 from ..model import Memory

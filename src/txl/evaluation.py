@@ -568,16 +568,10 @@ class _RaggedReader:
             self.cache.put_rows([position], own)
 
     def _shrink(self, keep: list[int]) -> None:
-        """Keep only the rows at positions ``keep`` of the shared cache (their memory, projected again)."""
+        """Keep only the rows at positions ``keep`` of the shared cache (``KVCache.keep_rows``)."""
         if self.cache is None:
             return
-        kept = self.cache.memory()
-        if not keep or kept is None:
-            self.cache = None
-            return
-        self.cache = KVCache(
-            self.model.config, span=self.span, memory=kept.select(keep), dtype=self.dtype, device=self.device
-        )
+        self.cache = self.cache.keep_rows(keep) if keep else None
 
     def _step(
         self, active: list[_Slot], *, cache: KVCache | None = None
@@ -614,7 +608,10 @@ class _RaggedReader:
             last = n == slot.left
             memory = None
             if last and settings.final_memory and cache is not None and remembered is not None:
-                memory = _row_memory(cache, b, int(remembered[b]), t, n)
+                # its memory right after this call: the last mem_len of what it remembered and its n new
+                # positions (the padding written after them left out)
+                reach = min(cache.span.mem_len, int(remembered[b]) + n)
+                memory = cache.row_memory(b, reach=reach, drop=t - n)
             segments.append(
                 RowSegment(
                     row=slot.row,
@@ -630,18 +627,6 @@ class _RaggedReader:
             if last:
                 done.add(b)
         return tuple(segments), done
-
-
-def _row_memory(cache: KVCache, b: int, before: int, t: int, n: int) -> Memory | None:
-    """Row ``b``'s memory right after a call of T positions of which its first ``n`` were real: the last
-    ``mem_len`` of the ``before`` positions it remembered and its ``n`` new ones (the slots the cache has just
-    written; the padding after them is left out)."""
-    end = cache.end - t + n
-    length = min(cache.span.mem_len, before + n)
-    if length == 0:
-        return None
-    states = tuple(cache.hidden[i, b : b + 1, end - length : end].clone() for i in range(len(cache.layers)))
-    return Memory(states)
 
 
 @torch.no_grad()
