@@ -154,11 +154,7 @@ def test_generate_until_stops_at_until_and_max_gen_toks(trained_run):
     )
     for prompt, text in zip(prompts, free, strict=True):  # greedy, as txl's own generation
         ids = torch.tensor(lm.vocab.encode(prompt).tolist())
-        own = (
-            generate(lm.model, ids, SamplingParams(max_new_tokens=12, temperature=0))
-            .new_tokens[0]
-            .tolist()
-        )
+        own = generate(lm.model, ids, SamplingParams(max_new_tokens=12, temperature=0)).new_tokens[0].tolist()
         assert text == lm.vocab.decode(own)
         assert len(text.encode()) <= 12
     cut = free[0][3:5]  # a string the greedy text holds

@@ -629,7 +629,6 @@ class _RaggedReader:
         return tuple(segments), done
 
 
-@torch.no_grad()
 def evaluate(
     model: TransformerXL,
     tokens: np.ndarray | torch.Tensor,
@@ -646,41 +645,44 @@ def evaluate(
     and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`).
     ``starts``: where documents begin (token indices of ``tokens``): each then attends to nothing before it
     (see :func:`segment_losses`)."""
-    tgt_len, asked, span = settings.resolved(model)
-    group.rows(asked, field="eval.batch_size")  # the setting as given must split over the processes
-    if settings.max_tokens is not None:
-        tokens = tokens[: settings.max_tokens + 1]
-        if starts is not None:
-            starts = starts[starts < len(tokens)]
-    device = torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
-    settings = replace(settings, span=span, device=device, name=settings.name or "eval")
-    batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
-    cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
-    if len(tokens) >= 2:
-        row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
-        check_eval_fits(
-            model.config,
-            settings,
-            rows=batch_size,
-            steps=min(tgt_len, row_len),
-            # a cache holds the whole memory from the start; a memory grows with the stream
-            mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
-            cached=cached,
+    with torch.no_grad():  # not a decorator: the root name txl.evaluate keeps its own source and docstring
+        tgt_len, asked, span = settings.resolved(model)
+        group.rows(asked, field="eval.batch_size")  # the setting as given must split over the processes
+        if settings.max_tokens is not None:
+            tokens = tokens[: settings.max_tokens + 1]
+            if starts is not None:
+                starts = starts[starts < len(tokens)]
+        device = (
+            torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
         )
-    rows = group.rows(batch_size, field="eval.batch_size")
-    filled = replace(settings, batch_size=batch_size)
-    segments = segment_losses(model, tokens, filled, rows=rows, starts=starts)
-    n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    shown = settings.progress and group.is_main
-    for segment in tqdm(segments, total=n_batches, desc=settings.name, disable=not shown, leave=False):
-        count += segment.count
-        total += segment.loss.sum()
-    total = group.all_reduce_sum(total)
-    count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
-    mean = float(total) / max(count, 1)
-    return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
+        settings = replace(settings, span=span, device=device, name=settings.name or "eval")
+        batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
+        cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
+        if len(tokens) >= 2:
+            row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
+            check_eval_fits(
+                model.config,
+                settings,
+                rows=batch_size,
+                steps=min(tgt_len, row_len),
+                # a cache holds the whole memory from the start; a memory grows with the stream
+                mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
+                cached=cached,
+            )
+        rows = group.rows(batch_size, field="eval.batch_size")
+        filled = replace(settings, batch_size=batch_size)
+        segments = segment_losses(model, tokens, filled, rows=rows, starts=starts)
+        n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = 0
+        shown = settings.progress and group.is_main
+        for segment in tqdm(segments, total=n_batches, desc=settings.name, disable=not shown, leave=False):
+            count += segment.count
+            total += segment.loss.sum()
+        total = group.all_reduce_sum(total)
+        count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
+        mean = float(total) / max(count, 1)
+        return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
 
 
 def evaluate_run(

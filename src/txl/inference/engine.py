@@ -186,8 +186,9 @@ class Engine:
 
     @property
     def rows_in_use(self) -> int:
-        """The rows held by a request (prefilling, running, or finished at the last step)."""
-        return sum(slot is not None for slot in self._slots)
+        """The rows held by a request prefilling or running (a request that finished at the last step leaves
+        its row at the next)."""
+        return sum(slot is not None and slot.state is not _State.FINISHED for slot in self._slots)
 
     @property
     def waiting(self) -> int:

@@ -14,7 +14,7 @@ import torch
 from starlette.requests import Request
 
 from ..data.vocab import start_token
-from .checks import prompt_ids, prompts_of, sampling_of
+from .checks import params_of, prompt_ids, prompts_of
 from .events import CompletionResult, TextEvent
 from .jobs import Cancelled, Job
 from .openai import (
@@ -58,15 +58,15 @@ async def complete(
 ) -> Any:
     """Answer a completion request (a session's continues its memory): the whole answer, or a stream."""
     prompts, notes = _prompts(state, req, session)
-    sampling = sampling_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
+    params = params_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
     scheduler = state.model
     events: asyncio.Queue = asyncio.Queue()
     weight = len(prompts) * req.n
-    rows = weight if sampling.max_tokens > 0 else 0
+    rows = weight if params.max_new_tokens > 0 else 0
     job = scheduler.admit(rows=rows, weight=weight, on_event=events.put_nowait if req.stream else None)
     if job is None:
         raise busy(scheduler)
-    completion = Completion(state.run, prompts, sampling, n=req.n, session=session, emit=job.emit)
+    completion = Completion(state.run, prompts, params, req, session=session, emit=job.emit)
     scheduler.submit(job, completion_work(completion, mem_len=state.run.config.model.mem_len))
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time())}
     head["model"] = state.name
@@ -74,7 +74,8 @@ async def complete(
 
     def tail(result: CompletionResult) -> dict[str, Any]:
         extra = {"session": session.describe(ttl=state.settings.session_ttl)} if session is not None else {}
-        return {**usage(prompt_tokens, result), "seed": sampling.seed, "warnings": notes, **extra}
+        seed = req.seed if req.seed is not None else params.seed
+        return {**usage(prompt_tokens, result), "seed": seed, "warnings": notes, **extra}
 
     if not req.stream:
         try:
