@@ -150,9 +150,10 @@ class Engine:
             raise ValueError(
                 f"stop_ids must be token ids in [0, {self.config.vocab_size}), got {list(params.stop_ids)}"
             )
-        if isinstance(prompt_ids, Tensor) and prompt_ids.dim() != 1:
-            raise ValueError(f"prompt_ids must be 1-D (time,), got shape {tuple(prompt_ids.shape)}")
-        (prompt,) = prepare_rows([prompt_ids], vocab_size=self.config.vocab_size, device=self.device)
+        ids = prompt_ids if isinstance(prompt_ids, Tensor) else torch.as_tensor(prompt_ids)
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"prompt_ids must be 1-D (time,) and not empty, got shape {tuple(ids.shape)}")
+        (prompt,) = prepare_rows([ids], vocab_size=self.config.vocab_size, device=self.device)
         if memory is not None:
             if not self.has_memory:
                 raise ValueError(
