@@ -186,3 +186,32 @@ def test_a_list_of_params_must_have_one_per_row():
         generate(model, _rows([2, 3]), [SamplingParams(max_new_tokens=2, seed=s) for s in _seeds(3)])
     with pytest.raises(ValueError, match="params"):
         generate(model, _rows([2, 3]), 7)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "together"), [((3, 9, 14, 6), True), ((3, 9, 19, 6), False)], ids=["fit", "longer"]
+)
+def test_prompts_longer_than_a_chunk_are_prefilled_together_while_the_memory_holds_them(
+    lengths, together, monkeypatch
+):
+    """Memory 12, chunks of 5: prompts of up to 15 tokens (every query of the last chunk still sees its whole
+    prompt) are prefilled as one left-padded batch, chunk by chunk; a longer one makes each prompt read alone
+    (its chunks then fall where they fall alone). Either way each row equals its prompt alone."""
+    model = _model()
+    rows = _rows(lengths)
+    shapes = []
+    forward = TransformerXL.forward
+    monkeypatch.setattr(
+        TransformerXL,
+        "forward",
+        lambda self, tokens, **kw: shapes.append(tokens.shape) or forward(self, tokens, **kw),
+    )
+    generate(
+        model, rows, SamplingParams(max_new_tokens=2, temperature=0), settings=DecodeSettings(prompt_chunk=5)
+    )
+    monkeypatch.undo()
+    if together:
+        assert shapes == [(4, 5), (4, 5), (4, 4)]
+    else:
+        assert all(shape[0] == 1 for shape in shapes) and len(shapes) == 1 + 2 + 4 + 2
+    _assert_rows_as_alone(model, rows, seeds=True, max_new_tokens=10, prompt_chunk=5, top_k=6)

@@ -266,8 +266,10 @@ class RowBatch(_Rows):
             cache = self._cache(n, memory)
             log_probs = yield from self._feed(cache, torch.stack(rows), None)
             return Prefilled(log_probs, cache)
-        # left-padded in one chunk, each row starting at its first token
-        if memory is None and longest <= self.chunk:
+        # left-padded, each row starting at its first token: in one chunk, or in chunks while every query of
+        # the last one still sees its row's whole prompt (then no chunk boundary changes what it sees)
+        whole = not self.span.same_length and (longest - 1) // self.chunk * self.chunk <= self.span.mem_len
+        if memory is None and (longest <= self.chunk or whole):
             tokens, starts = _left_pad(rows)  # (n, P) each
             cache = self._cache(n, None)
             log_probs = yield from self._feed(cache, tokens, starts)

@@ -155,6 +155,8 @@ def _check_vocab(model: nn.Module, vocab: _Vocab) -> None:
 
 
 def _common_prefix(a: str, b: str) -> int:
+    if a.startswith(b):  # what a vocabulary whose decoding only appends gives: no loop
+        return len(b)
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
