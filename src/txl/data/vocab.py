@@ -262,8 +262,9 @@ class CharVocab(_TableVocab):
         if any(len(c) != 1 for c in chars):
             raise ValueError("char vocabulary symbols must be single characters")
         super().__init__([UNK, *chars])
-        # sorted code points -> ids, for a vectorised encode
+        # sorted code points -> ids, for a vectorised encode; id -> text, for decode
         self._points = np.array([ord(c) for c in chars], dtype=np.uint32)
+        self._texts = ["\ufffd", *chars]
 
     @classmethod
     def build(cls, text: str) -> CharVocab:
@@ -286,8 +287,8 @@ class CharVocab(_TableVocab):
         return [c for c in dict.fromkeys(_as_text(text)) if c not in self.index]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        symbols = self.symbols
-        return "".join("\ufffd" if i == 0 else symbols[i] for i in _id_list(ids, len(self), self.kind))
+        texts = self._texts
+        return "".join([texts[i] for i in _id_list(ids, len(self), self.kind)])
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "kind": self.kind, "symbols": list(self.symbols[1:])}

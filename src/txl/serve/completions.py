@@ -5,6 +5,7 @@ has written it to the connection (the scheduler parks a generation whose client 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -118,9 +119,22 @@ def _put(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, item: Any) -> N
         pass
 
 
-def _chunk(head: dict[str, Any], event: TextEvent) -> str:
-    choice = {"text": event.text, "index": event.index, "logprobs": logprobs_object(event.tokens)}
-    return sse({**head, "choices": [{**choice, "finish_reason": None}]})
+def _chunks(head: dict[str, Any]) -> Callable[[TextEvent], str]:
+    """The event of a token, as ``sse({**head, "choices": [choice]})`` writes it, with the head's JSON written
+    once per stream (an event per token of every choice)."""
+    start = sse({**head, "choices": []})[: -len("]}\n\n")]
+
+    def chunk(event: TextEvent) -> str:
+        logprobs = logprobs_object(event.tokens)
+        text, shown = (
+            json.dumps(event.text),
+            "null" if logprobs is None else json.dumps(logprobs, separators=(",", ":")),
+        )
+        return (
+            f'{start}{{"text":{text},"index":{event.index},"logprobs":{shown},"finish_reason":null}}]}}\n\n'
+        )
+
+    return chunk
 
 
 async def _stream(
@@ -132,6 +146,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """The events of a streamed completion: the events waiting go out in one write; each counts as sent when
     the write has returned (the generator is resumed after it)."""
+    chunk = _chunks(head)
     yield ": txl\n\n"  # the headers go out now; a client that left while waiting is noticed
     while True:
         try:
@@ -141,7 +156,7 @@ async def _stream(
             continue
         chunks: list[str] = []
         while isinstance(item, TextEvent):
-            chunks.append(_chunk(head, item))
+            chunks.append(chunk(item))
             item = None if events.empty() else events.get_nowait()
         if chunks:
             yield "".join(chunks)
