@@ -283,6 +283,7 @@ def scenario_throughput(run_dir: Path, args) -> dict:
     clients, tokens = 16, 64
     rates: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
     cpu: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
+    clients_cpu: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
     errors = 0
     with (
         server(run_dir, "--max-batch", "16", "--queue-size", "16") as (batched, batched_pid, ended_b),
@@ -293,13 +294,14 @@ def scenario_throughput(run_dir: Path, args) -> dict:
         servers = (("max_batch_16", batched, batched_pid), ("max_batch_1", single, single_pid))
         for _ in range(args.rounds):
             for name, url, pid in servers:
-                before = cpu_seconds(pid)
+                before, mine = cpu_seconds(pid), time.process_time()
                 results, seconds = asyncio.run(wave(url, clients, tokens, seed=0, temperature=0))
-                spent = cpu_seconds(pid) - before
+                spent, theirs = cpu_seconds(pid) - before, time.process_time() - mine
                 summary = summarise(results, seconds)
                 errors += summary["errors"] + summary["refused_429"]
                 rates[name].append(summary["tokens_per_s"])
                 cpu[name].append(round(1000 * spent / max(summary["tokens"], 1), 3))
+                clients_cpu[name].append(round(1000 * theirs / max(summary["tokens"], 1), 3))
     med = {k: statistics.median(v) for k, v in rates.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     return {
@@ -313,6 +315,7 @@ def scenario_throughput(run_dir: Path, args) -> dict:
         "server_cpu_s_per_1000_tokens": cpu,
         "median_server_cpu_s_per_1000_tokens": cpu_med,
         "cpu_ratio_single_over_batched": round(cpu_med["max_batch_1"] / cpu_med["max_batch_16"], 2),
+        "median_clients_cpu_s_per_1000_tokens": {k: statistics.median(v) for k, v in clients_cpu.items()},
         "errors_or_refused": errors,
         "servers": [ended_b, ended_s],
     }

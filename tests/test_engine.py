@@ -283,6 +283,7 @@ def test_a_parked_request_resumes_exactly_where_it_stopped(memory):
     engine.park(target)
     assert engine.parked == 1 and engine.rows_in_use == 0 and not engine.unfinished
     if memory:
+        assert not any(state.is_inference() for state in kept.states)  # ordinary tensors, as generate's
         alone_memory = _alone(model, prompts[0], params.__class__(max_new_tokens=4, seed=8)).memory
         torch.testing.assert_close(
             engine.memory(target).states[0][0], alone_memory.states[0][0], atol=1e-12, rtol=0

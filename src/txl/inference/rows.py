@@ -368,10 +368,10 @@ class RowBatch(_Rows):
         if self.cache is not None:
             self.cache.reset_rows([row])
 
-    @torch.inference_mode()
     def row_memory(self, r: int) -> Memory | None:
-        """Row ``r``'s own remembered positions (those within its reach) as a batch-1 :class:`Memory` (a copy;
-        None when it remembers nothing): what a generation of its prompt alone would carry on with."""
+        """Row ``r``'s own remembered positions (those within its reach) as a batch-1 :class:`Memory` (a copy,
+        of ordinary tensors; None when it remembers nothing): what a generation of its prompt alone would carry
+        on with."""
         (row,) = _row_list(r, size=self.size, what="row_memory")
         return None if self.cache is None else self.cache.row_memory(row)
 
