@@ -1,7 +1,6 @@
 """txl: Transformer-XL language modelling, correct to the paper. The public names below are imported when first
 used (PEP 562), so ``import txl`` imports no torch and leaves the thread policy (:mod:`txl.threads`) to the
-caller; ``txl.evaluate`` is the evaluation function (of :mod:`txl.evaluation`), ``txl.interop`` a module. Examples:
-the README and the guides."""
+caller; ``txl.evaluate`` is a function, ``txl.interop`` a module. Examples: the README and the guides."""
 
 from __future__ import annotations
 
