@@ -295,9 +295,12 @@ def test_a_parked_request_resumes_exactly_where_it_stopped(memory):
     between = _drain(engine)[neighbour]
     assert len(between) == 6  # the neighbour had the only row meanwhile
     engine.resume(target)
+    again = engine.step() + engine.step()  # two more tokens, then parked once more
+    engine.park(target)
+    engine.resume(target)
     rest = _drain(engine)[target]
     alone = _alone(model, prompts[0], params, context=7)
-    events = got + rest
+    events = got + again + rest
     assert [e.token for e in events] == alone.new_tokens[0].tolist()
     torch.testing.assert_close(
         torch.stack([e.log_probs for e in events]), alone.scores[0], atol=1e-10, rtol=0

@@ -69,6 +69,7 @@ class _State(Enum):
 class _Request:
     id: int
     prompt: Tensor  # (P,) what the next prefill reads
+    first: Tensor  # (P,) the prompt as added
     params: SamplingParams
     memory: Memory | None  # what the next prefill reads after
     generator: torch.Generator | None
@@ -170,7 +171,7 @@ class Engine:
             if seed is None:  # once, now: the request's draws never depend on later requests
                 seed = int(torch.randint(2**62, (), generator=self.generator))
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        request = _Request(self._next_id, prompt, params, memory, generator)
+        request = _Request(self._next_id, prompt, prompt, params, memory, generator)
         request.stop_ids = frozenset(params.stop_ids or ())
         request.given = (prompt_ids, memory)
         self._next_id += 1
@@ -200,10 +201,6 @@ class Engine:
     def parked(self) -> int:
         """The requests parked."""
         return sum(r.state is _State.PARKED for r in self._requests.values())
-
-    def tokens(self, request: int) -> list[int]:
-        """The tokens drawn for ``request`` so far (a copy)."""
-        return list(self._get(request, "tokens").tokens)
 
     def memory(self, request: int) -> Memory | None:
         """``request``'s own memory (batch 1, a copy): the positions its row attends, i.e. its prompt (after
@@ -254,7 +251,7 @@ class Engine:
             req.prompt = torch.tensor(req.tokens[-1:], dtype=torch.long, device=self.device)
         else:  # its whole text: the window is recomputed
             req.prompt = torch.cat(
-                [req.prompt, torch.tensor(req.tokens, dtype=torch.long, device=self.device)]
+                [req.first, torch.tensor(req.tokens, dtype=torch.long, device=self.device)]
             )
         req.state, req.given = _State.WAITING, (req.prompt, req.memory)
         self._waiting.appendleft(req)
