@@ -33,7 +33,7 @@ from ..config import has_memory
 from ..model import Memory
 from ..model.transformer import config_of
 from .params import DecodeSettings, SamplingParams
-from .rows import Prefilled, RowBatch, WindowRows, prepare_rows, rows_for
+from .rows import Prefilled, RowBatch, WindowRows, _no_memory_why, prepare_rows, rows_for
 from .sampling import draw
 
 __all__ = ["Engine", "TokenEvent", "Finish"]
@@ -158,7 +158,7 @@ class Engine:
         if memory is not None:
             if not self.has_memory:
                 raise ValueError(
-                    f"memory was given but the model has none ({_no_memory_why(self.config)}): pass memory=None"
+                    f"memory was given but the model has none ({_no_memory_why(self.model)}): pass memory=None"
                 )
             if not isinstance(memory, Memory):
                 raise ValueError(f"memory must be a txl Memory, got {type(memory).__name__}")
@@ -169,7 +169,8 @@ class Engine:
         if generator is None and not params.greedy:
             seed = params.seed
             if seed is None:  # once, now: the request's draws never depend on later requests
-                seed = int(torch.randint(2**62, (), generator=self.generator))
+                device = None if self.generator is None else self.generator.device
+                seed = int(torch.randint(2**62, (), generator=self.generator, device=device))
             generator = torch.Generator(device=self.device).manual_seed(seed)
         request = _Request(self._next_id, prompt, prompt, params, memory, generator)
         request.stop_ids = frozenset(params.stop_ids or ())
@@ -396,8 +397,3 @@ class Engine:
                 self._leaving.append(req)
             events.append(TokenEvent(req.id, token, log_probs, finish))
         return events
-
-
-def _no_memory_why(config: object) -> str:
-    absolute = getattr(config, "attention", None) == "absolute"
-    return "the vanilla baseline (attention='absolute')" if absolute else "mem_len=0"

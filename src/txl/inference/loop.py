@@ -15,7 +15,7 @@ from ..model import Memory, eval_mode
 from ..model.transformer import config_of
 from .engine import Engine, TokenEvent
 from .params import DecodeSettings, SamplingParams
-from .rows import prepare_rows
+from .rows import _no_memory_why, prepare_rows
 
 __all__ = ["Step", "Generation", "generate", "stream", "PAD_ID"]
 
@@ -123,11 +123,7 @@ class _Decoding:
         memories: list[Memory | None] = [None] * batch
         if memory is not None:
             if not self.engine.has_memory:
-                why = (
-                    "the vanilla baseline (attention='absolute')"
-                    if config.attention == "absolute"
-                    else "mem_len=0"
-                )
+                why = _no_memory_why(model)
                 raise ValueError(f"memory was given but the model has none ({why}): pass memory=None")
             if not isinstance(memory, Memory):
                 raise ValueError(f"memory must be a txl Memory, got {type(memory).__name__}")
