@@ -15,7 +15,7 @@ and ``TXL_THREADS_*`` variables, that imports torch before txl as a library user
 - ``configured``: ``txl.configure_threads(workload="tokens")`` before torch is imported (one thread, a passive
   wait: the command's own policy).
 
-The work: ``generate_text(model, ByteVocab(), "class ", GenerationSettings(max_new_tokens=--tokens,
+The work: ``generate_text(model, ByteVocab(), "class ", SamplingParams(max_new_tokens=--tokens,
 temperature=0.8, top_k=40, seed=0))`` on an untrained model of the preset's sizes (vocabulary 256); a warm-up
 call of 4 tokens, then calls until ``--calls`` are timed or ``--max-seconds`` has passed (at least one). The
 figure is the median call's seconds (and tokens/s).
@@ -60,17 +60,17 @@ def worker(variant: str, args: argparse.Namespace) -> dict:
 
     from txl import TransformerXL, load_config
     from txl.data.vocab import ByteVocab
-    from txl.inference import GenerationSettings
+    from txl.inference import SamplingParams
     from txl.inference.text import generate_text
 
     if variant == "without":
-        import txl.inference.loop as loop
+        import txl.inference.engine as engine
 
         @contextlib.contextmanager
         def unchanged(_workload: str = "tokens"):
             yield torch.get_num_threads()
 
-        loop.threads_for = unchanged  # the loop as it was: PyTorch's count while decoding
+        engine.threads_for = unchanged  # decoding as it was: PyTorch's count while decoding
     caller_threads = torch.get_num_threads()
     torch.manual_seed(0)
     config = load_config(args.preset).model
@@ -78,7 +78,7 @@ def worker(variant: str, args: argparse.Namespace) -> dict:
     vocab = ByteVocab()
 
     def call(tokens: int) -> None:
-        settings = GenerationSettings(max_new_tokens=tokens, temperature=0.8, top_k=40, seed=0)
+        settings = SamplingParams(max_new_tokens=tokens, temperature=0.8, top_k=40, seed=0)
         generate_text(model, vocab, "class ", settings)
 
     call(4)  # warm-up: decoding tables, first calls

@@ -51,7 +51,7 @@ import torch
 from _common import hf_config, reset_peak_rss, status_mib, timed
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.inference import GenerationSettings, generate
+from txl.inference import DecodeSettings, SamplingParams, generate
 from txl.model import decode
 
 SIZES = dict(vocab=10_000, n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, prompt=64, new=200)
@@ -87,7 +87,8 @@ def run_txl(model: TransformerXL, prompt: torch.Tensor, mem_len: int, memory=Non
     return generate(
         model,
         prompt,
-        GenerationSettings(max_new_tokens=SIZES["new"], temperature=0, span=Span(mem_len=mem_len)),
+        SamplingParams(max_new_tokens=SIZES["new"], temperature=0),
+        settings=DecodeSettings(span=Span(mem_len=mem_len)),
         memory=memory,
     ).new_tokens
 

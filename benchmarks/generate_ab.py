@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import generate as bench  # noqa: E402  (benchmarks/generate.py: the sizes and the model)
 
 import txl.inference.loop as new  # noqa: E402
-from txl.inference import GenerationSettings  # noqa: E402
+from txl.inference import DecodeSettings, SamplingParams  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("txl.inference._old_loop", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
@@ -32,12 +32,13 @@ mem = 64
 prompt = torch.randint(0, bench.SIZES["vocab"], (1, bench.SIZES["prompt"]))
 model = bench.txl_model(mem)
 memory = bench.full_memory(model, mem)
-settings = GenerationSettings(max_new_tokens=200, temperature=0, span=bench.Span(mem_len=mem))
+params = SamplingParams(max_new_tokens=200, temperature=0)
+settings = DecodeSettings(span=bench.Span(mem_len=mem))
 
 
 def run(mod, memory):
     start = time.perf_counter()
-    out = mod.generate(model, prompt, settings, memory=memory).new_tokens
+    out = mod.generate(model, prompt, params, settings=settings, memory=memory).new_tokens
     return time.perf_counter() - start, out
 
 

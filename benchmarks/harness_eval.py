@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from txl.data.corpora import load_corpus
-from txl.evaluate import EvalSettings, evaluate_run, perplexity
+from txl.evaluation import EvalSettings, evaluate_run, perplexity
 from txl.harness import HarnessSettings, TxlLM, run_tasks
 from txl.runs import load_run_config
 

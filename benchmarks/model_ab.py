@@ -44,10 +44,19 @@ def models(old):
 
 
 def greedy(pkg):
-    """``generate(model, prompt, memory, span)`` of 100 greedy tokens in that package's API (one settings
-    value since the decoding core, keyword arguments before it)."""
+    """``generate(model, prompt, memory, span)`` of 100 greedy tokens in that package's API (per-request params
+    and per-engine settings since the engine, one settings value since the decoding core, keyword arguments
+    before it)."""
     if importlib.util.find_spec(f"{pkg.__name__}.inference") is not None:
         inference = importlib.import_module(f"{pkg.__name__}.inference")
+        if hasattr(inference, "SamplingParams"):
+
+            def engine(model, prompt, memory=None, span=None):
+                params = inference.SamplingParams(max_new_tokens=100, temperature=0)
+                settings = inference.DecodeSettings(span=span)
+                return inference.generate(model, prompt, params, settings=settings, memory=memory)
+
+            return engine
 
         def new(model, prompt, memory=None, span=None):
             settings = inference.GenerationSettings(max_new_tokens=100, temperature=0, span=span)

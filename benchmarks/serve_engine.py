@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from txl.inference import SamplingParams
 from txl.runs import LoadedRun, load_run
-from txl.serve.events import Sampling
+from txl.serve.openai import CompletionRequest
 from txl.serve.scheduler import Scheduler
 from txl.serve.work import Completion, completion_work
 
@@ -29,8 +30,9 @@ def submit_all(
     for i in range(clients):
         job = engine.admit(rows=1, weight=1)
         assert job is not None
-        sampling = Sampling(max_tokens=tokens, temperature=0, top_k=None, top_p=None, seed=i, stop=())
-        completion = Completion(run, [ids], sampling, n=1, session=None, emit=job.emit)
+        params = SamplingParams(max_new_tokens=tokens, temperature=0, seed=i)
+        request = CompletionRequest(prompt="", n=1)
+        completion = Completion(run, [ids], params, request, session=None, emit=job.emit)
         futures.append(engine.submit(job, completion_work(completion, mem_len=run.config.model.mem_len)))
     return [f.result().choices[0].text for f in futures]
 

@@ -6,7 +6,8 @@ the usage it asked for) or refused with 429; anything else counts as an error.
   after every wave.
 - ``throughput``: 16 concurrent streaming clients, greedy, 64 tokens each, against a server with
   ``--max-batch 16`` and one with ``--max-batch 1`` (its queue holds them all), waves alternated: aggregate
-  tokens/s and their ratio.
+  tokens/s and their ratio, and each server's CPU seconds per 1000 tokens and their ratio (which the load of
+  the machine moves much less).
 - ``latency``: time to first token of a client that arrives while 15 others decode, against an idle server,
   alternated; the 15 streams are read by another process (as other users' clients are), and also, for
   comparison, by the measured client's own event loop.
@@ -269,24 +270,40 @@ def scenario_waves(run_dir: Path, args) -> dict:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scenario_throughput(run_dir: Path, args) -> dict:
-    """16 greedy streams of 64 tokens: --max-batch 16 against --max-batch 1, waves alternated."""
+    """16 greedy streams of 64 tokens: --max-batch 16 against --max-batch 1, waves alternated. Besides the
+    tokens/s, each server's CPU seconds per 1000 tokens: what the server spends, which the other processes on
+    the machine (the clients among them) do not change as they change the wall-clock figures."""
     clients, tokens = 16, 64
     rates: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
+    cpu: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
+    clients_cpu: dict[str, list[float]] = {"max_batch_16": [], "max_batch_1": []}
     errors = 0
     with (
-        server(run_dir, "--max-batch", "16", "--queue-size", "16") as (batched, _, ended_b),
-        server(run_dir, "--max-batch", "1", "--queue-size", "16") as (single, _, ended_s),
+        server(run_dir, "--max-batch", "16", "--queue-size", "16") as (batched, batched_pid, ended_b),
+        server(run_dir, "--max-batch", "1", "--queue-size", "16") as (single, single_pid, ended_s),
     ):
         for url in (batched, single):  # warm-up
             asyncio.run(wave(url, 2, 8, seed=0, temperature=0))
+        servers = (("max_batch_16", batched, batched_pid), ("max_batch_1", single, single_pid))
         for _ in range(args.rounds):
-            for name, url in (("max_batch_16", batched), ("max_batch_1", single)):
+            for name, url, pid in servers:
+                before, mine = cpu_seconds(pid), time.process_time()
                 results, seconds = asyncio.run(wave(url, clients, tokens, seed=0, temperature=0))
+                spent, theirs = cpu_seconds(pid) - before, time.process_time() - mine
                 summary = summarise(results, seconds)
                 errors += summary["errors"] + summary["refused_429"]
                 rates[name].append(summary["tokens_per_s"])
+                cpu[name].append(round(1000 * spent / max(summary["tokens"], 1), 3))
+                clients_cpu[name].append(round(1000 * theirs / max(summary["tokens"], 1), 3))
     med = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     return {
         "clients": clients,
         "max_tokens": tokens,
@@ -295,6 +312,10 @@ def scenario_throughput(run_dir: Path, args) -> dict:
         "tokens_per_s": rates,
         "median_tokens_per_s": med,
         "ratio_batched_over_single": round(med["max_batch_16"] / med["max_batch_1"], 2),
+        "server_cpu_s_per_1000_tokens": cpu,
+        "median_server_cpu_s_per_1000_tokens": cpu_med,
+        "cpu_ratio_single_over_batched": round(cpu_med["max_batch_1"] / cpu_med["max_batch_16"], 2),
+        "median_clients_cpu_s_per_1000_tokens": {k: statistics.median(v) for k, v in clients_cpu.items()},
         "errors_or_refused": errors,
         "servers": [ended_b, ended_s],
     }

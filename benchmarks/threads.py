@@ -105,7 +105,7 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
     else:
         from generate import SIZES, full_memory, txl_model
 
-        from txl.inference import GenerationSettings, generate
+        from txl.inference import DecodeSettings, SamplingParams, generate
 
         torch.manual_seed(0)
         model = txl_model(64)
@@ -118,7 +118,8 @@ def worker(mode: str, policy: str, args: argparse.Namespace) -> dict:
             generate(
                 model,
                 prompt,
-                GenerationSettings(max_new_tokens=new, temperature=0, span=Span(mem_len=64)),
+                SamplingParams(max_new_tokens=new, temperature=0),
+                settings=DecodeSettings(span=Span(mem_len=64)),
                 memory=memory,
             )
 

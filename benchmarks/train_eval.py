@@ -17,7 +17,7 @@ the one its trainer builds (``configure_optimizer``: AdamW, fused on the CPU and
 i.e. Adam); Hugging Face's is ``torch.optim.Adam`` with its defaults, as a user of that port would write it.
 ``--variants torch-adam`` adds txl's model with that same ``torch.optim.Adam`` (``train_txl_torch-adam_...``):
 the model-against-model ratio with one optimizer. Evaluation: forward with targets, no gradients, the memory
-carried; txl's as ``txl.evaluate`` runs it, with the memory's keys and values kept in a ``KVCache`` (projected
+carried; txl's as ``txl.evaluation`` runs it, with the memory's keys and values kept in a ``KVCache`` (projected
 once, when their positions were current; Hugging Face projects the whole memory again at every segment).
 ``--variants recompute`` adds txl's evaluation without the cache (``eval_txl_recompute_...``).
 
@@ -152,7 +152,7 @@ class TxlRunner:
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         elif train:  # what txl's trainer uses: AdamW (fused where supported); weight decay 0 makes it Adam
             self.optimizer = configure_optimizer(self.model, TrainConfig(lr=1e-4, weight_decay=0.0))
-        # Evaluation as txl.evaluate runs it: the memory's keys and values kept in a KVCache (float32, eager);
+        # Evaluation as txl.evaluation runs it: the memory's keys and values kept in a KVCache (float32, eager);
         # the "recompute" variant (and bf16, compile) projects the whole memory again at every segment.
         self.cache = None
         if not train and variant == "eager":

@@ -143,3 +143,32 @@ def trained_run(tmp_path_factory) -> Path:
 def trained_run_copy(trained_run, tmp_path) -> Path:
     """A copy of :func:`trained_run` in this test's folder, free to change."""
     return Path(shutil.copytree(trained_run, tmp_path / "run"))
+
+
+def generate_drawing_from(model, prompt, params, generator, *, memory=None):
+    """The rows of ``prompt`` (B, P) as requests of one engine, all drawing from the caller's ``generator``
+    (in row order, at every step): the tokens (B, P + N), new tokens (B, N) and memory, as ``generate``
+    returns them, so that a continuation can draw on from where the generator stopped."""
+    from types import SimpleNamespace
+
+    from txl.inference import Engine
+    from txl.model import Memory
+
+    engine = Engine(model)
+    ids = [
+        engine.add(row, params, memory=None if memory is None else memory.select([r]), generator=generator)
+        for r, row in enumerate(prompt)
+    ]
+    new: dict[int, list[int]] = {i: [] for i in ids}
+    memories: dict[int, Memory] = {}
+    while engine.unfinished:
+        for event in engine.step():
+            new[event.request].append(event.token)
+            if event.finish is not None:
+                memories[event.request] = engine.memory(event.request)
+    new_tokens = torch.tensor([new[i] for i in ids])
+    return SimpleNamespace(
+        tokens=torch.cat([prompt, new_tokens], dim=1),
+        new_tokens=new_tokens,
+        memory=Memory.cat_rows([memories[i] for i in ids]),
+    )

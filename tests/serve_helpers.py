@@ -89,16 +89,13 @@ def wait_for(predicate, *, timeout: float = 20.0, what: str = "a condition") -> 
 
 
 def library_text(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
-    """The library's text for a prompt and sampling settings, one generator seeded with ``seed``: what a
-    request with the same fields must give."""
-    import torch
-
-    from txl.inference import GenerationSettings
+    """The library's text for a prompt and sampling settings, seeded with ``seed``: what a request with the
+    same fields must give."""
+    from txl.inference import SamplingParams
     from txl.inference.text import generate_text
 
-    settings = GenerationSettings(max_new_tokens=n, **sampling)
     return generate_text(
-        run.model, run.vocab, prompt, settings, generator=torch.Generator().manual_seed(seed)
+        run.model, run.vocab, prompt, SamplingParams(max_new_tokens=n, seed=seed, **sampling)
     )
 
 

@@ -44,7 +44,7 @@ from txl.data.corpora import (
     recall_positions,
     synthetic_recall_text,
 )
-from txl.evaluate import EvalSettings, evaluate
+from txl.evaluation import EvalSettings, evaluate
 from txl.runs import LoadedRun
 
 # -- the vanilla recipe -----------------------------------------------------------------------------------

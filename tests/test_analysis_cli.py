@@ -19,7 +19,7 @@ import pytest
 from txl.cli import main
 from txl.config import apply_overrides, load_config, vanilla_baseline
 from txl.data import encode_split, load_corpus, load_vocab
-from txl.evaluate import EvalSettings, evaluate
+from txl.evaluation import EvalSettings, evaluate
 from txl.runs import latest_checkpoint, load_run
 from txl.train.trainer import train
 

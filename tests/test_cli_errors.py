@@ -337,7 +337,7 @@ def test_generate_reads_unknown_words_as_unk_with_a_warning(tmp_path, capsys, te
 def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, monkeypatch):
     """``--batch-size 1000000 --max-tokens 500``: 500 targets fill 500 rows of one target each, so the stream
     and the cache are built with 500 rows (not a million) and the figures are those of ``--batch-size 500``."""
-    import txl.evaluate as evaluate
+    import txl.evaluation as evaluate
 
     built = []
 
@@ -366,7 +366,7 @@ def test_eval_sizes_its_batch_by_the_rows_the_data_fills(trained_run, capsys, mo
 
 
 def test_eval_refuses_a_batch_that_cannot_fit_with_one_line(trained_run, capsys, monkeypatch):
-    import txl.evaluate as evaluate
+    import txl.evaluation as evaluate
 
     config = txl.TransformerXLConfig(vocab_size=100, n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=32)
     # 2 x 10 x 30 x (16 + 32) + 2 x 10 x 2 x 20 x 30 + 10 x 20 x 100 floats = 72,800 floats = 291,200 bytes

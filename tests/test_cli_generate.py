@@ -15,11 +15,10 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import torch
 
 from txl.cli import main
 from txl.data.vocab import ByteVocab
-from txl.inference import GenerationSettings
+from txl.inference import SamplingParams
 from txl.inference.text import TextStream, generate_text
 from txl.runs import load_run
 
@@ -87,8 +86,7 @@ def _reference(run: Path, prompt: str, n: int, *, samples: int = 1, seed: int = 
             loaded.model,
             loaded.vocab,
             prompt,
-            GenerationSettings(max_new_tokens=n, **sampling),
-            generator=torch.Generator().manual_seed(seed + i),
+            SamplingParams(max_new_tokens=n, seed=seed + i, **sampling),
         )
         for i in range(samples)
     ]

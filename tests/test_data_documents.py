@@ -32,7 +32,7 @@ from txl.data import BatchSettings, SegmentStream, load_corpus, prepare_data
 from txl.data.corpora import CorpusError, stdlib_files
 from txl.data.encoded import cache_path, encode_documents
 from txl.data.vocab import ByteVocab, CharVocab, WordVocab
-from txl.evaluate import EvalSettings, evaluate, segment_losses
+from txl.evaluation import EvalSettings, evaluate, segment_losses
 from txl.model import TransformerXL
 from txl.runs import latest_checkpoint
 from txl.train.trainer import resume, train

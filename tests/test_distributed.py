@@ -31,7 +31,7 @@ from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import SINGLE, Distributed, launch_command
 from txl.errors import TxlError
-from txl.evaluate import EvalSettings, evaluate
+from txl.evaluation import EvalSettings, evaluate
 from txl.runs import latest_checkpoint, load_run, read_metrics
 from txl.train.trainer import resume, train
 
@@ -240,7 +240,7 @@ import json, sys
 from txl.checkpoint import ResumeWarning
 from txl.data import prepare_data
 from txl.distributed import from_environment
-from txl.evaluate import EvalSettings, evaluate
+from txl.evaluation import EvalSettings, evaluate
 from txl.runs import load_run
 
 run = load_run(sys.argv[1], checkpoint="latest")

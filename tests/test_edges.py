@@ -237,7 +237,7 @@ def test_available_bytes_reads_meminfo():
     ("argv", "fragments"),
     [
         (
-            # txl.evaluate.check_eval_fits, K = 10^8 + 64 keys, float32: the states, keys and values of 2 layers,
+            # txl.evaluation.check_eval_fits, K = 10^8 + 64 keys, float32: the states, keys and values of 2 layers,
             # 2 x 32 rows x K x (32 + 2 x 2 x 16), and one layer's scores and probabilities, 2 x 32 x 2 heads x
             # 64 x K, + the log-probabilities 32 x 64 x V: 5.22 TiB (more than the cache's 2.79 TiB)
             ["eval", "RUN", "--mem-len", "100000000"],

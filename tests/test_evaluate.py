@@ -10,7 +10,7 @@ import torch
 from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis.context import StreamSettings, stream_losses
 from txl.config import EvalLengths
-from txl.evaluate import EvalSettings, evaluate, segment_losses
+from txl.evaluation import EvalSettings, evaluate, segment_losses
 from txl.model import eval_mode
 from txl.serve.score import score_tokens
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import generate_drawing_from
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
-from txl.inference import Generation, GenerationSettings, filter_logits, generate, sample_next
+from txl.inference import DecodeSettings, Generation, SamplingParams, filter_logits, generate, sample_next
 from txl.inference.text import encode_prompt, generate_text
 
 V = 37
@@ -82,7 +83,10 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
     prompt, n = _prompt(), 8
     spy = Spy(model)
     gen = generate(
-        spy, prompt, GenerationSettings(max_new_tokens=n, temperature=0, prompt_chunk=prompt_chunk)
+        spy,
+        prompt,
+        SamplingParams(max_new_tokens=n, temperature=0),
+        settings=DecodeSettings(prompt_chunk=prompt_chunk),
     )
     ref_tokens, ref_logits = _greedy_recompute(model, prompt, n)
 
@@ -107,10 +111,13 @@ def test_cached_generation_matches_recomputation(cutoffs, prompt_chunk):
 def test_chunked_prompt_gives_identical_generation():
     model = _model(mem_len=20)
     prompt = _prompt(p=7)
-    whole = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
+    whole = generate(model, prompt, SamplingParams(max_new_tokens=6, temperature=0))
     for chunk in (1, 3, 7, 100):
         chunked = generate(
-            model, prompt, GenerationSettings(max_new_tokens=6, temperature=0, prompt_chunk=chunk)
+            model,
+            prompt,
+            SamplingParams(max_new_tokens=6, temperature=0),
+            settings=DecodeSettings(prompt_chunk=chunk),
         )
         assert torch.equal(chunked.tokens, whole.tokens)
 
@@ -119,14 +126,14 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
     model = _model(mem_len=4)
     prompt = _prompt(p=6)
     spy = Spy(model)
-    one = generate(spy, prompt, GenerationSettings(max_new_tokens=10, temperature=0))
+    one = generate(spy, prompt, SamplingParams(max_new_tokens=10, temperature=0))
     assert all(out.memory.length <= 4 for _, _, out in spy.calls)
     assert all(memory is None or memory.length <= 4 for _, memory, _ in spy.calls)
     assert one.memory.length == 4
 
-    first = generate(model, prompt, GenerationSettings(max_new_tokens=5, temperature=0))
+    first = generate(model, prompt, SamplingParams(max_new_tokens=5, temperature=0))
     second = generate(
-        model, first.tokens[:, -1:], GenerationSettings(max_new_tokens=5, temperature=0), memory=first.memory
+        model, first.tokens[:, -1:], SamplingParams(max_new_tokens=5, temperature=0), memory=first.memory
     )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], dim=1), one.new_tokens)
     for a, b in zip(second.memory.states, one.memory.states, strict=True):
@@ -134,7 +141,10 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
 
     # a view with a longer memory (shared weights) remembers everything again
     longer = generate(
-        model, prompt, GenerationSettings(max_new_tokens=10, temperature=0, span=Span(mem_len=16))
+        model,
+        prompt,
+        SamplingParams(max_new_tokens=10, temperature=0),
+        settings=DecodeSettings(span=Span(mem_len=16)),
     )
     assert torch.equal(longer.tokens, _greedy_recompute(model, prompt, 10)[0])
 
@@ -146,20 +156,17 @@ def test_short_memory_is_bounded_and_continues_like_one_call():
 def test_sampled_continuation_equals_one_sampled_call():
     model = _model(mem_len=8)
     prompt = _prompt(p=3)
-    one = generate(
-        model,
-        prompt,
-        GenerationSettings(max_new_tokens=12, top_p=0.9),
-        generator=torch.Generator().manual_seed(5),
+    one = generate_drawing_from(
+        model, prompt, SamplingParams(max_new_tokens=12, top_p=0.9), torch.Generator().manual_seed(5)
     )
     g = torch.Generator().manual_seed(5)
-    first = generate(model, prompt, GenerationSettings(max_new_tokens=7, top_p=0.9), generator=g)
-    second = generate(
+    first = generate_drawing_from(model, prompt, SamplingParams(max_new_tokens=7, top_p=0.9), g)
+    second = generate_drawing_from(
         model,
         first.tokens[:, -1:],
-        GenerationSettings(max_new_tokens=5, top_p=0.9),
+        SamplingParams(max_new_tokens=5, top_p=0.9),
+        g,
         memory=first.memory,
-        generator=g,
     )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], dim=1), one.new_tokens)
 
@@ -170,7 +177,7 @@ def test_restores_training_flags_and_runs_without_dropout_or_grad():
     model.train()
     model.layers[0].eval()  # a mixed state is restored exactly
     before = {name: m.training for name, m in model.named_modules()}
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=6, temperature=0))
     assert {name: m.training for name, m in model.named_modules()} == before
     model.eval()
     ref_tokens, _ = _greedy_recompute(model, prompt, 6)
@@ -180,11 +187,11 @@ def test_restores_training_flags_and_runs_without_dropout_or_grad():
 
 def test_one_dimensional_prompt_is_one_row():
     model = _model()
-    gen = generate(model, torch.tensor([3, 1, 4]), GenerationSettings(max_new_tokens=4, temperature=0))
+    gen = generate(model, torch.tensor([3, 1, 4]), SamplingParams(max_new_tokens=4, temperature=0))
     assert isinstance(gen, Generation)
     assert gen.tokens.shape == (1, 7) and gen.new_tokens.shape == (1, 4)
     assert gen.tokens.dtype == torch.int64
-    ref = generate(model, torch.tensor([[3, 1, 4]]), GenerationSettings(max_new_tokens=4, temperature=0))
+    ref = generate(model, torch.tensor([[3, 1, 4]]), SamplingParams(max_new_tokens=4, temperature=0))
     assert torch.equal(gen.tokens, ref.tokens)
 
 
@@ -198,34 +205,26 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
         generate(
             model,
             prompt,
-            GenerationSettings(max_new_tokens=10, temperature=1.3, top_k=10),
-            generator=torch.Generator().manual_seed(7),
+            SamplingParams(max_new_tokens=10, temperature=1.3, top_k=10, seed=7),
         ).tokens
         for _ in range(2)
     ]
     assert torch.equal(runs[0], runs[1])
-    greedy = generate(model, prompt, GenerationSettings(max_new_tokens=10, temperature=0)).tokens
+    greedy = generate(model, prompt, SamplingParams(max_new_tokens=10, temperature=0)).tokens
     assert torch.equal(greedy, _greedy_recompute(model, prompt, 10)[0])
     top1 = generate(
         model,
         prompt,
-        GenerationSettings(max_new_tokens=10, top_k=1),
-        generator=torch.Generator().manual_seed(3),
+        SamplingParams(max_new_tokens=10, top_k=1, seed=3),
     ).tokens
     assert torch.equal(top1, greedy)
     tiny_p = generate(
         model,
         prompt,
-        GenerationSettings(max_new_tokens=10, top_p=1e-9),
-        generator=torch.Generator().manual_seed(3),
+        SamplingParams(max_new_tokens=10, top_p=1e-9, seed=3),
     ).tokens
     assert torch.equal(tiny_p, greedy)
-    sampled = [
-        generate(
-            model, prompt, GenerationSettings(max_new_tokens=10), generator=torch.Generator().manual_seed(s)
-        ).tokens
-        for s in range(3)
-    ]
+    sampled = [generate(model, prompt, SamplingParams(max_new_tokens=10, seed=s)).tokens for s in range(3)]
     assert any(not torch.equal(s, greedy) for s in sampled)  # sampling is not secretly greedy
 
 
@@ -259,9 +258,7 @@ def test_filters_break_ties_by_lower_id_and_compose():
         [False, True, False, False]
     ]
     assert torch.equal(filter_logits(logits, top_k=10), logits)
-    assert sample_next(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), GenerationSettings(temperature=0)).tolist() == [
-        1
-    ]
+    assert sample_next(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), SamplingParams(temperature=0)).tolist() == [1]
 
 
 def test_sample_next_draws_from_the_filtered_distribution():
@@ -270,21 +267,21 @@ def test_sample_next_draws_from_the_filtered_distribution():
     g = torch.Generator().manual_seed(0)
     counts = torch.bincount(sample_next(logits, generator=g), minlength=4).double() / 4000
     torch.testing.assert_close(counts, probs, atol=0.03, rtol=0)
-    nucleus = sample_next(logits, GenerationSettings(top_p=0.45), generator=g)
+    nucleus = sample_next(logits, SamplingParams(top_p=0.45), generator=g)
     assert set(nucleus.tolist()) == {1, 3}
     share_1 = (nucleus == 1).double().mean().item()
     assert abs(share_1 - 0.4 / 0.7) < 0.03
     # a high temperature flattens, temperature 0 is argmax
     hot = (
         torch.bincount(
-            sample_next(logits, GenerationSettings(temperature=100.0), generator=g), minlength=4
+            sample_next(logits, SamplingParams(temperature=100.0), generator=g), minlength=4
         ).double()
         / 4000
     )
     torch.testing.assert_close(hot, torch.full((4,), 0.25, dtype=torch.float64), atol=0.03, rtol=0)
-    assert sample_next(logits[:3], GenerationSettings(temperature=0)).tolist() == [1, 1, 1]
+    assert sample_next(logits[:3], SamplingParams(temperature=0)).tolist() == [1, 1, 1]
     # temperature applies before the nucleus: at 0.1 token 1 alone holds 94% > 0.9 of the mass
-    cold = sample_next(logits, GenerationSettings(temperature=0.1, top_p=0.9), generator=g)
+    cold = sample_next(logits, SamplingParams(temperature=0.1, top_p=0.9), generator=g)
     assert set(cold.tolist()) == {1}
     again = sample_next(logits[:50], generator=torch.Generator().manual_seed(9))
     assert torch.equal(again, sample_next(logits[:50], generator=torch.Generator().manual_seed(9)))
@@ -298,7 +295,9 @@ def test_absolute_baseline_generates_with_a_sliding_window(context):
     model = _model(attention="absolute")
     prompt, n = _prompt(p=3), 7
     spy = Spy(model)
-    gen = generate(spy, prompt, GenerationSettings(max_new_tokens=n, temperature=0, context=context))
+    gen = generate(
+        spy, prompt, SamplingParams(max_new_tokens=n, temperature=0), settings=DecodeSettings(context=context)
+    )
     ref_tokens, ref_logits = _greedy_recompute(model, prompt, n, context=context)
     assert torch.equal(gen.tokens, ref_tokens)
     assert gen.memory is None
@@ -312,8 +311,10 @@ def test_absolute_baseline_generates_with_a_sliding_window(context):
 def test_window_matters_for_the_baseline():
     model = _model(attention="absolute")
     prompt = _prompt(p=6)
-    full = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0))
-    short = generate(model, prompt, GenerationSettings(max_new_tokens=6, temperature=0, context=2))
+    full = generate(model, prompt, SamplingParams(max_new_tokens=6, temperature=0))
+    short = generate(
+        model, prompt, SamplingParams(max_new_tokens=6, temperature=0), settings=DecodeSettings(context=2)
+    )
     assert not torch.equal(full.tokens, short.tokens)
 
 
@@ -321,13 +322,13 @@ def test_memoryless_models_refuse_memory():
     memory = _model().forward(_prompt()).memory
     for model in (_model(attention="absolute"), _model(mem_len=0)):
         with pytest.raises(ValueError, match="memory"):
-            generate(model, _prompt(), GenerationSettings(max_new_tokens=2), memory=memory)
+            generate(model, _prompt(), SamplingParams(max_new_tokens=2), memory=memory)
 
 
 def test_mem_len_zero_recomputes():
     model = _model(mem_len=0)
     prompt = _prompt()
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=5, temperature=0))
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=5, temperature=0))
     assert gen.memory is None
     assert torch.equal(gen.tokens, _greedy_recompute(model, prompt, 5)[0])
 
@@ -361,25 +362,25 @@ SYMBOLS = "abcdefghijklmnopqrstuvwxyz0123456789\n"  # 37 = V
 def test_generate_text_returns_the_new_text():
     model = _model()
     vocab = CharVocab(SYMBOLS)
-    text = generate_text(model, vocab, "hello", GenerationSettings(max_new_tokens=9, temperature=0))
+    text = generate_text(model, vocab, "hello", SamplingParams(max_new_tokens=9, temperature=0))
     assert isinstance(text, str) and len(text) == 9
     ids = torch.as_tensor(vocab.encode("hello"))
     assert text == vocab.decode(
-        generate(model, ids, GenerationSettings(max_new_tokens=9, temperature=0)).new_tokens[0]
+        generate(model, ids, SamplingParams(max_new_tokens=9, temperature=0)).new_tokens[0]
     )
 
 
 def test_generate_text_unknown_token_and_empty_prompt():
     model = _model()
     with pytest.raises(ValueError, match="Z"):
-        generate_text(model, CharVocab(SYMBOLS), "heZlo", GenerationSettings(max_new_tokens=3))
+        generate_text(model, CharVocab(SYMBOLS), "heZlo", SamplingParams(max_new_tokens=3))
     with pytest.raises(ValueError, match="empty"):
-        generate_text(model, CharVocab(SYMBOLS), "", GenerationSettings(max_new_tokens=3))
+        generate_text(model, CharVocab(SYMBOLS), "", SamplingParams(max_new_tokens=3))
     with_eos = CharVocab(SYMBOLS, eos_id=36)
-    text = generate_text(model, with_eos, "", GenerationSettings(max_new_tokens=4, temperature=0))
-    assert text == generate_text(model, with_eos, "\n", GenerationSettings(max_new_tokens=4, temperature=0))
+    text = generate_text(model, with_eos, "", SamplingParams(max_new_tokens=4, temperature=0))
+    assert text == generate_text(model, with_eos, "\n", SamplingParams(max_new_tokens=4, temperature=0))
     with pytest.raises(ValueError, match="vocab_size"):
-        generate_text(model, CharVocab(SYMBOLS[:-1]), "ab", GenerationSettings(max_new_tokens=3))
+        generate_text(model, CharVocab(SYMBOLS[:-1]), "ab", SamplingParams(max_new_tokens=3))
 
 
 # -- validation --------------------------------------------------------------------------------------------
@@ -407,21 +408,22 @@ def test_generate_text_unknown_token_and_empty_prompt():
 )
 def test_invalid_inputs_raise(prompt, kwargs, match):
     kwargs = {"max_new_tokens": 2, **kwargs}
+    decode = {k: kwargs.pop(k) for k in ("prompt_chunk", "context") if k in kwargs}
     with pytest.raises(ValueError, match=match):
-        generate(_model(), prompt, GenerationSettings(**kwargs))
+        generate(_model(), prompt, SamplingParams(**kwargs), settings=DecodeSettings(**decode))
 
 
 def test_memory_batch_mismatch_and_helper_validation():
     model = _model()
     memory = model(_prompt(b=3)).memory
     with pytest.raises(ValueError, match="batch rows"):
-        generate(model, _prompt(b=2), GenerationSettings(max_new_tokens=2), memory=memory)
+        generate(model, _prompt(b=2), SamplingParams(max_new_tokens=2), memory=memory)
     with pytest.raises(ValueError, match="top_k"):
         filter_logits(torch.zeros(4), top_k=-1)
     with pytest.raises(ValueError, match="top_p"):
         filter_logits(torch.zeros(4), top_p=2)
     with pytest.raises(ValueError, match="temperature"):
-        sample_next(torch.zeros(1, 4), GenerationSettings(temperature=-1))
+        sample_next(torch.zeros(1, 4), SamplingParams(temperature=-1))
     with pytest.raises(ValueError, match="batch, vocab"):
         sample_next(torch.zeros(4))
 
@@ -435,12 +437,12 @@ def test_generate_text_reads_unknown_words_as_unk_with_a_warning():
     model = _model()
     with pytest.warns(UnknownTokensWarning, match=r"2 prompt word\(s\).*'foo', 'bar'"):
         text = generate_text(
-            model, vocab, "w1 foo w2 bar foo", GenerationSettings(max_new_tokens=3, temperature=0)
+            model, vocab, "w1 foo w2 bar foo", SamplingParams(max_new_tokens=3, temperature=0)
         )
         read = encode_prompt(vocab, "w1 foo w2 bar foo")
     assert vocab.decode(read.tolist()) == "w1 <unk> w2 <unk> <unk>"
     unk = generate_text(
-        model, vocab, "w1 <unk> w2 <unk> <unk>", GenerationSettings(max_new_tokens=3, temperature=0)
+        model, vocab, "w1 <unk> w2 <unk> <unk>", SamplingParams(max_new_tokens=3, temperature=0)
     )
     assert text == unk  # the same continuation as the prompt written with <unk>
     with pytest.raises(ValueError, match="'foo'"):
@@ -452,9 +454,9 @@ def test_generate_text_reads_unknown_words_as_unk_with_a_warning():
 def test_generate_text_with_no_new_tokens_returns_the_prompt():
     vocab = CharVocab(SYMBOLS)
     model = _model()
-    assert generate_text(model, vocab, "hello", GenerationSettings(max_new_tokens=0)) == ""
+    assert generate_text(model, vocab, "hello", SamplingParams(max_new_tokens=0)) == ""
     with pytest.raises(ValueError, match="Z"):  # the prompt is still checked
-        generate_text(model, vocab, "heZlo", GenerationSettings(max_new_tokens=0))
+        generate_text(model, vocab, "heZlo", SamplingParams(max_new_tokens=0))
 
 
 @pytest.mark.parametrize(
@@ -473,5 +475,5 @@ def test_sampling_settings_are_checked_by_one_rule_in_config_and_generate(settin
     with pytest.raises(ValueError) as from_config:
         GenerateConfig(**settings)
     with pytest.raises(ValueError) as from_generate:
-        generate(_model(), _prompt(), GenerationSettings(max_new_tokens=2, **settings))
+        generate(_model(), _prompt(), SamplingParams(max_new_tokens=2, **settings))
     assert str(from_config.value) == str(from_generate.value) == message

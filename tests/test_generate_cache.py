@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from conftest import generate_drawing_from
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
-from txl.inference import PAD_ID, GenerationSettings, generate, stream
+from txl.inference import PAD_ID, DecodeSettings, SamplingParams, generate, stream
 from txl.model import KVCache
 from txl.model.decode import Decoder, DecodingTables, OutputLayout, decoding_tables
 
@@ -92,7 +93,7 @@ def test_cached_greedy_equals_plain_forward_with_sliding_memory(variant):
     top2 = ref_scores.topk(2, dim=-1).values
     assert (top2[..., 0] - top2[..., 1]).min() > 1e-4  # no near-ties: greedy is well defined in float32
 
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=n, temperature=0), return_scores=True)
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=n, temperature=0), return_scores=True)
     assert gen.scores.dtype == torch.float32 and gen.scores.shape == (2, n, V)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
@@ -221,9 +222,7 @@ def test_large_vocabulary_decodes_with_the_output_in_blocks():
         model = _model(vocab_size=4099)
         prompt = torch.randint(0, 4099, (2, 6), generator=torch.Generator().manual_seed(4))
         ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 30)
-        gen = generate(
-            model, prompt, GenerationSettings(max_new_tokens=30, temperature=0), return_scores=True
-        )
+        gen = generate(model, prompt, SamplingParams(max_new_tokens=30, temperature=0), return_scores=True)
         tables = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)  # the memo generate made
         assert tables.output is not None and tables.output.weight.shape == (2, 16, 2050)
     finally:
@@ -240,12 +239,12 @@ def test_decoding_tables_are_remembered_until_a_weight_changes():
     prompt = _prompt()
     first = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)
     assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is first
-    generate(model, prompt, GenerationSettings(max_new_tokens=3, temperature=0))
+    generate(model, prompt, SamplingParams(max_new_tokens=3, temperature=0))
     assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is first
     with torch.no_grad():
         model.layers[1].ff.net[3].weight.mul_(-1.5)  # in place: same storage, new version
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, 20)
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=20, temperature=0), return_scores=True)
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=20, temperature=0), return_scores=True)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
     second = decoding_tables(model, longest=12, clamp_len=None, batch_size=2)
@@ -254,7 +253,7 @@ def test_decoding_tables_are_remembered_until_a_weight_changes():
     assert decoding_tables(model, longest=12, clamp_len=None, batch_size=2) is not second
     assert not any(isinstance(value, DecodingTables) for value in vars(model).values())
     model.double()
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=20, temperature=0), return_scores=True)
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=20, temperature=0), return_scores=True)
     assert gen.scores.dtype == torch.float64 and torch.equal(gen.new_tokens, ref_tokens)
 
 
@@ -268,28 +267,26 @@ def test_stream_yields_what_generate_returns(settings):
     gen = generate(
         model,
         prompt,
-        GenerationSettings(max_new_tokens=30, **settings),
-        generator=torch.Generator().manual_seed(4),
+        SamplingParams(max_new_tokens=30, **settings, seed=4),
     )
     steps = [
         step.tokens
         for step in stream(
             model,
             prompt,
-            GenerationSettings(max_new_tokens=30, **settings),
-            generator=torch.Generator().manual_seed(4),
+            SamplingParams(max_new_tokens=30, **settings, seed=4),
         )
     ]
     assert len(steps) == 30 and all(s.shape == (3,) and s.dtype == torch.long for s in steps)
     assert torch.equal(torch.stack(steps, 1), gen.new_tokens)
     if settings.get("temperature") != 0:
-        greedy = generate(model, prompt, GenerationSettings(max_new_tokens=30, temperature=0))
+        greedy = generate(model, prompt, SamplingParams(max_new_tokens=30, temperature=0))
         assert not torch.equal(gen.new_tokens, greedy.new_tokens)  # the sampler is really sampling
 
 
 def test_stream_restores_training_flags_when_closed():
     model = _model().train()
-    steps = stream(model, _prompt(), GenerationSettings(max_new_tokens=10, temperature=0))
+    steps = stream(model, _prompt(), SamplingParams(max_new_tokens=10, temperature=0))
     next(steps)
     assert not model.training  # eval while the stream runs
     steps.close()
@@ -299,11 +296,11 @@ def test_stream_restores_training_flags_when_closed():
 def test_stop_ids_end_each_row_at_its_first_stop():
     model = _model()
     prompt = _prompt(b=4, seed=3)
-    free = generate(model, prompt, GenerationSettings(max_new_tokens=40, temperature=0)).new_tokens  # (4, 40)
+    free = generate(model, prompt, SamplingParams(max_new_tokens=40, temperature=0)).new_tokens  # (4, 40)
     stop = [int(free[0, 5]), int(free[2, 11])]
     first = [next((i for i in range(40) if int(free[r, i]) in stop), None) for r in range(4)]
     assert first[0] <= 5 and first[2] <= 11
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=40, temperature=0, stop_ids=stop))
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=40, temperature=0, stop_ids=stop))
     ends = [40 if f is None else f + 1 for f in first]
     assert gen.lengths.tolist() == ends
     assert gen.finished.tolist() == [f is not None for f in first]
@@ -315,9 +312,7 @@ def test_stop_ids_end_each_row_at_its_first_stop():
     streamed = torch.stack(
         [
             s.tokens
-            for s in stream(
-                model, prompt, GenerationSettings(max_new_tokens=40, temperature=0, stop_ids=stop)
-            )
+            for s in stream(model, prompt, SamplingParams(max_new_tokens=40, temperature=0, stop_ids=stop))
         ],
         1,
     )
@@ -325,10 +320,10 @@ def test_stop_ids_end_each_row_at_its_first_stop():
 
     # every row stops: generation ends at the last row's stop
     all_stop = [int(free[r, 3]) for r in range(4)]
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=40, temperature=0, stop_ids=all_stop))
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=40, temperature=0, stop_ids=all_stop))
     assert gen.finished.all() and gen.new_tokens.shape[1] == int(gen.lengths.max()) <= 4
     with pytest.raises(ValueError, match="stop_ids"):
-        generate(model, prompt, GenerationSettings(max_new_tokens=3, stop_ids=[V]))
+        generate(model, prompt, SamplingParams(max_new_tokens=3, stop_ids=[V]))
 
 
 def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it():
@@ -342,7 +337,7 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
         return original(tokens, **kwargs)
 
     model.forward = spy
-    gen = generate(model, prompt, GenerationSettings(max_new_tokens=n, temperature=0), return_scores=True)
+    gen = generate(model, prompt, SamplingParams(max_new_tokens=n, temperature=0), return_scores=True)
     del model.forward
     assert seen == [8, 8, 8, 8, 8, 5]  # chunks of at most mem_len; the new tokens go through the Decoder
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, n, chunk=8)
@@ -356,7 +351,8 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
         got = generate(
             model,
             prompt,
-            GenerationSettings(max_new_tokens=n, temperature=0, span=wide, prompt_chunk=chunk),
+            SamplingParams(max_new_tokens=n, temperature=0),
+            settings=DecodeSettings(span=wide, prompt_chunk=chunk),
             return_scores=True,
         )
         assert torch.equal(got.new_tokens, whole_tokens)
@@ -367,44 +363,34 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
 def test_prompts_of_different_lengths_equal_one_row_at_a_time():
     model = _model()
     rows = [_prompt(b=1, p=p, seed=p)[0] for p in (7, 3, 7, 1, 15)]
-    gen = generate(model, rows, GenerationSettings(max_new_tokens=25, temperature=0), return_scores=True)
+    gen = generate(model, rows, SamplingParams(max_new_tokens=25, temperature=0), return_scores=True)
     assert gen.tokens.shape == (5, 15 + 25) and gen.new_tokens.shape == (5, 25)
     for r, row in enumerate(rows):
-        alone = generate(model, row, GenerationSettings(max_new_tokens=25, temperature=0), return_scores=True)
+        alone = generate(model, row, SamplingParams(max_new_tokens=25, temperature=0), return_scores=True)
         assert torch.equal(gen.new_tokens[r], alone.new_tokens[0])
         torch.testing.assert_close(gen.scores[r], alone.scores[0], atol=1e-5, rtol=0)
         pad = 15 - len(row)
         assert (gen.tokens[r, :pad] == PAD_ID).all() and torch.equal(gen.tokens[r, pad:15], row)
     # every row's history is longer than mem_len (12): one memory, in row order, that continues each row
     more = generate(
-        model, gen.tokens[:, -1:], GenerationSettings(max_new_tokens=5, temperature=0), memory=gen.memory
+        model, gen.tokens[:, -1:], SamplingParams(max_new_tokens=5, temperature=0), memory=gen.memory
     )
     for r, row in enumerate(rows):
-        alone = generate(model, row, GenerationSettings(max_new_tokens=30, temperature=0))
+        alone = generate(model, row, SamplingParams(max_new_tokens=30, temperature=0))
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 25:])
     # short histories of different lengths: one memory whose per-row reach keeps each row's own history
-    short = generate(model, [rows[1], rows[3]], GenerationSettings(max_new_tokens=2, temperature=0))
+    short = generate(model, [rows[1], rows[3]], SamplingParams(max_new_tokens=2, temperature=0))
     assert short.memory.reach.tolist() == [4, 2]
     more = generate(
-        model, short.tokens[:, -1:], GenerationSettings(max_new_tokens=6, temperature=0), memory=short.memory
+        model, short.tokens[:, -1:], SamplingParams(max_new_tokens=6, temperature=0), memory=short.memory
     )
     for r, row in enumerate([rows[1], rows[3]]):
-        alone = generate(model, row, GenerationSettings(max_new_tokens=8, temperature=0))
+        alone = generate(model, row, SamplingParams(max_new_tokens=8, temperature=0))
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 2:])
     # one generator draws for all rows at once, in row order
-    sampled = [
-        generate(
-            model, rows, GenerationSettings(max_new_tokens=10), generator=torch.Generator().manual_seed(8)
-        ).new_tokens
-        for _ in range(2)
-    ]
+    sampled = [generate(model, rows, SamplingParams(max_new_tokens=10, seed=8)).new_tokens for _ in range(2)]
     assert torch.equal(sampled[0], sampled[1])
-    steps = [
-        s.tokens
-        for s in stream(
-            model, rows, GenerationSettings(max_new_tokens=10), generator=torch.Generator().manual_seed(8)
-        )
-    ]
+    steps = [s.tokens for s in stream(model, rows, SamplingParams(max_new_tokens=10, seed=8))]
     assert torch.equal(torch.stack(steps, 1), sampled[0])
 
 
@@ -412,21 +398,18 @@ def test_prompts_of_different_lengths_equal_one_row_at_a_time():
 def test_continuing_with_the_returned_memory_equals_one_longer_generation(variant):
     model = _model(**VARIANTS[variant])
     prompt = _prompt(b=2, p=10)
-    one = generate(
-        model,
-        prompt,
-        GenerationSettings(max_new_tokens=30, top_k=5),
-        generator=torch.Generator().manual_seed(1),
+    one = generate_drawing_from(
+        model, prompt, SamplingParams(max_new_tokens=30, top_k=5), torch.Generator().manual_seed(1)
     )
     g = torch.Generator().manual_seed(1)
-    first = generate(model, prompt, GenerationSettings(max_new_tokens=17, top_k=5), generator=g)
+    first = generate_drawing_from(model, prompt, SamplingParams(max_new_tokens=17, top_k=5), g)
     assert first.memory.length == 12  # the memory after tokens[:, :-1], truncated to mem_len
-    second = generate(
+    second = generate_drawing_from(
         model,
         first.tokens[:, -1:],
-        GenerationSettings(max_new_tokens=13, top_k=5),
+        SamplingParams(max_new_tokens=13, top_k=5),
+        g,
         memory=first.memory,
-        generator=g,
     )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], 1), one.new_tokens)
     for a, b in zip(second.memory.states, one.memory.states, strict=True):
@@ -436,8 +419,8 @@ def test_continuing_with_the_returned_memory_equals_one_longer_generation(varian
 def test_outputs_are_ordinary_tensors_usable_for_training():
     """Generation runs in inference mode; what it returns can still enter autograd."""
     model = _model()
-    gen = generate(model, _prompt(), GenerationSettings(max_new_tokens=5, temperature=0), return_scores=True)
-    step = next(stream(model, _prompt(), GenerationSettings(max_new_tokens=5, temperature=0)))
+    gen = generate(model, _prompt(), SamplingParams(max_new_tokens=5, temperature=0), return_scores=True)
+    step = next(stream(model, _prompt(), SamplingParams(max_new_tokens=5, temperature=0)))
     assert not any(
         t.is_inference()
         for t in (
@@ -472,7 +455,7 @@ def test_outputs_are_ordinary_tensors_usable_for_training():
 def test_evaluation_reusing_keys_equals_recomputing_them(variant, span, tgt_len):
     """evaluate() with the key/value cache (the default) gives the losses of forward with a memory, segment by
     segment, for every stream; the last batch is shorter and padded."""
-    from txl.evaluate import EvalSettings, evaluate
+    from txl.evaluation import EvalSettings, evaluate
 
     model = _model(torch.float64, **VARIANTS[variant])
     tokens = torch.randint(0, V, (203,), generator=torch.Generator().manual_seed(5))

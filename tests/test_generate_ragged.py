@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from txl import TransformerXL, TransformerXLConfig
-from txl.inference import PAD_ID, GenerationSettings, generate, stream
+from txl.inference import PAD_ID, DecodeSettings, SamplingParams, generate, stream
 from txl.model.decode import Decoder
 
 V = 43
@@ -30,23 +30,32 @@ def _rows(lengths, seed=2):
 
 
 def _seeds(n, base=100):
-    return [torch.Generator().manual_seed(base + r) for r in range(n)]
+    return [base + r for r in range(n)]
+
+
+def _split(settings):
+    """The keyword arguments of the old single settings value as (params fields, decode fields)."""
+    decode = {k: settings[k] for k in ("span", "context", "prompt_chunk") if k in settings}
+    return {k: v for k, v in settings.items() if k not in decode}, DecodeSettings(**decode)
 
 
 def _assert_rows_as_alone(model, rows, *, seeds=None, **settings):
-    """generate(rows) as one batch against each row alone (a fresh generator in the same state per row)."""
+    """generate(rows) as one batch against each row alone (the same seed per row)."""
+    sampling, decode = _split(settings)
     gen = generate(
         model,
         rows,
-        GenerationSettings(**settings),
-        generator=None if seeds is None else _seeds(len(rows)),
+        SamplingParams(**sampling)
+        if seeds is None
+        else [SamplingParams(**sampling, seed=s) for s in _seeds(len(rows))],
+        settings=decode,
         return_scores=True,
     )
     width = max(len(row) for row in rows)
     for r, row in enumerate(rows):
-        generator = None if seeds is None else _seeds(len(rows))[r]
+        seed = None if seeds is None else _seeds(len(rows))[r]
         alone = generate(
-            model, [row], GenerationSettings(**settings), generator=generator, return_scores=True
+            model, [row], SamplingParams(**sampling, seed=seed), settings=decode, return_scores=True
         )
         assert torch.equal(gen.new_tokens[r], alone.new_tokens[0]), (r, settings)
         torch.testing.assert_close(gen.scores[r], alone.scores[0], atol=1e-12, rtol=0)
@@ -73,8 +82,7 @@ def test_two_prompts_of_different_lengths_in_every_sampling_mode(settings):
         generate(
             model,
             rows,
-            GenerationSettings(max_new_tokens=6, **settings),
-            generator=torch.Generator().manual_seed(4),
+            SamplingParams(max_new_tokens=6, **settings, seed=4),
         )
         for _ in "ab"
     ]
@@ -98,7 +106,7 @@ def test_eight_lengths_run_as_one_batch_in_lockstep(monkeypatch):
         "step",
         lambda self, token, **kw: calls.append(("step", token.shape)) or step(self, token, **kw),
     )
-    gen = generate(model, rows, GenerationSettings(max_new_tokens=10, temperature=0))
+    gen = generate(model, rows, SamplingParams(max_new_tokens=10, temperature=0))
     assert calls == [("prefill", (8, 16))] + [("step", (8,))] * 9
     monkeypatch.undo()
     _assert_rows_as_alone(model, rows, max_new_tokens=10, temperature=0)
@@ -106,10 +114,10 @@ def test_eight_lengths_run_as_one_batch_in_lockstep(monkeypatch):
         min(n + 9, 16) for n in (1, 2, 3, 5, 8, 11, 13, 16)
     ]
     more = generate(
-        model, gen.tokens[:, -1:], GenerationSettings(max_new_tokens=4, temperature=0), memory=gen.memory
+        model, gen.tokens[:, -1:], SamplingParams(max_new_tokens=4, temperature=0), memory=gen.memory
     )
     for r, row in enumerate(rows):
-        alone = generate(model, [row], GenerationSettings(max_new_tokens=14, temperature=0))
+        alone = generate(model, [row], SamplingParams(max_new_tokens=14, temperature=0))
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 10:])
 
 
@@ -122,13 +130,13 @@ def test_prompts_longer_than_a_chunk_and_after_a_memory(variant):
     _assert_rows_as_alone(model, rows, seeds=True, max_new_tokens=12, prompt_chunk=4, top_k=6)
     memory = model(torch.randint(0, V, (4, 7), generator=torch.Generator().manual_seed(3))).memory
     gen = generate(
-        model, rows, GenerationSettings(max_new_tokens=12, temperature=0), memory=memory, return_scores=True
+        model, rows, SamplingParams(max_new_tokens=12, temperature=0), memory=memory, return_scores=True
     )
     for r, row in enumerate(rows):
         alone = generate(
             model,
             [row],
-            GenerationSettings(max_new_tokens=12, temperature=0),
+            SamplingParams(max_new_tokens=12, temperature=0),
             memory=memory.select([r]),
             return_scores=True,
         )
@@ -151,28 +159,59 @@ def test_the_window_path_takes_ragged_rows(changes):
 def test_stop_ids_and_stream_with_ragged_rows():
     model = _model()
     rows = _rows([5, 1, 3])
-    first = generate(model, rows, GenerationSettings(max_new_tokens=12, temperature=0))
+    first = generate(model, rows, SamplingParams(max_new_tokens=12, temperature=0))
     stop = int(first.new_tokens[1, 2])
-    gen = generate(model, rows, GenerationSettings(max_new_tokens=12, temperature=0, stop_ids=[stop]))
+    gen = generate(model, rows, SamplingParams(max_new_tokens=12, temperature=0, stop_ids=[stop]))
     for r, row in enumerate(rows):
-        alone = generate(model, [row], GenerationSettings(max_new_tokens=12, temperature=0, stop_ids=[stop]))
+        alone = generate(model, [row], SamplingParams(max_new_tokens=12, temperature=0, stop_ids=[stop]))
         n = int(alone.lengths[0])
         assert int(gen.lengths[r]) == n and torch.equal(gen.new_tokens[r, :n], alone.new_tokens[0, :n])
     steps = [
         s.tokens
-        for s in stream(model, rows, GenerationSettings(max_new_tokens=12, top_p=0.9), generator=_seeds(3))
+        for s in stream(
+            model, rows, [SamplingParams(max_new_tokens=12, top_p=0.9, seed=s) for s in _seeds(3)]
+        )
     ]
     assert torch.equal(
         torch.stack(steps, 1),
         generate(
-            model, rows, GenerationSettings(max_new_tokens=12, top_p=0.9), generator=_seeds(3)
+            model, rows, [SamplingParams(max_new_tokens=12, top_p=0.9, seed=s) for s in _seeds(3)]
         ).new_tokens,
     )
 
 
-def test_a_list_of_generators_must_have_one_per_row():
+def test_a_list_of_params_must_have_one_per_row():
     model = _model()
     with pytest.raises(ValueError, match="one per row"):
-        generate(model, _rows([2, 3]), GenerationSettings(max_new_tokens=2), generator=_seeds(3))
-    with pytest.raises(ValueError, match="generator"):
-        generate(model, _rows([2, 3]), GenerationSettings(max_new_tokens=2), generator=7)
+        generate(model, _rows([2, 3]), [SamplingParams(max_new_tokens=2, seed=s) for s in _seeds(3)])
+    with pytest.raises(ValueError, match="params"):
+        generate(model, _rows([2, 3]), 7)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "together"), [((3, 9, 14, 6), True), ((3, 9, 19, 6), False)], ids=["fit", "longer"]
+)
+def test_prompts_longer_than_a_chunk_are_prefilled_together_while_the_memory_holds_them(
+    lengths, together, monkeypatch
+):
+    """Memory 12, chunks of 5: prompts of up to 15 tokens (every query of the last chunk still sees its whole
+    prompt) are prefilled as one left-padded batch, chunk by chunk; a longer one makes each prompt read alone
+    (its chunks then fall where they fall alone). Either way each row equals its prompt alone."""
+    model = _model()
+    rows = _rows(lengths)
+    shapes = []
+    forward = TransformerXL.forward
+    monkeypatch.setattr(
+        TransformerXL,
+        "forward",
+        lambda self, tokens, **kw: shapes.append(tokens.shape) or forward(self, tokens, **kw),
+    )
+    generate(
+        model, rows, SamplingParams(max_new_tokens=2, temperature=0), settings=DecodeSettings(prompt_chunk=5)
+    )
+    monkeypatch.undo()
+    if together:
+        assert shapes == [(4, 5), (4, 5), (4, 4)]
+    else:
+        assert all(shape[0] == 1 for shape in shapes) and len(shapes) == 1 + 2 + 4 + 2
+    _assert_rows_as_alone(model, rows, seeds=True, max_new_tokens=10, prompt_chunk=5, top_k=6)

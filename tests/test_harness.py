@@ -1,5 +1,5 @@
 """txl as a model of lm-evaluation-harness: rolling log-likelihoods read with memory against one long pass and
-against ``txl.evaluate``, the windows read alone without memory, log-likelihoods of a continuation, generation
+against ``txl.evaluation``, the windows read alone without memory, log-likelihoods of a continuation, generation
 with stop strings, local tasks through ``simple_evaluate`` and ``txl harness``, and the error without the extra.
 Everything offline, on tiny runs trained here; the model is made float64 where sums are compared to 1e-6."""
 
@@ -25,7 +25,7 @@ lm_eval = pytest.importorskip(
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from txl.data.vocab import start_token  # noqa: E402
-from txl.evaluate import EvalSettings, evaluate  # noqa: E402
+from txl.evaluation import EvalSettings, evaluate  # noqa: E402
 from txl.harness import TxlLM  # noqa: E402
 
 DOCS = [
@@ -142,7 +142,7 @@ def test_loglikelihood_equals_scoring_context_and_continuation(trained_run):
 
 
 def test_generate_until_stops_at_until_and_max_gen_toks(trained_run):
-    from txl.inference import GenerationSettings, generate
+    from txl.inference import SamplingParams, generate
 
     lm = TxlLM(run=str(trained_run), batch_size=2)
     prompts = ["def f(x):\n", "import "]
@@ -154,11 +154,7 @@ def test_generate_until_stops_at_until_and_max_gen_toks(trained_run):
     )
     for prompt, text in zip(prompts, free, strict=True):  # greedy, as txl's own generation
         ids = torch.tensor(lm.vocab.encode(prompt).tolist())
-        own = (
-            generate(lm.model, ids, GenerationSettings(max_new_tokens=12, temperature=0))
-            .new_tokens[0]
-            .tolist()
-        )
+        own = generate(lm.model, ids, SamplingParams(max_new_tokens=12, temperature=0)).new_tokens[0].tolist()
         assert text == lm.vocab.decode(own)
         assert len(text.encode()) <= 12
     cut = free[0][3:5]  # a string the greedy text holds
@@ -419,7 +415,7 @@ def test_words_a_word_vocabulary_never_saw_are_read_as_unk_with_a_count(tmp_path
 def test_generate_until_rows_join_and_leave_each_as_alone(trained_run, mem_len):
     # 6 requests through 2 rows: rows leave at their stop string or max_gen_toks and the next request joins;
     # each text is the greedy continuation of its prompt alone, cut before its first until string
-    from txl.inference import GenerationSettings, generate
+    from txl.inference import DecodeSettings, SamplingParams, generate
 
     lm = TxlLM(run=str(trained_run), batch_size=2, **({} if mem_len is None else {"mem_len": mem_len}))
     asks = [
@@ -438,8 +434,9 @@ def test_generate_until_rows_join_and_leave_each_as_alone(trained_run, mem_len):
     )
     for (prompt, until, n), text in zip(asks, got, strict=True):
         ids = torch.tensor(lm.vocab.encode(prompt).tolist())
-        settings = GenerationSettings(max_new_tokens=n, temperature=0, span=lm.span, context=lm.tgt_len)
-        full = lm.vocab.decode(generate(lm.model, ids, settings).new_tokens[0].tolist())
+        settings = DecodeSettings(span=lm.span, context=lm.tgt_len)
+        params = SamplingParams(max_new_tokens=n, temperature=0)
+        full = lm.vocab.decode(generate(lm.model, ids, params, settings=settings).new_tokens[0].tolist())
         cuts = [full.index(s) for s in until if s in full]
         assert text == full[: min(cuts)] if cuts else text == full
     assert any(got[i] != "" for i in range(len(asks)))

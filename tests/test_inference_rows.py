@@ -11,15 +11,8 @@ import pytest
 import torch
 
 from txl import Memory, TransformerXL, TransformerXLConfig
-from txl.inference import (
-    GenerationSettings,
-    Prefilled,
-    RowBatch,
-    WindowRows,
-    draw,
-    generate,
-    rows_for,
-)
+from txl.inference import DecodeSettings, SamplingParams, draw, generate
+from txl.inference.rows import Prefilled, RowBatch, WindowRows, rows_for
 
 V = 29
 
@@ -55,7 +48,7 @@ def _requests(*, with_memory: bool, model: TransformerXL) -> list[Request]:
         earlier = generate(
             model,
             [torch.randint(0, V, (n,), generator=g) for n in (2, 9)],
-            GenerationSettings(max_new_tokens=1, temperature=0),
+            SamplingParams(max_new_tokens=1, temperature=0),
         )
         assert earlier.memory is not None and earlier.memory.reach is not None
         requests[3].memory = earlier.memory.select([0])
@@ -63,7 +56,7 @@ def _requests(*, with_memory: bool, model: TransformerXL) -> list[Request]:
     return requests
 
 
-def _serve(rows: RowBatch | WindowRows, requests: list[Request], settings: GenerationSettings):
+def _serve(rows: RowBatch | WindowRows, requests: list[Request], settings: SamplingParams):
     """Drive ``rows`` as a server would: requests join free rows when they arrive (or when a row frees),
     every step feeds one token per row, a row leaves when its request has its tokens."""
     waiting = list(range(len(requests)))
@@ -107,8 +100,9 @@ def _serve(rows: RowBatch | WindowRows, requests: list[Request], settings: Gener
 @pytest.mark.parametrize("memory", [True, False], ids=["RowBatch", "WindowRows"])
 def test_rows_that_join_and_leave_mid_decode_equal_their_prompt_alone(temperature, memory):
     model = _model() if memory else _model(attention="absolute")
-    settings = GenerationSettings(temperature=temperature, top_p=0.95 if temperature else None, context=6)
-    rows = rows_for(model, 3, settings)
+    settings = SamplingParams(temperature=temperature, top_p=0.95 if temperature else None)
+    decode = DecodeSettings(context=6)
+    rows = rows_for(model, DecodeSettings(context=6, rows=3))
     assert isinstance(rows, RowBatch if memory else WindowRows)
     requests = _requests(with_memory=memory, model=model)
     out = _serve(rows, requests, settings)
@@ -117,13 +111,10 @@ def test_rows_that_join_and_leave_mid_decode_equal_their_prompt_alone(temperatur
         alone = generate(
             model,
             [request.prompt],
-            GenerationSettings(
-                max_new_tokens=request.new,
-                temperature=temperature,
-                top_p=settings.top_p,
-                context=settings.context,
+            SamplingParams(
+                max_new_tokens=request.new, temperature=temperature, top_p=settings.top_p, seed=request.seed
             ),
-            generator=torch.Generator().manual_seed(request.seed),
+            settings=DecodeSettings(context=decode.context),
             memory=request.memory,
             return_scores=True,
         )
@@ -165,8 +156,8 @@ def test_a_ragged_prompt_one_longer_than_the_chunk_is_prefilled_in_chunks():
     chunk = 6
     g = torch.Generator().manual_seed(3)
     rows = [torch.randint(0, V, (n,), generator=g) for n in (3, chunk + 1, chunk)]
-    settings = GenerationSettings(max_new_tokens=5, temperature=0, prompt_chunk=chunk)
-    gen = generate(model, rows, settings, return_scores=True)
+    settings = SamplingParams(max_new_tokens=5, temperature=0)
+    gen = generate(model, rows, settings, settings=DecodeSettings(prompt_chunk=chunk), return_scores=True)
     for r, row in enumerate(rows):
         tokens, scores = _segmentwise(model, row, chunk=chunk, n=5)
         assert gen.new_tokens[r].tolist() == tokens, r
@@ -175,7 +166,7 @@ def test_a_ragged_prompt_one_longer_than_the_chunk_is_prefilled_in_chunks():
 
 def test_rows_refuse_what_they_cannot_do():
     model = _model()
-    rows = RowBatch(model, 2)
+    rows = RowBatch(model, DecodeSettings(rows=2))
     with pytest.raises(ValueError, match="no row has joined"):
         rows.step(torch.zeros(2, dtype=torch.long))
     first = rows.prefill(torch.tensor([1, 2, 3]))
@@ -193,14 +184,14 @@ def test_rows_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="memory has 1 batch rows, the prompt 2"):
         rows.prefill(torch.tensor([[1, 2], [3, 4]]), Memory.zeros(model.config, 1, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="use WindowRows"):
-        RowBatch(_model(attention="absolute"), 2)
-    window = WindowRows(_model(attention="absolute"), 2)
+        RowBatch(_model(attention="absolute"), DecodeSettings(rows=2))
+    window = WindowRows(_model(attention="absolute"), DecodeSettings(rows=2))
     with pytest.raises(ValueError, match="the model has none"):
         window.prefill(torch.tensor([1]), Memory.zeros(model.config, 1, 3))
     with pytest.raises(ValueError, match="made by RowBatch"):
         window.join(0, first)
     with pytest.raises(ValueError, match="rows must be a positive integer"):
-        WindowRows(model, 0)
+        WindowRows(model, DecodeSettings(rows=0))
 
 
 def test_a_batch_that_began_whole_takes_a_later_row():
@@ -210,8 +201,7 @@ def test_a_batch_that_began_whole_takes_a_later_row():
     g = torch.Generator().manual_seed(9)
     first = [torch.randint(0, V, (n,), generator=g) for n in (2, 3)]
     later = torch.randint(0, V, (13,), generator=g)
-    settings = GenerationSettings(temperature=0)
-    rows = RowBatch(model, 2, settings)
+    rows = RowBatch(model, DecodeSettings(rows=2))
     prefilled = rows.prefill(first)
     rows.join([0, 1], prefilled)
     assert rows.cache is prefilled.cache and rows.cache.length == 3  # no copy, no wider than needed
@@ -235,7 +225,7 @@ def test_a_batch_that_began_whole_takes_a_later_row():
         alone = generate(
             model,
             [prompt],
-            GenerationSettings(max_new_tokens=len(got[request]), temperature=0),
+            SamplingParams(max_new_tokens=len(got[request]), temperature=0),
             return_scores=True,
         )
         assert got[request] == alone.new_tokens[0].tolist()
@@ -247,8 +237,8 @@ def test_one_prefill_joins_several_rows_as_choices():
     samples what the prompt alone samples from its generator."""
     model = _model()
     prompt = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(2))
-    settings = GenerationSettings(temperature=1.0)
-    rows = RowBatch(model, 3, settings)
+    settings = SamplingParams(temperature=1.0)
+    rows = RowBatch(model, DecodeSettings(rows=3))
     prefilled = rows.prefill(prompt)
     rows.join(2, prefilled)
     rows.join(0, prefilled)
@@ -266,12 +256,11 @@ def test_one_prefill_joins_several_rows_as_choices():
         alone = generate(
             model,
             prompt,
-            GenerationSettings(max_new_tokens=8),
-            generator=torch.Generator().manual_seed(seed),
+            SamplingParams(max_new_tokens=8, seed=seed),
         )
         assert got[r] == alone.new_tokens[0].tolist()
     assert got[0] != got[2]
-    whole = RowBatch(model, 1, settings)
+    whole = RowBatch(model, DecodeSettings(rows=1))
     first = whole.prefill(prompt)
     whole.join(0, first)
     whole.free(0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from txl import Memory
-from txl.inference import GenerationSettings, generate
+from txl.inference import SamplingParams, generate
 from txl.interop import CheckpointError, config_from_hf, load_hf
 
 transformers = pytest.importorskip(
@@ -132,7 +132,7 @@ def test_greedy_generation_matches_transformers(tmp_path, variant):
     zeros = Memory(
         tuple(torch.zeros(2, ours.config.mem_len, BASE["d_model"]) for _ in range(ours.config.n_layer))
     )  # HF starts from mem_len zero vectors
-    got = generate(ours, prompt, GenerationSettings(max_new_tokens=12, temperature=0.0), memory=zeros)
+    got = generate(ours, prompt, SamplingParams(max_new_tokens=12, temperature=0.0), memory=zeros)
     assert expected.shape == got.tokens.shape
     assert torch.equal(got.tokens, expected)
 

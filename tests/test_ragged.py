@@ -1,4 +1,4 @@
-"""The ragged scorer (``txl.evaluate.ragged_losses``): rows of different lengths read together, rows leaving
+"""The ragged scorer (``txl.evaluation.ragged_losses``): rows of different lengths read together, rows leaving
 and joining the batch, each row's losses, log-probabilities, greedy flags and final memory equal to reading it
 alone with ``segment_losses``; rows that start from a memory; models without memory."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.evaluate import EvalSettings, RaggedSettings, ragged_losses, score_rows, segment_losses
+from txl.evaluation import EvalSettings, RaggedSettings, ragged_losses, score_rows, segment_losses
 from txl.model import Memory
 
 V = 40

@@ -15,7 +15,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi", reason="txl serve needs fastapi: pip install 'transformer-xl[serve]'")
 pytest.importorskip("httpx", reason="the API tests need httpx (fastapi.testclient)")
@@ -26,7 +25,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from serve_helpers import live_server, sse_data, train_char_run, wait_for  # noqa: E402
 from txl.cli import main  # noqa: E402
 from txl.data import encode_split, load_corpus  # noqa: E402
-from txl.inference import GenerationSettings  # noqa: E402
+from txl.inference import SamplingParams  # noqa: E402
 from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve.app import create_app  # noqa: E402
@@ -56,8 +55,7 @@ def _reference(run_dir: Path, prompt: str, n: int, *, seed: int = 0, **sampling)
         run.model,
         run.vocab,
         prompt,
-        GenerationSettings(max_new_tokens=n, **sampling),
-        generator=torch.Generator().manual_seed(seed),
+        SamplingParams(max_new_tokens=n, seed=seed, **sampling),
     )
 
 

@@ -2,7 +2,7 @@
 they give alone (and what the library gives); a disconnect frees its row; the OpenAI fields (``echo``,
 ``logprobs``, token-id prompts, ``n``, ``max_tokens: 0``) checked against the model's forward with memory and
 ``/v1/score``, through the official ``openai`` client, streamed and not; ``--api-key``; sessions whose memory
-persists, against one pass of ``txl.evaluate``'s loop."""
+persists, against one pass of ``txl.evaluation``'s loop."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import live_server, sse_data, train_char_run, wait_for  # noqa: E402
-from txl.inference import GenerationSettings  # noqa: E402
+from txl.inference import SamplingParams  # noqa: E402
 from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve import listening_note  # noqa: E402
@@ -56,8 +56,7 @@ def _reference(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
         run.model,
         run.vocab,
         prompt,
-        GenerationSettings(max_new_tokens=n, **sampling),
-        generator=torch.Generator().manual_seed(seed),
+        SamplingParams(max_new_tokens=n, seed=seed, **sampling),
     )
 
 

@@ -16,8 +16,8 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from serve_helpers import train_char_run  # noqa: E402
-from txl.evaluate import EvalSettings, segment_losses  # noqa: E402
-from txl.inference import GenerationSettings, generate  # noqa: E402
+from txl.evaluation import EvalSettings, segment_losses  # noqa: E402
+from txl.inference import SamplingParams, generate  # noqa: E402
 from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve.app import create_app  # noqa: E402
@@ -89,7 +89,7 @@ def test_a_session_completion_continues_the_last_positions_of_a_long_reading(cli
     assert memory.length == 48 > run.config.model.mem_len == 16
     kept = Memory(tuple(state[:, -16:] for state in memory.states))
     prompt = torch.cat([ids[-1:], torch.as_tensor(run.vocab.encode(PROMPT), dtype=torch.long)])
-    settings = GenerationSettings(max_new_tokens=24, temperature=0)
+    settings = SamplingParams(max_new_tokens=24, temperature=0)
     out = generate(run.model, prompt[None], settings, memory=kept, return_scores=True)
     assert choice["text"] == run.vocab.decode(out.new_tokens[0].tolist())
     expected = out.scores[0].gather(-1, out.new_tokens[0][:, None])[:, 0]  # (24,)

@@ -1,6 +1,7 @@
 """Text around the decoding loop (``txl.inference.text``): a run's samples are the exact decoding of what was
 generated (not the pieces a stream printed), the prompt is decoded once, ``txl serve`` reads prompts as ``txl
-generate`` does; and the settings travel as one checked value (``GenerationSettings``)."""
+generate`` does; and what a request asks travels as one checked value (``SamplingParams``), how an engine
+decodes as another (``DecodeSettings``)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import torch
 
 import txl
 import txl.inference
+from conftest import generate_drawing_from
 from txl.config import RunConfig, TransformerXLConfig
 from txl.data.vocab import WordVocab
-from txl.inference import GenerationSettings, generate, stream
+from txl.inference import DecodeSettings, SamplingParams, generate, stream
 from txl.inference.text import (
     UnknownTokensWarning,
     encode_prompt,
@@ -76,10 +78,10 @@ def test_run_samples_are_the_exact_decoding_not_the_printed_pieces():
     run = _run(vocab)
     n, prompt = 6, "hello"
     ids = torch.tensor([SYMBOLS.index(c) for c in prompt])
-    new = generate(run.model, ids, GenerationSettings(max_new_tokens=n, temperature=0)).new_tokens[0].tolist()
+    new = generate(run.model, ids, SamplingParams(max_new_tokens=n, temperature=0)).new_tokens[0].tolist()
     expected = "".join(SYMBOLS[i] for i in new) + "!"  # decode(prompt + new) after the prompt's characters
     printed: list[str] = []
-    greedy = GenerationSettings(max_new_tokens=n, temperature=0)
+    greedy = SamplingParams(max_new_tokens=n, temperature=0)
     streamed = generate_from_run(run, prompt, greedy, on_text=lambda i, piece: printed.append(piece))
     collected = generate_from_run(run, prompt, greedy)
     assert streamed.texts == collected.texts == [expected]
@@ -93,7 +95,7 @@ def test_the_prompt_is_decoded_once_for_all_samples():
     ids = [SYMBOLS.index(c) for c in "abc"]
     for on_text in (None, lambda i, piece: None):
         vocab.decoded.clear()
-        settings = GenerationSettings(max_new_tokens=3, seed=1)
+        settings = SamplingParams(max_new_tokens=3, seed=1)
         result = generate_from_run(run, "abc", settings, num_samples=3, on_text=on_text)
         assert len(result.texts) == 3
         assert vocab.decoded.count(ids) == 1
@@ -105,14 +107,13 @@ def test_seeded_samples_equal_generate_alone_with_their_own_seed():
     though all rows run as one batch."""
     vocab = SuffixVocab()
     run = _run(vocab, temperature=0.9, top_k=5)
-    settings = dataclasses.replace(run_settings(run), max_new_tokens=4, seed=3)
-    assert (settings.temperature, settings.top_k) == (0.9, 5)
+    settings = SamplingParams.from_config(run.config.generate, max_new_tokens=4, seed=3)
+    assert (settings.temperature, settings.top_k) == (0.9, 5) and run_settings(run) == DecodeSettings()
     prompts = ["ab", "hello", "z"]
     expected = []
     for r in range(6):
         ids = torch.tensor([SYMBOLS.index(c) for c in prompts[r // 2]])
-        generator = torch.Generator().manual_seed(3 + r % 2)
-        new = generate(run.model, ids, settings, generator=generator).new_tokens[0].tolist()
+        new = generate(run.model, ids, dataclasses.replace(settings, seed=3 + r % 2)).new_tokens[0].tolist()
         expected.append("".join(SYMBOLS[i] for i in new) + "!")
     result = generate_from_run(run, prompts, settings, num_samples=2)
     assert result.texts == expected
@@ -143,21 +144,23 @@ def test_settings_are_one_checked_value():
         TransformerXLConfig(vocab_size=11, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=8)
     )
     prompt = torch.tensor([[1, 2, 3]])
-    settings = GenerationSettings(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=torch.tensor([4]))
+    settings = SamplingParams(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=torch.tensor([4]))
     assert settings.stop_ids == (4,)
-    assert settings == GenerationSettings(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=[4])
-    by_value = generate(model, prompt, settings, generator=torch.Generator().manual_seed(7))
+    assert settings == SamplingParams(max_new_tokens=5, temperature=0.8, top_p=0.9, stop_ids=[4])
+    by_value = generate_drawing_from(model.eval(), prompt, settings, torch.Generator().manual_seed(7))
     seeded = generate(model, prompt, dataclasses.replace(settings, seed=7))
     assert torch.equal(seeded.tokens, by_value.tokens)
-    streamed = list(stream(model, prompt, settings, generator=torch.Generator().manual_seed(7)))
+    streamed = list(stream(model, prompt, dataclasses.replace(settings, seed=7)))
     assert torch.equal(torch.stack([s.tokens for s in streamed], dim=1), by_value.new_tokens)
-    assert torch.equal(torch.cat([s.log_probs for s in streamed]), generate(model, prompt, settings, generator=torch.Generator().manual_seed(7), return_scores=True).scores[0])  # fmt: skip
+    assert torch.equal(torch.cat([s.log_probs for s in streamed]), generate(model, prompt, dataclasses.replace(settings, seed=7), return_scores=True).scores[0])  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.max_new_tokens = 6  # type: ignore[misc]
     with pytest.raises(TypeError):
         generate(model, prompt, settings, temperature=0.5)  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="settings must be a GenerationSettings"):
+    with pytest.raises(ValueError, match="params must be a SamplingParams"):
         generate(model, prompt, {"max_new_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="settings must be a DecodeSettings"):
+        generate(model, prompt, settings, settings=settings)  # type: ignore[arg-type]
     for field, value, message in [
         ("top_p", 0, "top_p must be in"),
         ("temperature", -1, "temperature must be"),
@@ -169,18 +172,24 @@ def test_settings_are_one_checked_value():
         ("stop", "ab", "stop must be a list"),
         ("stop", [""], "stop must be a list"),
         ("seed", -1, "seed must be"),
+        ("seed", 2**64, "seed must be"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**{field: value})
+    for field, value, message in [
         ("prompt_chunk", 0, "prompt_chunk must be a positive integer"),
         ("context", True, "context must be a positive integer"),
         ("span", 3, "span must be a txl Span"),
+        ("rows", 0, "rows must be a positive integer"),
     ]:
         with pytest.raises(ValueError, match=message):
-            GenerationSettings(**{field: value})
+            DecodeSettings(**{field: value})
     with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
-        generate(model, prompt, GenerationSettings(max_new_tokens=0))
+        generate(model, prompt, SamplingParams(max_new_tokens=0))
     with pytest.raises(ValueError, match="stop strings need a vocabulary"):
-        stream(model, prompt, GenerationSettings(stop=("x",)))
+        stream(model, prompt, SamplingParams(stop=("x",)))
     with pytest.raises(ValueError, match=r"stop_ids must be token ids in \[0, 11\)"):
-        generate(model, prompt, GenerationSettings(stop_ids=[11]))
+        generate(model, prompt, SamplingParams(stop_ids=[11]))
 
 
 def test_the_decoding_core_has_one_address():
@@ -189,8 +198,11 @@ def test_the_decoding_core_has_one_address():
 
     assert txl.generate is txl.inference.generate and callable(txl.generate)
     assert txl.stream is txl.inference.stream
-    assert txl.GenerationSettings is txl.inference.GenerationSettings and txl.Step is txl.inference.Step
-    for old in ("txl.generate", "txl.text", "txl.sampling", "txl.safe_pickle", "txl.analysis.baseline"):
+    assert txl.SamplingParams is txl.inference.SamplingParams and txl.Step is txl.inference.Step
+    assert txl.DecodeSettings is txl.inference.DecodeSettings and txl.Engine is txl.inference.Engine
+    assert not hasattr(txl.inference, "GenerationSettings") and "GenerationSettings" not in txl.__all__
+    gone = ("txl.generate", "txl.text", "txl.sampling", "txl.safe_pickle", "txl.analysis.baseline")
+    for old in (*gone, "txl.inference.settings"):
         assert importlib.util.find_spec(old) is None, old
 
 
@@ -221,7 +233,7 @@ def test_two_stop_strings_completing_on_one_token_cut_at_the_earlier():
     its streamed pieces, and TextStream itself."""
     vocab = CharVocab()
     run = _run(vocab)
-    settings = GenerationSettings(max_new_tokens=40, seed=11)
+    settings = SamplingParams(max_new_tokens=40, seed=11)
     text = generate_text(run.model, vocab, "the\n", settings)
     assert len(text) == 40
     # the first token that completes both a two-character and a one-character stop string for the first time

@@ -307,14 +307,12 @@ def test_import_txl_imports_no_torch_and_changes_no_environment():
     assert _python(code).stdout.split() == ["[]"]  # the importers are imported when first used
     code = "import sys, txl.interop.safe_pickle; print('torch' in sys.modules)"
     assert _python(code).stdout.split() == ["False"]  # reading a pickled vocabulary needs no torch
-    code = (
-        "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluate.evaluate))"  # as the README does
-    )
+    code = "import txl; print(txl.model.KVCache.__name__, callable(txl.evaluation.evaluate))"  # as the README does
     assert _python(code).stdout.split() == ["KVCache", "True"]
 
 
 def test_every_public_name_resolves_to_its_module():
-    from txl import config, evaluate, inference, interop, model, threads
+    from txl import config, evaluation, inference, interop, model, threads
 
     names = {
         config: (
@@ -329,15 +327,15 @@ def test_every_public_name_resolves_to_its_module():
             "load_config",
         ),
         model: ("TransformerXL", "ModelOutput", "Memory", "update_memory", "KVCache"),
-        evaluate: ("segment_losses",),
-        inference: ("generate", "stream", "GenerationSettings", "Step"),
+        evaluation: ("evaluate", "segment_losses"),
+        inference: ("generate", "stream", "SamplingParams", "DecodeSettings", "Engine", "Step"),
         threads: ("configure_threads",),
     }
     for module, exported in names.items():
         for name in exported:
             assert getattr(txl, name) is getattr(module, name), name
-    assert txl.interop is interop and txl.evaluate is evaluate
-    modules = {"interop", "evaluate"}
+    assert txl.interop is interop and txl.evaluate is evaluation.evaluate and callable(txl.evaluate)
+    modules = {"interop"}
     assert {n for exported in names.values() for n in exported} | modules == set(txl.__all__)
     assert set(txl.__all__) == set(txl._EXPORTS) and set(txl.__all__) <= set(dir(txl))
     namespace: dict = {}
@@ -593,21 +591,21 @@ def test_decoding_steps_run_on_one_thread_and_give_the_callers_count_back(two_th
     caller's again; an OMP_NUM_THREADS of the user's own stands."""
     import torch
 
-    import txl.inference.loop as loop
+    import txl.inference.engine as engine
     from txl.data.vocab import ByteVocab
-    from txl.inference import GenerationSettings
+    from txl.inference import SamplingParams
     from txl.inference.text import generate_text
 
     inside: list[int] = []
-    real_draw = loop.draw
+    real_draw = engine.draw
 
-    def draw(*args, **kwargs):  # the loop draws each token inside its step
+    def draw(*args, **kwargs):  # the engine draws each token inside its step
         inside.append(torch.get_num_threads())
         return real_draw(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "draw", draw)
+    monkeypatch.setattr(engine, "draw", draw)
     model, prompt = _decoding_model()
-    settings = GenerationSettings(max_new_tokens=5, temperature=0.8, seed=0)
+    settings = SamplingParams(max_new_tokens=5, temperature=0.8, seed=0)
     between = [torch.get_num_threads() for _ in txl.stream(model, prompt, settings)]
     assert inside == [1] * 5 and between == [2] * 5 and torch.get_num_threads() == 2
     inside.clear()

@@ -272,7 +272,7 @@ def test_vanilla_baseline_trains_from_the_cli(tmp_path, text_corpus, capsys):
 
 
 def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path, text_corpus, monkeypatch):
-    from txl.evaluate import EvalResult
+    from txl.evaluation import EvalResult
     from txl.train.trainer import Trainer
 
     losses = iter([3.0, 2.5, 2.6, 2.7, 2.4, 2.3])

@@ -1,6 +1,6 @@
 """txl: Transformer-XL language modelling, correct to the paper. The public names below are imported when first
 used (PEP 562), so ``import txl`` imports no torch and leaves the thread policy (:mod:`txl.threads`) to the
-caller; ``txl.evaluate`` and ``txl.interop`` are modules. Examples: the README and the guides."""
+caller; ``txl.evaluate`` is a function, ``txl.interop`` a module. Examples: the README and the guides."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import installed_version
 
 if TYPE_CHECKING:
-    from . import evaluate, interop
+    from . import interop
     from .config import (
         ConfigError,
         DataConfig,
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
         TransformerXLConfig,
         load_config,
     )
-    from .evaluate import segment_losses
-    from .inference import GenerationSettings, Step, generate, stream
+    from .evaluation import evaluate, segment_losses
+    from .inference import DecodeSettings, Engine, SamplingParams, Step, generate, stream
     from .model import KVCache, Memory, ModelOutput, TransformerXL, update_memory
     from .threads import configure_threads
 
@@ -45,11 +45,13 @@ _EXPORTS = {  # public name -> the module that defines it (a module's own name: 
     "Memory": ".model",
     "update_memory": ".model",
     "KVCache": ".model",
-    "evaluate": ".evaluate",
-    "segment_losses": ".evaluate",
+    "evaluate": ".evaluation",
+    "segment_losses": ".evaluation",
     "generate": ".inference",
     "stream": ".inference",
-    "GenerationSettings": ".inference",
+    "SamplingParams": ".inference",
+    "DecodeSettings": ".inference",
+    "Engine": ".inference",
     "Step": ".inference",
     "interop": ".interop",
     "configure_threads": ".threads",
@@ -74,7 +76,9 @@ __all__ = [  # the names of _EXPORTS (a literal list, for linters and type check
     "segment_losses",
     "generate",
     "stream",
-    "GenerationSettings",
+    "SamplingParams",
+    "DecodeSettings",
+    "Engine",
     "Step",
     "interop",
     "configure_threads",
@@ -83,7 +87,7 @@ __all__ = [  # the names of _EXPORTS (a literal list, for linters and type check
 
 def __getattr__(name: str) -> Any:
     """Import a public name on first use and keep it in the module's namespace; a subpackage or module
-    (``txl.model``, ``txl.evaluate``) is imported on first use too, as ``import txl`` once made them
+    (``txl.model``, ``txl.evaluation``) is imported on first use too, as ``import txl`` once made them
     reachable."""
     where = _EXPORTS.get(name)
     if where is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):

@@ -106,7 +106,7 @@ class Span:
 
     The same weights run with any span; training uses the model config's (:attr:`TransformerXLConfig.span`),
     evaluation and generation may use a longer memory, a clamp or same-length attention. Pass it to
-    ``TransformerXL.forward(..., span=...)``, :func:`txl.evaluate.evaluate` and :func:`txl.inference.generate`.
+    ``TransformerXL.forward(..., span=...)``, :func:`txl.evaluation.evaluate` and :func:`txl.inference.generate`.
     """
 
     mem_len: int
@@ -543,7 +543,7 @@ class GenerateConfig:
 
 
 def check_sampling(*, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None) -> None:
-    """Validate sampling settings (the one place: :class:`GenerateConfig` and :class:`txl.inference.GenerationSettings` use it).
+    """Validate sampling settings (the one place: :class:`GenerateConfig` and :class:`txl.inference.SamplingParams` use it).
     Raises ConfigError (a ValueError) naming the setting."""
     if (
         isinstance(temperature, bool)

@@ -124,7 +124,7 @@ def _eval_seconds(config: RunConfig, data: PreparedData) -> float:
     length."""
     import torch
 
-    from .evaluate import EvalSettings, evaluate
+    from .evaluation import EvalSettings, evaluate
     from .model import TransformerXL
 
     torch.manual_seed(0)
@@ -219,10 +219,8 @@ def run_demo(
     at its share of the time; not both), and print the comparison and a sample. Before training it says how
     long it will take, from training steps and an evaluation timed here (:func:`measure_costs`). Writes
     ``out/transformer-xl``, ``out/vanilla`` and ``out/demo.json``, replacing an earlier demo there."""
-    import torch
-
     from .data import prepare_data
-    from .inference import GenerationSettings
+    from .inference import SamplingParams
     from .inference.text import generate_text
     from .runs import load_run
     from .train.trainer import train
@@ -277,10 +275,9 @@ def run_demo(
     print(f"training time here: {times} (this machine's speed and load)")
 
     run = load_run(out / "transformer-xl")
-    generator = torch.Generator().manual_seed(0)
     prompt = "def "
-    settings = GenerationSettings(max_new_tokens=300, temperature=0.8, top_k=40)
-    sample = generate_text(run.model, run.vocab, prompt, settings, generator=generator)
+    params = SamplingParams(max_new_tokens=300, temperature=0.8, top_k=40, seed=0)
+    sample = generate_text(run.model, run.vocab, prompt, params)
     print("\nsample from the Transformer-XL (prompt 'def ', temperature 0.8, top-k 40):\n")
     print(prompt + sample)
     report = {"steps": steps, "results": results, "sample": prompt + sample}

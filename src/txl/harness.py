@@ -1,6 +1,6 @@
 """A trained txl run as a model of EleutherAI's lm-evaluation-harness, registered as ``"txl"`` (needs the
 ``harness`` extra; without it, importing this module raises :class:`HarnessMissing`, naming the extra).
-What the harness asks and how it scores is the harness's; reading rows is :mod:`txl.evaluate`'s."""
+What the harness asks and how it scores is the harness's; reading rows is :mod:`txl.evaluation`'s."""
 
 # Dimensions: B batch (requests read together), L a request's tokens, T segment length, V vocabulary.
 #     lm = TxlLM(run="runs/shakespeare", mem_len=192)
@@ -8,9 +8,9 @@ What the harness asks and how it scores is the harness's; reading rows is :mod:`
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from .config import ConfigError, eval_lengths, first_set, positive_int
 from .data.vocab import start_token
 from .errors import TxlError
-from .evaluate import RaggedSettings, score_rows
+from .evaluation import RaggedSettings, score_rows
 from .harness_tasks import check_task_names
-from .inference import GenerationSettings, draw, rows_for
+from .inference import DecodeSettings, Engine, SamplingParams
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .model import eval_mode
 from .runs import load_run
@@ -54,6 +53,7 @@ __all__ = [
     "TASKS_DIR",
     "task_manager",
     "DEFAULT_MAX_GEN_TOKS",
+    "request_seed",
 ]
 
 TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
@@ -123,7 +123,7 @@ class ModelArgs:
     same_length: bool | None = None
     """Same-length attention (None: the run's, as ``mem_len``)."""
     seed: int = 1234
-    """The seed of sampled generations."""
+    """The seed of sampled generations (each request's is derived from it and the request's text)."""
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("mem_len", 0), ("tgt_len", 1), ("clamp_len", 1), ("seed", 0)):
@@ -170,17 +170,17 @@ class TxlLM(TemplateLM):
     model: windows of ``tgt_len`` tokens, each alone. Arguments given as text (``--model_args``) are parsed.
 
     - ``loglikelihood``: context and continuation are read as one row, segment by segment of ``tgt_len`` with
-      the memory (:func:`txl.evaluate.ragged_losses`, rows of different lengths read together), so the
+      the memory (:func:`txl.evaluation.ragged_losses`, rows of different lengths read together), so the
       continuation is scored after the whole context has been read through the memory; ``is_greedy`` is true
       when every continuation token was the model's most likely one. Without memory, the last ``tgt_len``
       tokens are read as one window (the context cut on the left, as the harness does).
     - ``loglikelihood_rolling``: the document after :func:`start_token`, every token predicted once; with
       memory, segment by segment, each with the memory of the previous ones; without, the harness's rolling
       windows (``lm_eval.utils.get_rolling_token_windows``), each read alone.
-    - ``generate_until``: txl's decoding core (:func:`txl.inference.rows_for`: a key/value cache with memory,
-      recomputed windows without), the requests as rows of one batch that join and leave; greedy unless the
-      task asks ``do_sample`` with a temperature, up to ``max_gen_toks`` tokens, cut before the first
-      ``until`` string.
+    - ``generate_until``: txl's decoding engine (:class:`txl.inference.Engine`: a key/value cache with memory,
+      recomputed windows without), the requests as rows that join and leave; greedy unless the task asks
+      ``do_sample`` with a temperature (each request then draws from a generator seeded from ``seed`` and its
+      own text), up to ``max_gen_toks`` tokens, cut before the first ``until`` string.
 
     Text the vocabulary does not know is treated as ``txl generate`` and ``txl serve`` treat a prompt: a word
     vocabulary reads unknown words as ``<unk>``, as its training data does, and says how many with an
@@ -329,85 +329,56 @@ class TxlLM(TemplateLM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Each request's text continued until one of its ``until`` strings or ``max_gen_toks`` tokens (see the
-        class): the requests are rows of one batch (:func:`txl.inference.rows_for`, ``batch_size`` rows), a
-        row that finishes makes room for the next request, each row decodes as its prompt alone."""
-        asks = [_gen_settings(request.args[1]) for request in requests]
-        prompts = [self.tok_encode(request.args[0]) or [self.start] for request in requests]
+        class): the requests of one :class:`~txl.inference.Engine` of ``batch_size`` rows (a request that
+        finishes makes room for the next); each decodes as its prompt alone, and a sampled one draws from its
+        own generator, seeded from ``seed`` and its own text (:func:`request_seed`), so that its text never
+        depends on the other requests or their order."""
+        texts = [request.args[0] for request in requests]
+        prompts = [self.tok_encode(text) or [self.start] for text in texts]
+        params = [
+            _gen_params(request.args[1], seed=request_seed(self.seed, text))
+            for request, text in zip(requests, texts, strict=True)
+        ]
         self._warn_unknown()
-        results = self._generate(prompts, asks)
+        results = self._generate(prompts, params)
         for request, text in zip(requests, results, strict=True):
             self.cache_hook.add_partial("generate_until", request.args, text)
         return results
 
-    def _generate(
-        self, prompts: list[list[int]], asks: list[tuple[tuple[str, ...], int, float]]
-    ) -> list[str]:
-        """Continuous batching over :func:`~txl.inference.rows_for`'s rows: a request is prefilled and joins a
-        free row, steps with the others, and leaves when its :class:`~txl.inference.text.TextStream` meets a
-        stop string or it has its tokens; tokens are drawn row by row in row order from one generator seeded
-        with ``seed``."""
-        base = GenerationSettings(span=self.span, context=self.tgt_len)
-        rows = rows_for(self.model, max(1, min(self.batch_size, len(prompts))), base)
-        generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
-        active: dict[int, _Request] = {}  # batch row -> request
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[str]:
+        """The requests through one engine, longest prompts first; a request ends at its first stop string
+        (its :class:`~txl.inference.text.TextStream`) or its last token."""
+        rows = max(1, min(self.batch_size, len(prompts)))
+        engine = Engine(self.model, DecodeSettings(span=self.span, context=self.tgt_len, rows=rows))
+        streams: dict[int, tuple[int, TextStream]] = {}
+        for index in sorted(range(len(prompts)), key=lambda i: -len(prompts[i])):
+            ids = torch.tensor(prompts[index], dtype=torch.long)
+            text = TextStream(self.vocab, prompts[index], stop=params[index].stop)
+            streams[engine.add(ids, params[index])] = (index, text)
         results = [""] * len(prompts)
-        tokens = torch.zeros(rows.size, dtype=torch.long, device=self.device)  # (R,): each row's last token
-        with eval_mode(self.model), threads_for("tokens"):
-            while True:
-                while any(request.done for request in active.values()) or (
-                    waiting and len(active) < rows.size
-                ):
-                    for r in [r for r, request in active.items() if request.done]:  # finished rows leave
-                        finished = active.pop(r)
-                        results[finished.index] = finished.text.text
-                        rows.free(r)
-                    for r in range(rows.size):  # waiting requests join the free rows
-                        if r in active or not waiting:
-                            continue
-                        index = waiting.popleft()
-                        first = rows.prefill(torch.tensor(prompts[index], dtype=torch.long))  # (1, V)
-                        rows.join(r, first)
-                        until, max_gen_toks, temperature = asks[index]
-                        active[r] = _Request(
-                            index,
-                            text=TextStream(self.vocab, prompts[index], stop=until),
-                            settings=GenerationSettings(temperature=temperature),
-                            left=max_gen_toks,
-                        )
-                        tokens[r] = active[r].push(first.log_probs, generator)
-                if not active:
-                    return results
-                log_probs = rows.step(tokens)  # (R, V)
-                for r, request in active.items():
-                    tokens[r] = request.push(log_probs[r : r + 1], generator)
+        with eval_mode(self.model):
+            while engine.unfinished:
+                for event in engine.step():
+                    index, text = streams[event.request]
+                    text.push(event.token, final=event.finish is not None)
+                    if text.stopped and event.finish is None:
+                        engine.finish(event.request)
+                    if text.stopped or event.finish is not None:
+                        results[index] = text.text
+        return results
 
 
-@dataclass
-class _Request:
-    """A ``generate_until`` request in a batch row: its text so far, how it draws, the tokens it may still
-    take."""
-
-    index: int
-    text: TextStream
-    settings: GenerationSettings
-    left: int
-
-    @property
-    def done(self) -> bool:
-        return self.text.stopped or self.left == 0
-
-    def push(self, log_probs: Tensor, generator: torch.Generator) -> int:
-        """Draw the next token from ``log_probs`` (1, V) and add it to the text."""
-        token = int(draw(log_probs, self.settings, generator=generator)[0])
-        self.left -= 1
-        self.text.push(token, final=self.left == 0)
-        return token
+def request_seed(seed: int, text: str) -> int:
+    """The seed of a ``generate_until`` request: derived from lm-eval's ``seed`` and the request's own text
+    alone (SHA-256), so that the same request samples the same text in any batch, at any place."""
+    digest = hashlib.sha256(f"{seed}\n{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits
 
 
-def _gen_settings(kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
-    """(until strings, max_gen_toks, temperature) of a ``generate_until`` request's generation arguments;
-    sampling only when ``do_sample`` is true with a positive temperature, else greedy."""
+def _gen_params(kwargs: dict[str, Any], *, seed: int) -> SamplingParams:
+    """The :class:`SamplingParams` of a ``generate_until`` request's generation arguments: its ``until``
+    strings, ``max_gen_toks`` tokens; sampled only when ``do_sample`` is true with a positive temperature,
+    else greedy."""
     kwargs = dict(kwargs or {})
     until = kwargs.pop("until", None)
     if isinstance(until, str):
@@ -418,7 +389,7 @@ def _gen_settings(kwargs: dict[str, Any]) -> tuple[tuple[str, ...], int, float]:
     if not kwargs.pop("do_sample", False):
         temperature = 0.0
     positive_int(max_gen_toks, "generate_until: max_gen_toks", error=TxlError, field=False)
-    return until, max_gen_toks, temperature
+    return SamplingParams(max_new_tokens=max_gen_toks, temperature=temperature, stop=until, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------------------

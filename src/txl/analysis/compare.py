@@ -26,9 +26,9 @@ from ..config import (
 from ..data import CorpusError, Vocab
 from ..data.vocab import start_token
 from ..errors import TxlError
-from ..evaluate import bits_name, metrics_from_loss
+from ..evaluation import bits_name, metrics_from_loss
 from ..files import atomic_write_text
-from ..inference import GenerationSettings, generate
+from ..inference import DecodeSettings, SamplingParams, generate
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .common import split_tokens, train_or_reuse
@@ -296,21 +296,15 @@ def default_prompts(
 def _samples(
     xl: LoadedRun, vanilla: LoadedRun, prompts: Sequence[np.ndarray], *, new_tokens: int, seed: int
 ) -> tuple[Sample, ...]:
-    gen = xl.config.generate
-    settings = GenerationSettings(
-        max_new_tokens=new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
-    )
-    xl_settings = replace(settings, span=eval_span(xl.config))
-    vanilla_settings = replace(settings, context=vanilla.config.train.tgt_len)
+    params = SamplingParams.from_config(xl.config.generate, max_new_tokens=new_tokens)
+    xl_settings = DecodeSettings(span=eval_span(xl.config))
+    vanilla_settings = DecodeSettings(context=vanilla.config.train.tgt_len)
     samples = []
     for i, ids in enumerate(prompts):
         prompt = torch.as_tensor(ids, dtype=torch.long)
-        xl_new = generate(
-            xl.model, prompt, xl_settings, generator=torch.Generator().manual_seed(seed + i)
-        ).new_tokens[0]
-        vanilla_new = generate(
-            vanilla.model, prompt, vanilla_settings, generator=torch.Generator().manual_seed(seed + i)
-        ).new_tokens[0]
+        mine = replace(params, seed=seed + i)
+        xl_new = generate(xl.model, prompt, mine, settings=xl_settings).new_tokens[0]
+        vanilla_new = generate(vanilla.model, prompt, mine, settings=vanilla_settings).new_tokens[0]
         samples.append(
             Sample(
                 prompt=xl.vocab.decode(ids),

@@ -15,7 +15,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, Span, positive_int
-from ..evaluate import EvalSettings, SegmentLosses, segment_losses
+from ..evaluation import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL, eval_mode
 
 # Dimensions: N tokens, B rows, L row length, T segment or window length, W windows in a chunk, S stride,
@@ -116,7 +116,7 @@ def _stream(
     read: Callable[[SegmentLosses], Tensor],
     with_targets: bool,
 ) -> np.ndarray:
-    """Run the rows segment by segment (:func:`txl.evaluate.segment_losses`, the protocol of ``txl eval``) and
+    """Run the rows segment by segment (:func:`txl.evaluation.segment_losses`, the protocol of ``txl eval``) and
     return ``read(segment)`` (B, T) for targets first..N-1."""
     device = _device(model)
     ids = _as_tensor(tokens, device)
@@ -151,7 +151,7 @@ def stream_losses(
     """Loss in nats (float64) of every target ``first .. N-1`` (target t is ``tokens[t]`` given the tokens
     before it), reading the array as a stream. Each row starts ``first - 1`` tokens before its first counted
     target, so that every counted target has at least ``first`` tokens before it in its row. With
-    ``first = 1`` this is the protocol of :func:`txl.evaluate.evaluate` (same rows, same segments, the same
+    ``first = 1`` this is the protocol of :func:`txl.evaluation.evaluate` (same rows, same segments, the same
     mean). Evaluation and inference mode; the model's training flag is restored."""
     return _stream(model, tokens, settings, first, lambda segment: segment.loss, True)
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, eval_lengths, first_set, positive_int
 from ..data import BatchSettings, SegmentStream, check_documents, prepare_data
-from ..evaluate import EvalSettings, eval_rows, metrics_from_loss, segment_losses
+from ..evaluation import EvalSettings, eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
 from ..runs import load_run
 from .context import StreamSettings
@@ -200,7 +200,7 @@ def token_losses(
     device: torch.device | str | None = None,
 ) -> np.ndarray:
     """The loss of every target of ``tokens`` (N,), in token order: (N - 1,) float64, entry i the loss of
-    token i + 1 given what came before it in its stream, read as :func:`~txl.evaluate.evaluate` reads it
+    token i + 1 given what came before it in its stream, read as :func:`~txl.evaluation.evaluate` reads it
     (the rows the data fills, memory carried, with ``starts`` each document alone)."""
     n = len(tokens)
     rows = eval_rows(n, settings.batch_size)
@@ -293,7 +293,7 @@ def analyze_documents(
     position within a document. The corpus must say where its documents begin (a ConfigError naming
     ``data.documents`` otherwise).
 
-    Every figure is read from one pass of :func:`txl.evaluate.segment_losses` per split and way (the
+    Every figure is read from one pass of :func:`txl.evaluation.segment_losses` per split and way (the
     protocol of ``txl eval``, whose loss it equals): the per-token losses are put back in token order, and
     each target's position is its distance from the last document start at or before it. A target at
     position 0 is a document's first token, predicted from the end of the previous document (the start is

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, SameLengthOff, Span, eval_lengths, first_set, positive_int, span_of
 from ..errors import TxlError
-from ..evaluate import EvalResult, EvalSettings, evaluate
+from ..evaluation import EvalResult, EvalSettings, evaluate
 from ..model import TransformerXL
 from ..runs import load_run
 from .common import split_tokens
@@ -201,7 +201,7 @@ def default_memory_lengths(train_mem_len: int) -> tuple[int, ...]:
 
 
 def memory_sweep(model: TransformerXL, tokens: np.ndarray, settings: SweepSettings) -> tuple[MemoryRow, ...]:
-    """Evaluate ``model`` on ``tokens`` once per memory length of ``settings`` (:func:`txl.evaluate.evaluate`:
+    """Evaluate ``model`` on ``tokens`` once per memory length of ``settings`` (:func:`txl.evaluation.evaluate`:
     every token predicted once, memory carried across segments), and again with the clamp at the training
     attention length: beside the unclamped figure, it tells a gain lost to distances the model never saw
     in training from one the model cannot make."""

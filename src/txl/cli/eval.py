@@ -15,7 +15,7 @@ __all__ = ["EVAL"]
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ..evaluate import EvalSettings, evaluate_run
+    from ..evaluation import EvalSettings, evaluate_run
 
     check_device(args.device)
     check_same_length(args)

@@ -77,9 +77,8 @@ class _PromptFlag(argparse.Action):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from ..inference.text import generate_from_run, run_settings
+    from ..inference import SamplingParams
+    from ..inference.text import generate_from_run, prompt_text, run_settings
     from ..runs import load_run
     from ..serve.card import default_prompt
 
@@ -101,13 +100,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if parts:
             print(f"=== {', '.join(parts)} ===")
 
-    def start(row: int, prompt_text: str) -> None:
-        made[row] = [prompt_text]
-        if row == shown:  # --stream: the prompt as the model reads it, then the pieces
-            header(row)
-            print(prompt_text, end="", flush=True)
-
     def show(row: int, piece: str) -> None:
+        if not made:  # the first piece: every row begins with its prompt as the model reads it
+            read = [prompt_text(run.vocab, prompt) for prompt in prompts]
+            made.update({r: [read[r // args.num_samples]] for r in range(rows)})
+            if shown >= 0:  # --stream
+                header(shown)
+                print(made[shown][0], end="", flush=True)
         made[row].append(piece)
         if row == shown:
             print(piece, end="", flush=True)
@@ -117,9 +116,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             sampling = given(args, "max_new_tokens", "temperature", "top_k", "top_p", "seed")
             if args.greedy:
                 sampling["temperature"] = 0.0
-            settings = replace(run_settings(run, **given(args, "mem_len")), **sampling, stop=tuple(args.stop))
+            params = SamplingParams.from_config(run.config.generate, **sampling, stop=tuple(args.stop))
             result = generate_from_run(
-                run, prompts, settings, num_samples=args.num_samples, on_start=start, on_text=show
+                run,
+                prompts,
+                params,
+                settings=run_settings(run, **given(args, "mem_len")),
+                num_samples=args.num_samples,
+                on_text=show,
             )
     except _Stopped as stop:  # Ctrl-C or SIGTERM: what exists is printed, then the usual note
         for row, pieces in made.items():

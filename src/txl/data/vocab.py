@@ -60,6 +60,15 @@ def _ids_array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def _id_list(ids: Sequence[int] | np.ndarray, size: int, kind: str) -> list[int]:
+    """``ids`` as a list of ints, each checked in [0, size): a list as it is (no array made for the few ids of
+    a streamed token), anything else through an array."""
+    values = ids if isinstance(ids, list) else _ids_array(ids).tolist()
+    if values and (min(values) < 0 or max(values) >= size):
+        raise ValueError(f"ids out of range for a {kind} vocabulary of size {size}")
+    return values
+
+
 def _unknown_error(unknown: Sequence[str], kind: str) -> ValueError:
     shown = ", ".join(repr(t) for t in list(dict.fromkeys(unknown))[:10])
     more = f" (and {len(set(unknown)) - 10} more)" if len(set(unknown)) > 10 else ""
@@ -123,10 +132,6 @@ class _TableVocab(Vocab):
 
     def __len__(self) -> int:
         return len(self.symbols)
-
-    def _check_ids(self, ids: np.ndarray) -> None:
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
-            raise ValueError(f"ids out of range for a {self.kind} vocabulary of size {len(self)}")
 
 
 class WordVocab(_TableVocab):
@@ -221,11 +226,9 @@ class WordVocab(_TableVocab):
         return [t for t in dict.fromkeys(self.tokens(_as_text(text))) if t not in self.index]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        arr = _ids_array(ids)
-        self._check_ids(arr)
         out: list[str] = []
         line: list[str] = []
-        for i in arr.tolist():
+        for i in _id_list(ids, len(self), self.kind):
             if i == self.eos_id:
                 out.append(" ".join(line) + "\n")
                 line = []
@@ -259,8 +262,9 @@ class CharVocab(_TableVocab):
         if any(len(c) != 1 for c in chars):
             raise ValueError("char vocabulary symbols must be single characters")
         super().__init__([UNK, *chars])
-        # sorted code points -> ids, for a vectorised encode
+        # sorted code points -> ids, for a vectorised encode; id -> text, for decode
         self._points = np.array([ord(c) for c in chars], dtype=np.uint32)
+        self._texts = ["\ufffd", *chars]
 
     @classmethod
     def build(cls, text: str) -> CharVocab:
@@ -283,9 +287,8 @@ class CharVocab(_TableVocab):
         return [c for c in dict.fromkeys(_as_text(text)) if c not in self.index]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        arr = _ids_array(ids)
-        self._check_ids(arr)
-        return "".join("\ufffd" if i == 0 else self.symbols[i] for i in arr.tolist())
+        texts = self._texts
+        return "".join([texts[i] for i in _id_list(ids, len(self), self.kind)])
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, "kind": self.kind, "symbols": list(self.symbols[1:])}

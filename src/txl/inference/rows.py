@@ -1,11 +1,13 @@
 """Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory,
-one key/value cache) and :class:`WindowRows` (a model without memory, a recomputed window), one interface."""
+the rows of one key/value cache) and :class:`WindowRows` (a model without memory, a recomputed window), one
+interface; the :class:`~txl.inference.engine.Engine` is their one user."""
 
 # Rows of one decoding batch that join, step and leave: :class:`RowBatch` (a Transformer-XL with memory: one
 # key/value cache and one :class:`~txl.model.decode.Decoder`) and :class:`WindowRows` (a model without memory:
 # a recomputed window), with one interface. A prompt is prefilled apart (:meth:`RowBatch.prefill`, the one
 # chunked-prefill recipe), then joins free rows of the batch (:meth:`RowBatch.join`, the one shared-cache
-# recipe); every :meth:`RowBatch.step` decodes all rows at once, and a row that ends is freed at once.
+# recipe, with :class:`~txl.model.KVCache`'s row operations); every :meth:`RowBatch.step` decodes all rows at
+# once, and a row that ends is freed at once. Both share their bookkeeping (:class:`_Rows`).
 #
 # Dimensions: R rows of the batch, n rows of one prefill, P prompt length (the longest), V vocabulary, M memory
 # length, C context window (the memoryless path), W window width (at most C).
@@ -22,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import Span, has_memory, positive_int
+from ..config import Span, has_memory
 from ..model import KVCache, Memory
 from ..model.decode import Decoder
 from ..model.transformer import config_of
-from .settings import DEFAULT_CONTEXT, GenerationSettings
+from .params import DEFAULT_CONTEXT, DecodeSettings
 
 __all__ = ["Prefilled", "RowBatch", "WindowRows", "rows_for", "prepare_rows"]
 
@@ -111,10 +113,6 @@ def _drain(steps: Generator[None, None, Prefilled]) -> Prefilled:
             return prefilled
 
 
-def _check_size(rows: Any) -> int:
-    return positive_int(rows, "rows", error=ValueError, field=False)
-
-
 @dataclass(frozen=True)
 class Prefilled:
     """n prompts prefilled apart from a batch, ready to join rows of it (:meth:`RowBatch.join`), as often as
@@ -140,7 +138,87 @@ class Prefilled:
         return self.log_probs.shape[0]
 
 
-class RowBatch:
+class _Rows:
+    """The bookkeeping :class:`RowBatch` and :class:`WindowRows` share: R rows, which are in use, the mask of
+    the free ones, and the checks of join, step and free."""
+
+    def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
+        if not isinstance(settings, DecodeSettings):
+            raise ValueError(f"settings must be a DecodeSettings, got {type(settings).__name__}")
+        if settings.rows is None:
+            raise ValueError("settings.rows: the rows of a batch must be given (a positive integer)")
+        self.model = model
+        self.config = config_of(model)
+        self.size: int = settings.rows
+        """R, the rows of the batch."""
+        self.span: Span = self.config.span if settings.span is None else settings.span
+        self.device, self.dtype = _parameter(model)
+        self._active = [False] * self.size
+        self._free_rows: Tensor | None = None  # (R,) bool, True at free rows, while any row is free
+
+    @property
+    def active(self) -> list[int]:
+        """The rows in use."""
+        return [r for r, on in enumerate(self._active) if on]
+
+    def prefill(self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None) -> Prefilled:
+        """Feed ``prompt`` after ``memory`` apart from the batch: (P,) one row, (n, P) n rows of one length,
+        or a list of n 1-D rows of any lengths (each then reads only its own tokens, exactly as alone);
+        ``memory``: a :class:`Memory` of n rows to continue, or None."""
+        return _drain(self.prefill_steps(prompt, memory))
+
+    def prefill_steps(
+        self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None
+    ) -> Generator[None, None, Prefilled]:
+        """:meth:`prefill` as a generator that yields between two chunks (so that the other rows can step
+        meanwhile) and returns the :class:`Prefilled`."""
+        raise NotImplementedError
+
+    def _joining(
+        self, r: int | Sequence[int], prefilled: Prefilled, sources: Sequence[int] | None
+    ) -> list[int]:
+        """The rows ``r`` that join ``prefilled`` (its rows ``sources``, default all), checked."""
+        rows = _row_list(r, size=self.size, what="join")
+        wanted = prefilled.rows if sources is None else len(sources)
+        if sources is not None and any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < prefilled.rows for i in sources
+        ):
+            raise ValueError(f"join: sources must be rows of the Prefilled, in [0, {prefilled.rows})")
+        if len(rows) != wanted:
+            raise ValueError(f"join: {len(rows)} rows given, the Prefilled has {wanted}")
+        if any(self._active[i] for i in rows):
+            raise ValueError(
+                f"join: rows {[i for i in rows if self._active[i]]} are in use (free them first)"
+            )
+        return rows
+
+    def _joined(self, rows: Sequence[int]) -> None:
+        for i in rows:
+            self._active[i] = True
+        self._mark_free()
+
+    def _mark_free(self) -> None:
+        free = [not on for on in self._active]
+        self._free_rows = torch.tensor(free, device=self.device) if any(free) else None
+
+    def _fed(self, tokens: Tensor, *, ready: bool) -> Tensor:
+        """The tokens of a step, checked, free rows' replaced by a dummy token that nothing attends."""
+        if not ready:
+            raise ValueError("step: no row has joined yet (prefill a prompt and join it first)")
+        if tokens.shape != (self.size,):
+            raise ValueError(f"step: tokens must be ({self.size},), one per row, got {tuple(tokens.shape)}")
+        return tokens if self._free_rows is None else tokens.masked_fill(self._free_rows, 0)
+
+    def _leaving(self, r: int) -> int:
+        (row,) = _row_list(r, size=self.size, what="free")
+        if not self._active[row]:
+            raise ValueError(f"free: row {row} is not in use")
+        self._active[row] = False
+        self._mark_free()
+        return row
+
+
+class RowBatch(_Rows):
     """R rows of one :class:`~txl.model.KVCache` decoded together (a Transformer-XL with memory).
 
     A prompt (with its own memory, if any) is prefilled apart, in chunks of ``settings.prompt_chunk`` tokens
@@ -150,47 +228,25 @@ class RowBatch:
     reach), so it decodes exactly as its prompt would alone, whoever its neighbours are and whenever it
     joined. The model should be in eval mode; every method runs in inference mode.
 
-        rows = RowBatch(model, 4, GenerationSettings(span=span))
+        rows = RowBatch(model, DecodeSettings(rows=4, span=span))
         first = rows.prefill(prompt_ids)            # (P,) -> Prefilled, first.log_probs (1, V)
         rows.join(2, first)                         # row 2 now continues that prompt
         log_probs = rows.step(tokens)               # (R,) one token per row -> (R, V)
         memory = rows.row_memory(2); rows.free(2)   # its memory (batch 1), then the row is free again
     """
 
-    def __init__(
-        self, model: nn.Module, rows: int, settings: GenerationSettings = GenerationSettings()
-    ) -> None:
-        if not isinstance(settings, GenerationSettings):
-            raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
-        self.model = model
-        self.config = config = config_of(model)
-        self.size = _check_size(rows)
-        """R, the rows of the batch."""
-        self.span: Span = config.span if settings.span is None else settings.span
-        if not has_memory(config, self.span):
+    def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
+        super().__init__(model, settings)
+        if not has_memory(self.config, self.span):
             raise ValueError(
                 f"RowBatch needs a model with memory, not {_no_memory_why(model)}: use WindowRows"
             )
         self.chunk = self.span.mem_len if settings.prompt_chunk is None else settings.prompt_chunk
-        self.device, self.dtype = _parameter(model)
         self.cache: KVCache | None = None
         """The shared cache (made when rows first join)."""
         self.decoder: Decoder | None = None
-        self._active = [False] * self.size
-        self._free_rows: Tensor | None = None  # (R,) bool, True at free rows, while any row is free
-
-    @property
-    def active(self) -> list[int]:
-        """The rows in use."""
-        return [r for r, on in enumerate(self._active) if on]
 
     # -- prefill: the one chunked recipe ---------------------------------------------------------------------
-
-    def prefill(self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None) -> Prefilled:
-        """Feed ``prompt`` after ``memory`` apart from the batch: (P,) one row, (n, P) n rows of one length,
-        or a list of n 1-D rows of any lengths (each then reads only its own tokens, exactly as alone);
-        ``memory``: a :class:`Memory` of n rows to continue, or None."""
-        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
@@ -210,8 +266,10 @@ class RowBatch:
             cache = self._cache(n, memory)
             log_probs = yield from self._feed(cache, torch.stack(rows), None)
             return Prefilled(log_probs, cache)
-        # left-padded in one chunk, each row starting at its first token
-        if memory is None and longest <= self.chunk:
+        # left-padded, each row starting at its first token: in one chunk, or in chunks while every query of
+        # the last one still sees its row's whole prompt (then no chunk boundary changes what it sees)
+        whole = not self.span.same_length and (longest - 1) // self.chunk * self.chunk <= self.span.mem_len
+        if memory is None and (longest <= self.chunk or whole):
             tokens, starts = _left_pad(rows)  # (n, P) each
             cache = self._cache(n, None)
             log_probs = yield from self._feed(cache, tokens, starts)
@@ -261,32 +319,27 @@ class RowBatch:
     # -- the shared cache: rows join, step and leave ----------------------------------------------------------
 
     @torch.inference_mode()
-    def join(self, r: int | Sequence[int], prefilled: Prefilled) -> None:
-        """Rows ``r`` (free ones; as many as ``prefilled`` has) continue ``prefilled``'s prompts. The first
-        join of every row at once takes the prefilled cache as the batch's; later joins copy into it
-        (``KVCache.put_rows``)."""
-        rows = _row_list(r, size=self.size, what="join")
+    def join(
+        self, r: int | Sequence[int], prefilled: Prefilled, *, sources: Sequence[int] | None = None
+    ) -> None:
+        """Rows ``r`` (free ones) continue ``prefilled``'s prompts: its rows ``sources`` (default: all, in
+        order; one prompt may join several rows, as choices). The first join of every row at once takes the
+        prefilled cache as the batch's; later joins copy into it (``KVCache.put_rows``)."""
         if prefilled.cache is None:
             raise ValueError("join: this Prefilled has no cache (it was made by WindowRows)")
-        if len(rows) != prefilled.rows:
-            raise ValueError(f"join: {len(rows)} rows given, the Prefilled has {prefilled.rows}")
-        if any(self._active[i] for i in rows):
-            raise ValueError(
-                f"join: rows {[i for i in rows if self._active[i]]} are in use (free them first)"
-            )
+        rows = self._joining(r, prefilled, sources)
         source = prefilled.cache
         if source is self.cache:
             raise ValueError("join: this Prefilled became the batch's cache when every row joined it")
-        if self.cache is None and rows == list(range(self.size)):
+        whole = sources is None or list(sources) == list(range(prefilled.rows))
+        if self.cache is None and whole and rows == list(range(self.size)):
             self._use(source)  # the whole batch at once: its cache is the batch's (no copy)
         else:
-            if self.cache is None or self.cache.length < source.length:
+            if self.cache is None or not self.cache.can_join(len(rows), source.length):
                 self._widen()
             assert self.cache is not None
-            self.cache.put_rows(rows, source)
-        for i in rows:
-            self._active[i] = True
-        self._mark_free()
+            self.cache.put_rows(rows, source, source_rows=None if sources is None else list(sources))
+        self._joined(rows)
 
     def _use(self, cache: KVCache) -> None:
         self.cache, self.decoder = cache, Decoder(self.model, cache)
@@ -300,88 +353,50 @@ class RowBatch:
             cache.reset_rows([r for r, on in enumerate(self._active) if not on])
         self._use(cache)
 
-    def _mark_free(self) -> None:
-        free = [not on for on in self._active]
-        self._free_rows = torch.tensor(free, device=self.device) if any(free) else None
-
     @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one token per row, (R,) int64 (free rows' values are ignored), and return the log-probabilities
         (R, V) of every row's next token."""
-        if self.decoder is None:
-            raise ValueError("step: no row has joined yet (prefill a prompt and join it first)")
-        if tokens.shape != (self.size,):
-            raise ValueError(f"step: tokens must be ({self.size},), one per row, got {tuple(tokens.shape)}")
-        if self._free_rows is not None:
-            tokens = tokens.masked_fill(self._free_rows, 0)  # a dummy token that nothing attends
+        tokens = self._fed(tokens, ready=self.decoder is not None)
+        assert self.decoder is not None
         return self.decoder.step(tokens)
 
     @torch.inference_mode()
     def free(self, r: int) -> None:
         """Row ``r`` leaves: nothing it remembers is attended any more, and the row can join again."""
-        (row,) = _row_list(r, size=self.size, what="free")
-        if not self._active[row]:
-            raise ValueError(f"free: row {row} is not in use")
-        self._active[row] = False
+        row = self._leaving(r)
         if self.cache is not None:
             self.cache.reset_rows([row])
-        self._mark_free()
 
-    @torch.inference_mode()
     def row_memory(self, r: int) -> Memory | None:
-        """Row ``r``'s own remembered positions (those within its reach) as a batch-1 :class:`Memory` (a copy;
-        None when it remembers nothing): what a generation of its prompt alone would carry on with."""
+        """Row ``r``'s own remembered positions (those within its reach) as a batch-1 :class:`Memory` (a copy,
+        of ordinary tensors; None when it remembers nothing): what a generation of its prompt alone would carry
+        on with."""
         (row,) = _row_list(r, size=self.size, what="row_memory")
-        cache = self.cache
-        if cache is None:
-            return None
-        reach = int(cache.full_reach()[row])
-        if reach == 0:
-            return None
-        states = tuple(
-            cache.hidden[i, row : row + 1, cache.end - reach : cache.end].clone()
-            for i in range(len(cache.layers))
-        )
-        return Memory(states)
+        return None if self.cache is None else self.cache.row_memory(row)
 
     def memory(self) -> Memory | None:
         """Every row's memory as one :class:`Memory` of R rows, with its per-row reach (None before a join)."""
         return None if self.cache is None else self.cache.memory()
 
 
-class WindowRows:
+class WindowRows(_Rows):
     """R rows of a model without memory (the vanilla baseline, ``mem_len = 0``), with :class:`RowBatch`'s
     interface: every :meth:`step` recomputes the last ``settings.context`` tokens of every row (default
-    :data:`~txl.inference.settings.DEFAULT_CONTEXT`), left-padded, with a start at the first token of each
+    :data:`~txl.inference.params.DEFAULT_CONTEXT`), left-padded, with a start at the first token of each
     row shorter than the window, so that no row attends to its padding or to another row.
 
-        rows = WindowRows(model, 4, GenerationSettings(context=256))
+        rows = WindowRows(model, DecodeSettings(rows=4, context=256))
         rows.join(0, rows.prefill(prompt_ids)); log_probs = rows.step(tokens)    # as RowBatch
     """
 
-    def __init__(
-        self, model: nn.Module, rows: int, settings: GenerationSettings = GenerationSettings()
-    ) -> None:
-        if not isinstance(settings, GenerationSettings):
-            raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
-        self.model = model
-        self.config = config_of(model)
-        self.size = _check_size(rows)
-        """R, the rows of the batch."""
-        self.span: Span = self.config.span if settings.span is None else settings.span
+    def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
+        super().__init__(model, settings)
         self.context = DEFAULT_CONTEXT if settings.context is None else settings.context
-        self.device, _ = _parameter(model)
         self.seq = torch.zeros(self.size, 0, dtype=torch.long, device=self.device)
         """(R, W) each row's last tokens, right-aligned (left-padded with 0)."""
         self.lengths = [0] * self.size
         """The tokens of each row in the window (0: a free row)."""
-        self._active = [False] * self.size
-        self._free_rows: Tensor | None = None
-
-    @property
-    def active(self) -> list[int]:
-        """The rows in use."""
-        return [r for r, on in enumerate(self._active) if on]
 
     def _forward(self, window: Tensor, lengths: Sequence[int]) -> Tensor:
         """log-probabilities (n, V) after each row's window (n, W) of ``lengths`` tokens, right-aligned."""
@@ -393,11 +408,6 @@ class WindowRows:
             index = torch.tensor(short, device=window.device)
             starts[index[:, 0], index[:, 1]] = True
         return self.model(window, span=self.span, last_only=True, starts=starts).log_probs[:, -1]
-
-    def prefill(self, prompt: Tensor | Sequence[Tensor], memory: Memory | None = None) -> Prefilled:
-        """The last ``context`` tokens of each prompt row and the log-probabilities after them (as
-        :meth:`RowBatch.prefill`; a memory is refused: the model has none)."""
-        return _drain(self.prefill_steps(prompt, memory))
 
     @torch.inference_mode()
     def prefill_steps(
@@ -416,43 +426,31 @@ class WindowRows:
         yield  # a generator, as RowBatch's  # noqa: B901 - unreachable on purpose
 
     @torch.inference_mode()
-    def join(self, r: int | Sequence[int], prefilled: Prefilled) -> None:
+    def join(
+        self, r: int | Sequence[int], prefilled: Prefilled, *, sources: Sequence[int] | None = None
+    ) -> None:
         """Rows ``r`` (free ones) continue ``prefilled``'s prompts (as :meth:`RowBatch.join`)."""
-        rows = _row_list(r, size=self.size, what="join")
         window = prefilled.window
         if window is None:
             raise ValueError("join: this Prefilled has no window (it was made by RowBatch)")
-        if len(rows) != prefilled.rows:
-            raise ValueError(f"join: {len(rows)} rows given, the Prefilled has {prefilled.rows}")
-        if any(self._active[i] for i in rows):
-            raise ValueError(
-                f"join: rows {[i for i in rows if self._active[i]]} are in use (free them first)"
-            )
+        rows = self._joining(r, prefilled, sources)
+        taken = list(range(prefilled.rows)) if sources is None else list(sources)
         width = window.shape[1]
         if self.seq.shape[1] < width:
             pad = self.seq.new_zeros(self.size, width - self.seq.shape[1])
             self.seq = torch.cat([pad, self.seq], dim=1)  # (R, W)
         index = torch.tensor(rows, device=self.device)
         self.seq[index] = 0
-        self.seq[index, self.seq.shape[1] - width :] = window
-        for i, n in zip(rows, prefilled.lengths, strict=True):
-            self.lengths[i], self._active[i] = n, True
-        self._mark_free()
-
-    def _mark_free(self) -> None:
-        free = [not on for on in self._active]
-        self._free_rows = torch.tensor(free, device=self.device) if any(free) else None
+        self.seq[index, self.seq.shape[1] - width :] = window[torch.tensor(taken, device=self.device)]
+        for i, k in zip(rows, taken, strict=True):
+            self.lengths[i] = prefilled.lengths[k]
+        self._joined(rows)
 
     @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one token per row, (R,) int64 (free rows' values are ignored), and return the log-probabilities
         (R, V) of every row's next token."""
-        if not any(self._active):
-            raise ValueError("step: no row has joined yet (prefill a prompt and join it first)")
-        if tokens.shape != (self.size,):
-            raise ValueError(f"step: tokens must be ({self.size},), one per row, got {tuple(tokens.shape)}")
-        if self._free_rows is not None:
-            tokens = tokens.masked_fill(self._free_rows, 0)
+        tokens = self._fed(tokens, ready=any(self._active))
         self.lengths = [
             min(n + 1, self.context) if on else 0 for n, on in zip(self.lengths, self._active, strict=True)
         ]
@@ -462,11 +460,7 @@ class WindowRows:
 
     def free(self, r: int) -> None:
         """Row ``r`` leaves (its tokens are forgotten); it can join again."""
-        (row,) = _row_list(r, size=self.size, what="free")
-        if not self._active[row]:
-            raise ValueError(f"free: row {row} is not in use")
-        self._active[row], self.lengths[row] = False, 0
-        self._mark_free()
+        self.lengths[self._leaving(r)] = 0
 
     def row_memory(self, r: int) -> Memory | None:
         """None: a model without memory carries none."""
@@ -478,11 +472,9 @@ class WindowRows:
         return None
 
 
-def rows_for(
-    model: nn.Module, rows: int, settings: GenerationSettings = GenerationSettings()
-) -> RowBatch | WindowRows:
-    """The rows that decode ``model``: a :class:`RowBatch` when it has memory under ``settings.span``, else
-    :class:`WindowRows`."""
+def rows_for(model: nn.Module, settings: DecodeSettings) -> RowBatch | WindowRows:
+    """The rows that decode ``model`` (``settings.rows`` of them): a :class:`RowBatch` when it has memory
+    under ``settings.span``, else :class:`WindowRows`."""
     config = config_of(model)
     span = config.span if settings.span is None else settings.span
-    return RowBatch(model, rows, settings) if has_memory(config, span) else WindowRows(model, rows, settings)
+    return RowBatch(model, settings) if has_memory(config, span) else WindowRows(model, settings)

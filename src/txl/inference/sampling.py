@@ -1,5 +1,5 @@
 """Pure sampling: the top-k and nucleus filters, and one token per row from next-token scores, as a
-:class:`~txl.inference.settings.GenerationSettings` says. No model here: the loop is :mod:`.loop`'s."""
+:class:`~txl.inference.params.SamplingParams` says. No model here: the engine is :mod:`.engine`'s."""
 
 # Dimensions: B batch, V vocabulary.
 
@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..config import check_sampling
-from .settings import GenerationSettings
+from .params import SamplingParams
 
 __all__ = ["filter_logits", "sample_next", "draw"]
 
@@ -49,21 +49,21 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None, top_p: float | No
 
 def draw(
     log_probs: Tensor,
-    settings: GenerationSettings,
+    params: SamplingParams,
     *,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> Tensor:
-    """One token id per row (B,) int64 from ``log_probs`` (B, V) with the settings' temperature, top-k and
-    top-p (checked when the settings were built, so nothing is checked here: this runs once per token).
+    """One token id per row (B,) int64 from ``log_probs`` (B, V) with the params' temperature, top-k and
+    top-p (checked when the params were built, so nothing is checked here: this runs once per token).
     ``generator``: one for all rows, or a sequence of one per row (row r drawn from ``generator[r]`` alone,
     as a batch of one would be)."""
     if log_probs.dtype in (torch.float16, torch.bfloat16):
         log_probs = log_probs.float()
-    if settings.temperature == 0:
+    if params.temperature == 0:
         return torch.argmax(log_probs, dim=-1)  # (B,)
-    scores = log_probs / settings.temperature
-    if settings.filters:
-        scores = filter_logits(scores, top_k=settings.top_k, top_p=settings.top_p)
+    scores = log_probs / params.temperature
+    if params.filters:
+        scores = filter_logits(scores, top_k=params.top_k, top_p=params.top_p)
     probs = torch.softmax(scores, dim=-1)  # (B, V)
     if generator is None or isinstance(generator, torch.Generator):
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
@@ -73,7 +73,7 @@ def draw(
 
 def sample_next(
     logits: Tensor,
-    settings: GenerationSettings = GenerationSettings(),
+    params: SamplingParams = SamplingParams(),
     *,
     generator: torch.Generator | None = None,
 ) -> Tensor:
@@ -81,9 +81,9 @@ def sample_next(
     as :func:`draw` with the shape checked: temperature 0 is greedy (argmax, the lower id on ties; top-k and
     top-p cannot change it); otherwise the scores are divided by the temperature, filtered by
     :func:`filter_logits`, and one token is drawn with ``generator`` (the global generator when None)."""
-    if not isinstance(settings, GenerationSettings):
-        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[-1] == 0:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must be (batch, vocab), got {shape}")
-    return draw(logits, settings, generator=generator)
+    return draw(logits, params, generator=generator)

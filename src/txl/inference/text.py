@@ -5,7 +5,7 @@ text generation (:func:`generate_text`) and sampling from a trained run (:func:`
 # too), stop strings and the streamed text (:class:`TextStream`), one text generation (:func:`generate_text`)
 # and sampling from a trained run (:func:`generate_from_run`, what ``txl generate`` does).
 #
-# The loop is :mod:`.loop`'s, the settings :mod:`.settings`', vocabularies :mod:`txl.data.vocab`'s.
+# The engine is :mod:`.engine`'s, the params and settings :mod:`.params`', vocabularies :mod:`txl.data.vocab`'s.
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from ..config import has_memory, positive_int, span_of
 from ..data.vocab import start_token
 from ..errors import TxlWarning
 from ..limits import TOKEN_BYTES, cache_bytes, check_fits
+from ..model import eval_mode
 from ..model.transformer import config_of
-from .loop import generate, stream
-from .settings import GenerationSettings
+from .engine import Engine
+from .params import MAX_SEED, DecodeSettings, SamplingParams
 
 if TYPE_CHECKING:
     from ..runs import LoadedRun
@@ -38,6 +39,7 @@ __all__ = [
     "TextStream",
     "generate_text",
     "TextSamples",
+    "prompt_text",
     "run_settings",
     "generate_from_run",
     "MAX_NEW_TOKENS",
@@ -112,14 +114,14 @@ def generate_text(
     model: nn.Module,
     vocab: _Vocab,
     prompt: str,
-    settings: GenerationSettings = GenerationSettings(),
+    params: SamplingParams = SamplingParams(),
     *,
-    generator: torch.Generator | None = None,
+    settings: DecodeSettings = DecodeSettings(),
     on_text: Callable[[str], None] | None = None,
 ) -> str:
-    """Encode ``prompt`` with ``vocab``, generate as ``settings`` says (:func:`~txl.inference.loop.generate`;
-    ``generator`` as there, else one seeded with ``settings.seed``), and return the new text, cut before the
-    first of ``settings.stop`` it contains.
+    """Encode ``prompt`` with ``vocab``, generate as ``params`` says (one request of an
+    :class:`~txl.inference.engine.Engine` decoding as ``settings`` say), and return the new text, cut before
+    the first of ``params.stop`` it contains (the request ends there).
 
     Prompt tokens not in ``vocab`` (:func:`encode_prompt`): a vocabulary whose data reads them as ``<unk>``
     (``vocab.unknown_as_unk``: word vocabularies) does the same and warns with :class:`UnknownTokensWarning`
@@ -129,20 +131,17 @@ def generate_text(
 
     ``on_text``: called once per generated token with the text that token made printable (see
     :class:`TextStream`: possibly empty, the last call flushes the rest), for printing as it is produced."""
-    if not isinstance(settings, GenerationSettings):
-        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     _check_vocab(model, vocab)
     ids = encode_prompt(vocab, prompt)  # (P,)
-    if settings.max_new_tokens == 0:
+    if params.max_new_tokens == 0:
         return ""
     show = None if on_text is None else (lambda _row, piece: on_text(piece))
-    streams = [TextStream(vocab, ids.tolist(), stop=settings.stop)]
-    (pieces,) = _decode_rows(model, [ids], streams, settings, generator, show)
-    return (
-        cut_at_stop(vocab.decode(pieces.new_ids), settings.stop)
-        if pieces.stopped
-        else vocab.decode(pieces.new_ids)
-    )
+    streams = [TextStream(vocab, ids.tolist(), stop=params.stop)]
+    (pieces,) = _decode_rows(model, [(ids, params)], streams, settings, show)
+    new = vocab.decode(pieces.new_ids)
+    return cut_at_stop(new, params.stop) if pieces.stopped else new
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
@@ -160,6 +159,8 @@ def _check_vocab(model: nn.Module, vocab: _Vocab) -> None:
 
 
 def _common_prefix(a: str, b: str) -> int:
+    if a.startswith(b):  # what a vocabulary whose decoding only appends gives: no loop
+        return len(b)
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -233,38 +234,35 @@ class TextStream:
 
 def _decode_rows(
     model: nn.Module,
-    ids: list[Tensor],
+    rows: list[tuple[Tensor, SamplingParams]],
     pieces: list[TextStream],
-    settings: GenerationSettings,
-    generator: torch.Generator | Sequence[torch.Generator] | None,
+    settings: DecodeSettings,
     on_text: Callable[[int, str], None] | None,
 ) -> list[TextStream]:
-    """Generate the rows after the prompt ids (P_r,) as one batch into each row's :class:`TextStream` of
-    ``pieces`` (made from those ids), which then holds its new ids and its new text (cut before a stop
-    string), which ``on_text(row, piece)`` received piece by piece. A row that meets a stop string is done (the
-    batch ends when every row is)."""
-    tokens_only = replace(settings, stop=())
-    if not settings.stop and on_text is None:
-        gen = generate(model, ids, tokens_only, generator=generator)
-        for r, text in enumerate(pieces):
-            text.push_all(gen.new_tokens[r, : int(gen.lengths[r])].tolist())
-        return pieces
-    stop_ids = set(settings.stop_ids or ())
-    steps = stream(model, ids, tokens_only, generator=generator)
-    last = settings.max_new_tokens - 1
-    done = [False] * len(ids)
-    for index, step in enumerate(steps):
-        for r, token_id in enumerate(step.tokens.tolist()):
-            if done[r]:
-                continue
-            ended = index == last or token_id in stop_ids
-            piece = pieces[r].push(token_id, final=ended)
-            if on_text is not None:
-                on_text(r, piece)
-            done[r] = ended or pieces[r].stopped
-        if all(done):
-            steps.close()
-            break
+    """Generate each row (its prompt ids (P_r,) and params) as a request of one engine into its
+    :class:`TextStream` of ``pieces`` (made from those ids), which then holds its new ids and its new text
+    (cut before a stop string), which ``on_text(row, piece)`` received piece by piece, rows in order at
+    every step. A row that meets a stop string ends there."""
+    engine = Engine(model, settings)
+    index = {engine.add(ids, params): r for r, (ids, params) in enumerate(rows)}
+    quiet = on_text is None and not any(p.stop for p in pieces)  # the text is decoded once, at the end
+    new: list[list[int]] = [[] for _ in rows]
+    with eval_mode(model):
+        while engine.unfinished:
+            for event in engine.step():
+                r = index[event.request]
+                if quiet:
+                    new[r].append(event.token)
+                    continue
+                text = pieces[r]
+                piece = text.push(event.token, final=event.finish is not None)
+                if on_text is not None:
+                    on_text(r, piece)
+                if text.stopped and event.finish is None:
+                    engine.finish(event.request)
+    if quiet:
+        for text, ids in zip(pieces, new, strict=True):
+            text.push_all(ids)
     return pieces
 
 
@@ -297,12 +295,20 @@ class TextSamples:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSettings:
-    """The run's ``[generate]`` config (max_new_tokens, temperature, top_k, top_p) as a
-    :class:`GenerationSettings`; ``mem_len`` replaces the model's memory length (0 also turns same-length
-    attention off, with a :class:`~txl.config.SameLengthOff` warning). Derive others with
-    ``dataclasses.replace``."""
-    config = run.config.generate
+def prompt_text(vocab: _Vocab, prompt: str) -> str:
+    """``prompt`` as the vocabulary reads it back (unknown words as ``<unk>``, a word vocabulary's spacing;
+    an empty prompt as its start token): the text that a run's samples continue. Unknown tokens are not
+    warned about here (:func:`encode_prompt` does)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownTokensWarning)
+        return vocab.decode(encode_prompt(vocab, prompt).tolist())
+
+
+def run_settings(run: LoadedRun, *, mem_len: int | None = None, rows: int | None = None) -> DecodeSettings:
+    """How a run's model decodes: its memory length, clamp and same-length attention, or ``mem_len`` in its
+    place (0 also turns same-length attention off, with a :class:`~txl.config.SameLengthOff` warning), and
+    ``rows`` rows (None: every request at once). The run's ``[generate]`` section gives the
+    :class:`SamplingParams` (:meth:`SamplingParams.from_config`)."""
     span = None
     if mem_len is not None:
         if run.config.model.attention != "relative":
@@ -311,16 +317,10 @@ def run_settings(run: LoadedRun, *, mem_len: int | None = None) -> GenerationSet
             )
         base = run.config.model.span
         span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
-    return GenerationSettings(
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        span=span,
-    )
+    return DecodeSettings(span=span, rows=rows)
 
 
-def _check_fits(run: LoadedRun, settings: GenerationSettings) -> None:
+def _check_fits(run: LoadedRun, params: SamplingParams, settings: DecodeSettings) -> None:
     """Refuse (:class:`~txl.errors.SizeError`, one line) a memory or a generation length whose buffers cannot
     fit, before the first token: the key/value cache of ``settings.span`` (the model's when None) and the
     ``max_new_tokens`` of one sample."""
@@ -336,7 +336,7 @@ def _check_fits(run: LoadedRun, settings: GenerationSettings) -> None:
             lower="--mem-len",
             device=param.device,
         )
-    new = settings.max_new_tokens
+    new = params.max_new_tokens
     check_fits(
         new * TOKEN_BYTES,
         setting=f"--max-new-tokens {new}",
@@ -348,35 +348,39 @@ def _check_fits(run: LoadedRun, settings: GenerationSettings) -> None:
 def generate_from_run(
     run: LoadedRun,
     prompt: str | Sequence[str],
-    settings: GenerationSettings | None = None,
+    params: SamplingParams | None = None,
     *,
+    settings: DecodeSettings | None = None,
     num_samples: int = 1,
-    on_start: Callable[[int, str], None] | None = None,
     on_text: Callable[[int, str], None] | None = None,
 ) -> TextSamples:
-    """Sample ``num_samples`` continuations of each prompt from a loaded run, all rows as one batch (what
-    ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
+    """Sample ``num_samples`` continuations of each prompt from a loaded run, all rows as requests of one
+    engine (what ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
 
-    ``prompt``: one text or a list of texts (of any lengths). ``settings``: None is the run's
-    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds sample j of each prompt with its own generator,
-    seed + j (as a completion of ``txl serve`` seeds its choices), so a row's text does not depend on the
-    others: a prompt given alone or beside other prompts gets the same samples. Unknown prompt tokens: see :func:`generate_text`.
-    ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
-    the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
-    made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
-    unknown prompt tokens raise ValueError; a memory or ``max_new_tokens`` whose buffers cannot fit, a
+    ``prompt``: one text or a list of texts (of any lengths). ``params``: None is the run's ``[generate]``
+    section (:meth:`SamplingParams.from_config`); ``params.seed`` (None: 0) gives sample j of every prompt
+    the seed seed + j (as a completion of ``txl serve`` seeds its choices), so a row's text does not depend on
+    the others: a prompt given alone or beside other prompts gets the same samples. ``settings``: None is :func:`run_settings` (the model's
+    memory). Unknown prompt tokens: see :func:`generate_text`; :func:`prompt_text` gives the prompt as the
+    vocabulary reads it (``TextSamples.prompt_texts``, which the new text continues). ``on_text(i, piece)`` is
+    called once per generated token of row i with the text it made printable (see :class:`TextStream`), the
+    rows in order at every step. ``max_new_tokens=0`` generates nothing. Bad params and unknown prompt tokens
+    raise ValueError; a memory or ``max_new_tokens`` whose buffers cannot fit, a
     :class:`~txl.errors.SizeError` before the first token."""
+    params = SamplingParams.from_config(run.config.generate) if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     settings = run_settings(run) if settings is None else settings
-    if not isinstance(settings, GenerationSettings):
-        raise ValueError(f"settings must be a GenerationSettings, got {type(settings).__name__}")
-    _check_fits(run, settings)
+    if not isinstance(settings, DecodeSettings):
+        raise ValueError(f"settings must be a DecodeSettings, got {type(settings).__name__}")
+    _check_fits(run, params, settings)
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or any(not isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt must be a text or a non-empty list of texts, got {prompt!r:.80}")
     positive_int(num_samples, "num_samples", error=ValueError, field=False)
-    if settings.max_new_tokens > MAX_NEW_TOKENS:
+    if params.max_new_tokens > MAX_NEW_TOKENS:
         raise ValueError(
-            f"max_new_tokens={settings.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "
+            f"max_new_tokens={params.max_new_tokens} is above the limit of {MAX_NEW_TOKENS} tokens per "
             "sample (as txl serve bounds max_tokens); generate in several runs"
         )
     if settings.span is not None and run.config.model.attention != "relative":
@@ -391,26 +395,21 @@ def generate_from_run(
     read_back = [vocab.decode(ids.tolist()) for ids in encoded]
     rows = [i for i in range(len(prompts)) for _ in range(num_samples)]
     texts = [read_back[i] for i in rows]
-    for r, text in enumerate(texts):
-        if on_start is not None:
-            on_start(r, text)
     given = [prompts[i] for i in rows]
-    if settings.max_new_tokens == 0:
+    if params.max_new_tokens == 0:
         return TextSamples(given, texts, texts=[""] * len(rows), new_tokens=0, seconds=0.0)
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
-    seed = 0 if settings.seed is None else settings.seed
-    # sample j of every prompt draws from seed + j: a prompt's samples do not depend on the prompts beside it
-    generators = [
-        torch.Generator(device=device).manual_seed((seed + r % num_samples) % 2**64) for r in range(len(rows))
-    ]
+    seed = 0 if params.seed is None else params.seed
     start = time.perf_counter()
     ids = [encoded[i] for i in rows]
+    # sample j of every prompt draws from seed + j: a prompt's samples do not depend on the prompts beside it
+    requests = [
+        (row, replace(params, seed=(seed + r % num_samples) % (MAX_SEED + 1))) for r, row in enumerate(ids)
+    ]
     streams = [
-        TextStream(vocab, row.tolist(), stop=settings.stop, prompt_text=t)
+        TextStream(vocab, row.tolist(), stop=params.stop, prompt_text=t)
         for row, t in zip(ids, texts, strict=True)
     ]
-    pieces = _decode_rows(model, ids, streams, settings, generators, on_text)
+    pieces = _decode_rows(model, requests, streams, settings, on_text)
     seconds = time.perf_counter() - start
     count = sum(len(p.new_ids) for p in pieces)
     # the exact decoding, which the printed pieces may only approach

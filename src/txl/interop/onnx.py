@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import EvalLengths, Span, TransformerXLConfig, eval_lengths, positive_int
 from ..errors import TxlError
-from ..evaluate import EvalSettings, segment_losses
+from ..evaluation import EvalSettings, segment_losses
 from ..limits import check_fits, segment_bytes
 from ..model import Memory, TransformerXL, eval_mode
 

@@ -26,8 +26,10 @@ and their hidden states. It only stores and slides; it knows no model."""
 #
 # Documents: the cache keeps, per row, the :class:`Memory`'s *reach* (how many of the last remembered positions
 # belong to the row's current document; None: all), moved along by :meth:`KVCache.advance` with the segment's
-# starts. :meth:`KVCache.reset_rows` starts rows anew and :meth:`KVCache.put_rows` moves a small cache's rows
-# into a big one (continuous batching: a request prefills alone, then joins a row of a shared cache).
+# starts. The row operations (continuous batching: a request prefills alone, then joins a row of a shared
+# cache): :meth:`KVCache.put_rows` moves a small cache's rows into a big one when :meth:`KVCache.can_join`,
+# :meth:`KVCache.reset_rows` starts rows anew, :meth:`KVCache.row_memory` reads one row's own memory and
+# :meth:`KVCache.keep_rows` keeps a subset of rows. Nothing outside ``model/`` slices the buffers.
 
 from __future__ import annotations
 
@@ -195,14 +197,28 @@ class KVCache:
         reach[_rows(rows, self.device)] = 0
         self.reach = reach
 
-    def put_rows(self, rows: Tensor | Sequence[int] | slice, source: KVCache) -> None:
+    def put_rows(
+        self,
+        rows: Tensor | Sequence[int] | slice,
+        source: KVCache,
+        *,
+        source_rows: Sequence[int] | None = None,
+    ) -> None:
         """Copy ``source``'s remembered window (hidden states, keys and values; all projected) into ``rows`` of
         this cache, aligned at the end of this cache's window, and give those rows the source's reach (its
         length when it has none). The rows then continue exactly as the source would: their older slots are
-        out of reach. Needs ``self.length >= source.length`` (a server keeps its shared cache full by building
-        it from ``Memory.zeros(config, B, mem_len)``)."""
+        out of reach. ``source_rows``: which of the source's rows each of ``rows`` takes (default: all, in
+        order; one source row may go to several rows). Needs :meth:`can_join` (a server keeps its shared
+        cache full by building it from ``Memory.zeros(config, B, mem_len)``)."""
         index = _rows(rows, self.device)
         n = torch.arange(self.batch_size, device=self.device)[index].numel()
+        taken: Tensor | slice = slice(None)
+        given = source.batch_size
+        if source_rows is not None:
+            taken = _rows(source_rows, self.device)
+            given = len(source_rows)
+            if any(not 0 <= int(i) < source.batch_size for i in source_rows):
+                raise ValueError(f"put_rows: source_rows must be in [0, {source.batch_size})")
         if not source.fits(self.config):
             raise ValueError(
                 f"put_rows: the source cache was built for other sizes ({', '.join(CACHE_SIZES)})"
@@ -212,22 +228,57 @@ class KVCache:
                 f"put_rows: the source holds {source.dtype} on {source.device}, this cache {self.dtype} on "
                 f"{self.device}"
             )
-        if n != source.batch_size:
-            raise ValueError(f"put_rows: {n} rows given, the source cache has {source.batch_size}")
+        if n != given:
+            raise ValueError(f"put_rows: {n} rows given, the source cache has {given}")
         if source.projected != source.end:
             raise ValueError("put_rows: the source has unprojected memory (feed it a segment first)")
-        if source.length > self.length:
+        if not self.can_join(n, source.length):
             raise ValueError(
                 f"put_rows: the source remembers {source.length} positions, this cache's window only "
                 f"{self.length} (build it from Memory.zeros(config, B, mem_len))"
             )
         m = source.length
         first = self.end - m
-        self.hidden[:, index, first : self.end] = source.hidden[:, :, source.start : source.end]
-        self.kv[:, :, index, :, first : self.end] = source.kv[:, :, :, :, source.start : source.end]
+        window = slice(source.start, source.end)
+        self.hidden[:, index, first : self.end] = source.hidden[:, taken, window]
+        self.kv[:, :, index, :, first : self.end] = source.kv[:, :, taken, :, window]
         reach = self.full_reach().clone()
-        reach[index] = source.full_reach()
+        reach[index] = source.full_reach()[taken]
         self.reach = reach
+
+    def row_memory(self, row: int, *, reach: int | None = None, drop: int = 0) -> Memory | None:
+        """Row ``row``'s own memory as a batch-1 :class:`Memory` (a copy; None when it remembers nothing): its
+        last ``reach`` remembered positions (default: its reach, everything of its current document), before
+        the last ``drop`` positions written (padding after the row's last real position)."""
+        if not 0 <= row < self.batch_size:
+            raise ValueError(f"row_memory: row must be in [0, {self.batch_size}), got {row}")
+        length = int(self.full_reach()[row]) if reach is None else reach
+        end = self.end - drop
+        if length < 0 or drop < 0 or end - length < 0:
+            raise ValueError(f"row_memory: {length} positions before the last {drop} are not in the buffers")
+        if length == 0:
+            return None
+        block = self.hidden[:, row : row + 1, end - length : end].clone()  # (L, 1, M, D)
+        return Memory(block.unbind(0))
+
+    def can_join(self, n: int, length: int) -> bool:
+        """Whether ``n`` rows remembering ``length`` positions (a source of :meth:`put_rows`) fit this cache:
+        as many rows, and a window at least as long."""
+        return n <= self.batch_size and length <= self.length
+
+    def keep_rows(self, rows: Sequence[int]) -> KVCache:
+        """A cache of only ``rows`` (in that order): their remembered window, keys and values (no projection
+        again) and reach."""
+        index = _rows(rows, self.device)
+        kept = KVCache.__new__(KVCache)
+        kept.config, kept.span, kept.longest, kept._slack = self.config, self.span, self.longest, self._slack
+        kept.hidden = self.hidden[:, index].clone()  # (L, n, S, D)
+        kept.kv = self.kv[:, :, index].clone()  # (L, 2, n, H, S, Dh)
+        kept.batch_size = kept.hidden.shape[1]
+        kept.start, kept.end, kept.projected = self.start, self.end, self.projected
+        kept.reach = None if self.reach is None else self.reach[index].clone()
+        kept.layers = tuple(LayerCache(kept, i) for i in range(len(self.layers)))
+        return kept
 
     def make_room(self, t: int) -> None:
         """Ensure T more positions fit after the memory: move the remembered slots to the front when the

@@ -1,215 +1,131 @@
-"""The rows ``txl serve`` decodes at once: which job's choice each row holds, the choices parked while their
-clients catch up, and one step of them all (draw, emit, feed), on :mod:`txl.inference`'s rows."""
-
-# Dimensions: R rows (``--max-batch``), V vocabulary.
+"""What ``txl serve`` decodes at once: an :class:`~txl.inference.Engine` (its rows, its queue, a generator per
+choice), which job's choice each request is, and the parking policy (back-pressure) over it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ..config import Span
-from ..inference import GenerationSettings, Prefilled, RowBatch, WindowRows, draw, rows_for
-from ..model import Memory
-from .jobs import JOINED, PAUSE, Cancelled, Job, JobState, Pause, Ready, RowWork, Work
+from ..inference import DecodeSettings, Engine
+from .jobs import Cancelled, Job, JobState, Ready, RowWork, Work
 
 __all__ = ["Batch"]
 
 
-def _paused(steps: Generator[None, None, Prefilled]) -> Generator[Pause, None, Prefilled]:
-    """A prefill's steps as a work's pauses; its :class:`Prefilled` at the end."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        yield PAUSE
-
-
 @dataclass
-class _Row:
+class _Choice:
     job: Job
     work: RowWork
     choice: int
-    generator: torch.Generator
-    log_probs: Tensor  # (1, V) of the next token
-
-
-@dataclass
-class _Parked:
-    job: Job
-    work: RowWork
-    choice: int
-    generator: torch.Generator
-    memory: Memory | None
 
 
 class Batch:
-    """R rows of one batch and the parked choices. ``end(job, error)`` ends a job that failed or was cancelled;
-    ``follow(job, work)`` runs a job's last work once all its choices are over; ``generated`` counts the
-    tokens drawn, ``parks`` the choices parked.
+    """The engine of ``settings.rows`` rows and the choices it decodes. ``end(job, error)`` ends a job that
+    failed or was cancelled; ``follow(job, work)`` runs a job's last work once all its choices are over;
+    ``generated`` counts the tokens drawn, ``parks`` the choices parked.
 
     Back-pressure: a streaming job whose client is ``stream_buffer`` events behind what the server has
-    written to its connection is parked: its row's memory is kept aside and the row freed for others; it
-    joins a row again when its client has caught up half of them, exactly where it stopped."""
+    written to its connection is parked (:meth:`Engine.park`: its row's memory is kept aside and the row
+    freed for others); it joins a row again when its client has caught up half of them, exactly where it
+    stopped."""
 
     def __init__(
         self,
         model: nn.Module,
+        settings: DecodeSettings,
         *,
-        span: Span,
-        size: int,
         stream_buffer: int,
         end: Callable[[Job, BaseException], None],
         follow: Callable[[Job, Work], None],
     ) -> None:
-        self.model, self.span, self.size, self.stream_buffer = model, span, size, stream_buffer
-        self.device = next(model.parameters()).device
+        self.model, self.settings, self.stream_buffer = model, settings, stream_buffer
         self.end, self.follow = end, follow
         self.generated = 0
         self.parks = 0
-        self.slots: list[_Row | None] = [None] * size
-        self.parked: list[_Parked] = []
-        self.rows: RowBatch | WindowRows | None = None
+        self.engine = Engine(model, settings)
+        self.running: dict[int, _Choice] = {}  # request -> its choice (waiting, prefilling or decoding)
+        self.parked: dict[int, _Choice] = {}
 
     @property
     def in_use(self) -> int:
-        """The rows holding a choice."""
-        return sum(row is not None for row in self.slots)
+        """The rows promised to choices: held, or waiting in the engine's queue."""
+        return self.engine.rows_in_use + self.engine.waiting
 
-    def _rows(self) -> RowBatch | WindowRows:
-        if self.rows is None:
-            self.rows = rows_for(self.model, self.size, GenerationSettings(span=self.span))
-        return self.rows
-
-    def prefill(self, job: Job, ready: Ready) -> Work:
-        """The work of prefilling a request's prompts (a pause between two chunks, so that the rows step
-        meanwhile), then putting its choices into free rows (reserved for it)."""
-        rows, work = self._rows(), ready.work
-        prefilled = []
-        for prompt in ready.prompts:
-            prefilled.append((yield from _paused(rows.prefill_steps(prompt, ready.memory))))
-        self._place(job, work, prefilled)
-        return JOINED
-
-    def _place(self, job: Job, work: RowWork, prefilled: list[Prefilled]) -> None:
-        rows = self._rows()
-        free = [r for r, row in enumerate(self.slots) if row is None][: work.n]
-        for choice, r in zip(range(work.n), free, strict=True):
-            start = prefilled[work.prompt_of(choice)]
-            rows.join(r, start)
-            self.slots[r] = _Row(job, work, choice, work.generator(choice), start.log_probs)
+    def add(self, job: Job, ready: Ready) -> None:
+        """A request's choices join the engine (each prompt prefilled once, its choices from that prefill;
+        the rows were reserved for them)."""
+        work = ready.work
+        for choice in range(work.n):
+            prompt = ready.prompts[work.prompt_of(choice)]
+            request = self.engine.add(prompt, work.sampling(choice), memory=ready.memory)
+            self.running[request] = _Choice(job, work, choice)
         job.state = JobState.DECODING
 
-    def _leave(self, r: int, *, park: bool = False) -> None:
-        """Row ``r``'s choice leaves the batch: over, cancelled, or parked (its memory kept aside)."""
-        row = self.slots[r]
-        assert row is not None and self.rows is not None
-        self.slots[r] = None
-        if park:
-            memory = self.rows.row_memory(r)
-            self.parked.append(_Parked(row.job, row.work, row.choice, row.generator, memory))
-            self.parks += 1
-            row.job.state = JobState.PARKED
-        self.rows.free(r)
-        if row.job.cancelled:
-            self.end(row.job, Cancelled())
-        elif (
-            not park
-            and not any(s is not None and s.job is row.job for s in self.slots)
-            and not any(p.job is row.job for p in self.parked)
-        ):
-            row.job.state = JobState.WORKING
-            self.follow(row.job, row.work.done())  # every choice is over
+    def step(self, flush: Callable[[], None]) -> None:
+        """One engine step: every choice draws its next token and its events go out (then ``flush``); a
+        finished one leaves, a streaming one whose client is ``stream_buffer`` events behind is parked."""
+        for request, choice in list(self.running.items()):
+            if choice.job.cancelled:
+                self.engine.finish(request)
+                self._leave(request)
+        if not self.running:
+            return
+        try:
+            events = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - every choice in the engine fails; the server goes on
+            self.fail(exc)
+            return
+        for event in events:
+            request = event.request
+            choice = self.running[request]
+            self.generated += 1
+            over = choice.work.push(choice.choice, event.token, event.log_probs)
+            if over or event.finish is not None:
+                self.engine.finish(request)
+                self._leave(request)
+            elif choice.job.on_event is not None and choice.job.backlog >= self.stream_buffer:
+                self.engine.park(request)
+                self.parked[request] = self.running.pop(request)
+                self.parks += 1
+                choice.job.state = JobState.PARKED
+        flush()  # the tokens drawn go to their clients before the model computes the next step
+
+    def _leave(self, request: int) -> None:
+        """A choice is over (or cancelled): its job ends when it was its last."""
+        choice = self.running.pop(request, None) or self.parked.pop(request)
+        job = choice.job
+        if job.cancelled:
+            self.end(job, Cancelled())
+        elif not any(c.job is job for c in (*self.running.values(), *self.parked.values())):
+            job.state = JobState.WORKING
+            self.follow(job, choice.work.done())  # every choice is over
 
     def resume(self, free: int) -> None:
-        """Parked choices whose client caught up join ``free`` rows again (before any waiting job)."""
-        for parked in list(self.parked):
-            job = parked.job
+        """Parked choices whose client caught up wait for ``free`` rows again, before any waiting job."""
+        for request, choice in list(self.parked.items()):
+            job = choice.job
             if job.cancelled:
-                self.parked.remove(parked)
-                self.end(job, Cancelled())
+                self.engine.finish(request)
+                self._leave(request)
                 continue
             if job.backlog > job.resume_at or free < 1:
                 continue
             free -= 1
-            self.parked.remove(parked)
-            prefilled = self._rows().prefill(parked.work.resume_prompt(parked.choice), parked.memory)
-            r = self.slots.index(None)
-            self._rows().join(r, prefilled)
-            self.slots[r] = _Row(job, parked.work, parked.choice, parked.generator, prefilled.log_probs)
+            self.engine.resume(request)
+            self.running[request] = self.parked.pop(request)
             job.state = JobState.DECODING
-
-    def step(self, flush: Callable[[], None]) -> None:
-        """Every row draws its next token and its events go out; those that go on are fed, all rows at once.
-        A streaming row whose client is ``stream_buffer`` events behind is parked instead of fed."""
-        active = []
-        for r, row in enumerate(self.slots):
-            if row is not None and row.job.cancelled:
-                self._leave(r)
-            elif row is not None:
-                active.append(r)
-        if not active:
-            return
-        tokens = self._draw(active)
-        feed = [0] * self.size
-        fed = []
-        for r in active:
-            row = self.slots[r]
-            assert row is not None
-            self.generated += 1
-            if row.work.push(row.choice, tokens[r], row.log_probs[0]):
-                self._leave(r)
-            elif row.job.on_event is not None and row.job.backlog >= self.stream_buffer:
-                self._leave(r, park=True)
-            else:
-                feed[r] = tokens[r]
-                fed.append(r)
-        flush()  # the tokens drawn go to their clients while the model computes the next step
-        if fed:
-            self._feed(feed, fed)
-
-    def _feed(self, feed: list[int], fed: list[int]) -> None:
-        assert self.rows is not None
-        try:
-            log_probs = self.rows.step(torch.tensor(feed, dtype=torch.long, device=self.device))  # (R, V)
-        except Exception as exc:  # noqa: BLE001 - every row in the step fails; the server goes on
-            self.fail(exc)
-            return
-        for r in fed:
-            row = self.slots[r]
-            assert row is not None
-            row.log_probs = log_probs[r : r + 1]
-
-    def _draw(self, active: list[int]) -> dict[int, int]:
-        """The next token of each active row: the greedy rows in one draw over them all (no generator), the
-        others each from its own generator."""
-        rows = {r: row for r in active if (row := self.slots[r]) is not None}
-        greedy = [r for r, row in rows.items() if row.work.settings.temperature == 0]
-        tokens: dict[int, int] = {}
-        if greedy:
-            joined = torch.cat([rows[r].log_probs for r in greedy])  # (G, V)
-            best = draw(joined, rows[greedy[0]].work.settings).tolist()  # temperature 0: the argmax
-            tokens.update(zip(greedy, best, strict=True))
-        for r, row in rows.items():
-            if r not in tokens:
-                tokens[r] = int(draw(row.log_probs, row.work.settings, generator=row.generator)[0])
-        return tokens
 
     def resumable(self, free: int) -> bool:
         """Whether a parked choice is cancelled, or can join one of ``free`` rows again."""
-        return any(p.job.cancelled or (free and p.job.backlog <= p.job.resume_at) for p in self.parked)
+        return any(
+            c.job.cancelled or (free and c.job.backlog <= c.job.resume_at) for c in self.parked.values()
+        )
 
     def fail(self, exc: BaseException) -> None:
-        """Every choice in a row or parked fails with ``exc``; the rows are made anew."""
-        for r, row in enumerate(self.slots):
-            if row is not None:
-                self.slots[r] = None
-                self.end(row.job, exc)
-        for parked in self.parked:
-            self.end(parked.job, exc)
-        self.parked = []
-        self.rows = None  # made anew: a failed step leaves it unknown
+        """Every choice in the engine or parked fails with ``exc``; the engine is made anew."""
+        for choice in (*self.running.values(), *self.parked.values()):
+            self.end(choice.job, exc)
+        self.running, self.parked = {}, {}
+        self.engine = Engine(self.model, self.settings)  # a failed step leaves it unknown

@@ -14,12 +14,13 @@ import torch
 from torch import Tensor
 
 from ..config import GenerateConfig
+from ..inference import SamplingParams
+from ..inference.params import MAX_SEED
 from ..inference.text import UnknownTokensWarning, describe_unknown, read_prompt
 from ..runs import LoadedRun
-from .events import Sampling
 from .openai import CompletionRequest, RequestError
 
-__all__ = ["MAX_STOP", "Limits", "check_text", "encode_text", "prompt_ids", "prompts_of", "sampling_of"]
+__all__ = ["MAX_STOP", "Limits", "check_text", "encode_text", "prompt_ids", "prompts_of", "params_of"]
 
 MAX_STOP = 4
 """Stop strings per request (OpenAI's limit)."""
@@ -112,10 +113,12 @@ def _no_ops(req: CompletionRequest) -> None:
         )
 
 
-def sampling_of(
+def params_of(
     req: CompletionRequest, *, defaults: GenerateConfig, limits: Limits, prompts: int
-) -> Sampling:
-    """The sampling settings of a completion request: its fields, else the run's ``[generate]`` settings."""
+) -> SamplingParams:
+    """How a completion request samples: its fields, else the run's ``[generate]`` settings; a seed always
+    (drawn at random when the request has none; a negative one as ``torch.Generator.manual_seed`` reads it).
+    What the reply holds (``echo``, ``logprobs``) stays the request's."""
     _no_ops(req)
     max_tokens = req.max_tokens if req.max_tokens is not None else limits.default_max_tokens
     if max_tokens > limits.max_tokens:
@@ -141,13 +144,11 @@ def sampling_of(
         raise RequestError(
             400, f"stop: at most {MAX_STOP} non-empty strings, got {json.dumps(req.stop)[:60]}", param="stop"
         )
-    return Sampling(
-        max_tokens=max_tokens,
-        temperature=req.temperature if req.temperature is not None else defaults.temperature,
-        top_k=req.top_k if req.top_k is not None else defaults.top_k,
-        top_p=req.top_p if req.top_p is not None else defaults.top_p,
-        seed=req.seed if req.seed is not None else secrets.randbits(63),
+    seed = req.seed if req.seed is not None else secrets.randbits(63)
+    return SamplingParams.from_config(
+        defaults,
+        max_new_tokens=max_tokens,
+        **{k: v for k in ("temperature", "top_k", "top_p") if (v := getattr(req, k)) is not None},
+        seed=seed % (MAX_SEED + 1),
         stop=stop,
-        logprobs=req.logprobs,
-        echo=req.echo,
     )

@@ -5,6 +5,7 @@ has written it to the connection (the scheduler parks a generation whose client 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,7 @@ import torch
 from starlette.requests import Request
 
 from ..data.vocab import start_token
-from .checks import prompt_ids, prompts_of, sampling_of
+from .checks import params_of, prompt_ids, prompts_of
 from .events import CompletionResult, TextEvent
 from .jobs import Cancelled, Job
 from .openai import (
@@ -65,15 +66,15 @@ async def complete(
     ``settle`` is awaited when the work is done, before the answer (or the stream's last event) goes out: a
     session is saved there; a :class:`RequestError` it raises is the answer instead."""
     prompts, notes = _prompts(state, req, session)
-    sampling = sampling_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
+    params = params_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
     scheduler = state.model
     events: asyncio.Queue = asyncio.Queue()
     weight = len(prompts) * req.n
-    rows = weight if sampling.max_tokens > 0 else 0
+    rows = weight if params.max_new_tokens > 0 else 0
     job = scheduler.admit(rows=rows, weight=weight, on_event=events.put_nowait if req.stream else None)
     if job is None:
         raise busy(scheduler)
-    completion = Completion(state.run, prompts, sampling, n=req.n, session=session, emit=job.emit)
+    completion = Completion(state.run, prompts, params, req, session=session, emit=job.emit)
     scheduler.submit(job, completion_work(completion, mem_len=state.run.config.model.mem_len))
     head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time())}
     head["model"] = state.name
@@ -81,7 +82,8 @@ async def complete(
 
     def tail(result: CompletionResult) -> dict[str, Any]:
         extra = {"session": session.describe(ttl=state.settings.session_ttl)} if session is not None else {}
-        return {**usage(prompt_tokens, result), "seed": sampling.seed, "warnings": notes, **extra}
+        seed = req.seed if req.seed is not None else params.seed
+        return {**usage(prompt_tokens, result), "seed": seed, "warnings": notes, **extra}
 
     if not req.stream:
         try:
@@ -126,9 +128,22 @@ def _put(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, item: Any) -> N
         pass
 
 
-def _chunk(head: dict[str, Any], event: TextEvent) -> str:
-    choice = {"text": event.text, "index": event.index, "logprobs": logprobs_object(event.tokens)}
-    return sse({**head, "choices": [{**choice, "finish_reason": None}]})
+def _chunks(head: dict[str, Any]) -> Callable[[TextEvent], str]:
+    """The event of a token, as ``sse({**head, "choices": [choice]})`` writes it, with the head's JSON written
+    once per stream (an event per token of every choice)."""
+    start = sse({**head, "choices": []})[: -len("]}\n\n")]
+
+    def chunk(event: TextEvent) -> str:
+        logprobs = logprobs_object(event.tokens)
+        text, shown = (
+            json.dumps(event.text),
+            "null" if logprobs is None else json.dumps(logprobs, separators=(",", ":")),
+        )
+        return (
+            f'{start}{{"text":{text},"index":{event.index},"logprobs":{shown},"finish_reason":null}}]}}\n\n'
+        )
+
+    return chunk
 
 
 async def _stream(
@@ -141,6 +156,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """The events of a streamed completion: the events waiting go out in one write; each counts as sent when
     the write has returned (the generator is resumed after it)."""
+    chunk = _chunks(head)
     yield ": txl\n\n"  # the headers go out now; a client that left while waiting is noticed
     while True:
         try:
@@ -150,7 +166,7 @@ async def _stream(
             continue
         chunks: list[str] = []
         while isinstance(item, TextEvent):
-            chunks.append(_chunk(head, item))
+            chunks.append(chunk(item))
             item = None if events.empty() else events.get_nowait()
         if chunks:
             yield "".join(chunks)

@@ -1,5 +1,5 @@
-"""What ``txl serve``'s works take and give, as plain values: a completion's sampling settings, the text events a
-client is sent, and the results of completions and scores (:mod:`txl.serve.openai` gives them their wire shapes)."""
+"""What ``txl serve``'s works give, as plain values: the text events a client is sent, and the results of
+completions and scores (:mod:`txl.serve.openai` gives them their wire shapes)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,7 @@ from dataclasses import dataclass
 
 from ..config import Span
 
-__all__ = ["Sampling", "TokenInfo", "TextEvent", "ChoiceResult", "CompletionResult", "ScoreResult"]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one completion is generated (checked by the HTTP layer)."""
-
-    max_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int
-    stop: tuple[str, ...]
-    logprobs: int | None = None
-    """Report the log-probability of each token and the ``logprobs`` most likely ones (None: no)."""
-    echo: bool = False
-    """Return the prompt with the completion (with its log-probabilities when ``logprobs`` is set)."""
+__all__ = ["TokenInfo", "TextEvent", "ChoiceResult", "CompletionResult", "ScoreResult"]
 
 
 @dataclass(frozen=True)

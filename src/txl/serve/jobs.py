@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
-from ..inference import GenerationSettings
+from ..inference import SamplingParams
 from ..model import Memory
 
 __all__ = [
@@ -23,8 +22,6 @@ __all__ = [
     "Stats",
     "Pause",
     "PAUSE",
-    "Joined",
-    "JOINED",
     "Ready",
     "RowWork",
     "Work",
@@ -63,32 +60,19 @@ class Pause:
 PAUSE = Pause()
 
 
-@dataclass(frozen=True)
-class Joined:
-    """What a prefill work returns: its job's choices joined rows of the batch (the job goes on there)."""
-
-
-JOINED = Joined()
-
-
 class RowWork(Protocol):
-    """A completion as the scheduler decodes it: ``n`` choices, each one row."""
+    """A completion as the scheduler decodes it: ``n`` choices, each one request of the engine."""
 
     n: int
-    settings: GenerationSettings
 
     def prompt_of(self, choice: int) -> int:
         """Which prompt choice ``choice`` continues."""
 
-    def generator(self, choice: int) -> torch.Generator:
-        """Choice ``choice``'s own random generator."""
+    def sampling(self, choice: int) -> SamplingParams:
+        """How choice ``choice`` samples (its own seed)."""
 
     def push(self, choice: int, token: int, log_probs: Tensor) -> bool:
         """Choice ``choice`` drew ``token`` from ``log_probs`` (V,): True when the choice is over."""
-
-    def resume_prompt(self, choice: int) -> Tensor:
-        """(P,) the tokens a parked choice is prefilled with to go on: its last token (with memory) or its
-        whole window (without)."""
 
     def done(self) -> Work:
         """Every choice is over: the work that ends the job (its return value is the job's result)."""
@@ -96,8 +80,8 @@ class RowWork(Protocol):
 
 @dataclass(frozen=True)
 class Ready:
-    """What a work yields when its choices are to decode: each prompt (P,) is prefilled alone after ``memory``
-    (batch 1), then the choices join free rows (choice c continues prompt ``work.prompt_of(c)``)."""
+    """What a work yields when its choices are to decode: each choice is a request of the engine, its prompt
+    (P,) ``prompts[work.prompt_of(c)]`` after ``memory`` (batch 1; one prefill per prompt)."""
 
     work: RowWork
     prompts: tuple[Tensor, ...]

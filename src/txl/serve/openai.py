@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from ..evaluate import metrics_from_loss
+from ..evaluation import metrics_from_loss
 from .events import ChoiceResult, CompletionResult, ScoreResult, TokenInfo
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The model's one thread of ``txl serve``: admission into a bounded queue, and the loop that starts waiting jobs,
-runs their work in slices (prefills, scores, readings) and steps the rows of :class:`~txl.serve.batch.Batch`
-between them (continuous batching). It knows no HTTP, no wire format and no request's meaning."""
+runs their side work in slices (scores, readings) between the engine's steps (:class:`~txl.serve.batch.Batch`:
+continuous batching). It knows no HTTP, no wire format and no request's meaning."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from ..config import Span
+from ..inference import DecodeSettings
 from .batch import Batch
-from .jobs import JOINED, Cancelled, Job, JobState, Ready, Stats, Work
+from .jobs import Cancelled, Job, JobState, Ready, Stats, Work
 
 __all__ = ["Scheduler"]
 
@@ -49,8 +50,7 @@ class Scheduler:
         self._side: list[_Side] = []
         self.batch = Batch(
             model,
-            span=span,
-            size=max_batch,
+            DecodeSettings(span=span, rows=max_batch),
             stream_buffer=stream_buffer,
             end=self._fail,
             follow=self._follow,
@@ -71,7 +71,7 @@ class Scheduler:
 
     @property
     def rows_in_use(self) -> int:
-        """Rows of the batch holding a choice."""
+        """Rows of the engine holding a choice or promised to one in its queue."""
         return self.batch.in_use
 
     @property
@@ -156,16 +156,15 @@ class Scheduler:
                 self._side.append(_Side(job, work, job.rows))
 
     def _slice(self, side: _Side) -> bool:
-        """One slice of side work; True when it is over. A work that is ``Ready`` goes on as the prefill of its
-        prompts, which ends with its choices in rows."""
+        """One slice of side work; True when it is over. A work that is ``Ready`` is over: its choices join the
+        engine (which prefills them between its steps)."""
         job, work = side.job, side.work
         try:
             if job.cancelled:
                 raise Cancelled
             event = next(work)
         except StopIteration as stop:
-            if stop.value is not JOINED:
-                self.end(job, stop.value)
+            self.end(job, stop.value)
             return True
         except BaseException as exc:  # noqa: BLE001 - the job fails, the server goes on
             work.close()
@@ -173,7 +172,8 @@ class Scheduler:
             return True
         if isinstance(event, Ready):
             work.close()
-            side.work = self.batch.prefill(job, event)
+            self.batch.add(job, event)
+            return True
         return False
 
     def _startable(self) -> bool:
@@ -208,7 +208,7 @@ class Scheduler:
                     self._fail_all(exc)
 
     def _turn(self) -> None:
-        """One turn of the loop: resume, start, one slice of each side work, one step."""
+        """One turn of the loop: resume, start, one slice of each side work, one engine step."""
         self.batch.resume(self._free_rows())
         self._start_waiting()
         for side in list(self._side):

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..config import EvalLengths, RunConfig, SameLengthOff, Span, eval_lengths, positive_int
-from ..evaluate import EvalSettings, SegmentLosses, segment_losses
+from ..evaluation import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL
 
 __all__ = ["Scores", "score_tokens", "score_segments", "scores_of", "token_pieces", "scoring_lengths"]

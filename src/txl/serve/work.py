@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ..config import has_memory
-from ..evaluate import RaggedSettings, ragged_losses
-from ..inference import GenerationSettings
+from ..evaluation import RaggedSettings, ragged_losses
+from ..inference import SamplingParams
+from ..inference.params import MAX_SEED
 from ..inference.text import TextStream
 from ..model import Memory
 from ..runs import LoadedRun
-from .events import ChoiceResult, CompletionResult, Sampling, ScoreResult, TextEvent, TokenInfo
+from .events import ChoiceResult, CompletionResult, ScoreResult, TextEvent, TokenInfo
 from .jobs import PAUSE, Pause, Ready, Work
 from .score import scoring_lengths, token_pieces
 from .sessions import CONTEXT_IDS, Session
+
+if TYPE_CHECKING:
+    from .openai import CompletionRequest
 
 __all__ = ["Reading", "read_tokens", "Completion", "completion_work", "score_work", "session_read_work"]
 
@@ -108,7 +112,7 @@ class _Choice:
     index: int
     prompt: int
     stream: TextStream
-    generator: torch.Generator
+    params: SamplingParams
     finish: str = "length"
     ids: list[int] = field(default_factory=list)
     tokens: list[TokenInfo] = field(default_factory=list)
@@ -116,41 +120,39 @@ class _Choice:
 
 
 class Completion:
-    """One completion's choices (``n`` per prompt; choice ``p * n + j`` is prompt p's j-th, seeded with seed +
-    j), decoded as rows (:class:`~txl.serve.scheduler.RowWork`). A session's completion has one prompt and one
-    choice."""
+    """One completion's choices (``req.n`` per prompt; choice ``p * n + j`` is prompt p's j-th, seeded with
+    ``params.seed`` + j), each a request of the engine (:class:`~txl.serve.jobs.RowWork`); ``req`` also says
+    what the reply holds (``echo``, ``logprobs``). A session's completion has one prompt and one choice."""
 
     def __init__(
         self,
         run: LoadedRun,
         prompts: Sequence[Tensor],
-        sampling: Sampling,
+        params: SamplingParams,
+        req: CompletionRequest,
         *,
-        n: int,
         session: Session | None,
         emit: Callable[[TextEvent], None],
     ) -> None:
-        self.run, self.sampling, self.session, self.emit = run, sampling, session, emit
+        self.run, self.params, self.session, self.emit = run, params, session, emit
+        self.echo, self.logprobs = req.echo, req.logprobs
         before = [] if session is None else session.recent
         self.prompts = [
             _Prompt(ids, run.vocab.decode(ids.tolist()), (before + ids.tolist())[-CONTEXT_IDS:])
             for ids in prompts
         ]
-        device = next(run.model.parameters()).device
+        seed = params.seed or 0
         self.choices = [
             _Choice(
-                p * n + j,
+                p * req.n + j,
                 p,
-                TextStream(run.vocab, prompt.context, stop=sampling.stop),
-                torch.Generator(device=device).manual_seed((sampling.seed + j) % 2**64),
+                TextStream(run.vocab, prompt.context, stop=params.stop),
+                replace(params, seed=(seed + j) % (MAX_SEED + 1)),
             )
             for p, prompt in enumerate(self.prompts)
-            for j in range(n)
+            for j in range(req.n)
         ]
         self.n = len(self.choices)
-        self.settings = GenerationSettings(
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
-        )
         self.after_prompt: Reading | None = None  # a session's reading of the prompt
         self.start = time.perf_counter()
 
@@ -158,36 +160,31 @@ class Completion:
         """Which prompt choice ``choice`` continues."""
         return self.choices[choice].prompt
 
-    def generator(self, choice: int) -> torch.Generator:
-        """Choice ``choice``'s random generator (seed + its index among its prompt's choices)."""
-        return self.choices[choice].generator
+    def sampling(self, choice: int) -> SamplingParams:
+        """How choice ``choice`` samples: the request's params with seed + its index among its prompt's
+        choices."""
+        return self.choices[choice].params
 
     def push(self, choice: int, token: int, log_probs: Tensor) -> bool:
         """A row drew ``token`` from ``log_probs`` (V,): record it, emit it; True when the choice is over."""
-        c, sampling = self.choices[choice], self.sampling
+        c = self.choices[choice]
         prompt = self.prompts[c.prompt]
         c.ids.append(token)
         info = None
-        if sampling.logprobs is not None:
+        if self.logprobs is not None:
             window = (prompt.context + c.ids)[-CONTEXT_IDS - 1 :]
             piece = token_pieces(self.run.vocab.decode, window)[-1]
-            top = _top(self.run, log_probs, sampling.logprobs)
+            top = _top(self.run, log_probs, self.logprobs)
             info = TokenInfo(piece, float(log_probs[token]), top, len(prompt.text) + c.chars)
             c.chars += len(piece)
             c.tokens.append(info)
-        text = c.stream.push(token, final=len(c.ids) == sampling.max_tokens)
+        last = len(c.ids) == self.params.max_new_tokens
+        text = c.stream.push(token, final=last)
         self.emit(TextEvent(c.index, text, None if info is None else (info,)))
         if c.stream.stopped:
             c.finish = "stop"
             return True
-        return len(c.ids) >= sampling.max_tokens
-
-    def resume_prompt(self, choice: int) -> Tensor:
-        """(P,) what a parked choice is prefilled with: its last token (with memory) or its whole text."""
-        c = self.choices[choice]
-        if has_memory(self.run.config.model):
-            return torch.tensor(c.ids[-1:])
-        return torch.cat([self.prompts[c.prompt].ids, torch.tensor(c.ids, dtype=torch.long)])
+        return last
 
     def kept_ids(self, choice: _Choice) -> list[int]:
         """The generated ids whose text the client received: a stop string's tokens are left out (a token
@@ -219,9 +216,9 @@ class Completion:
         for c in self.choices:
             prompt = self.prompts[c.prompt]
             tokens = None
-            if self.sampling.logprobs is not None:
+            if self.logprobs is not None:
                 tokens = (prompt.echo or ()) + tuple(c.tokens)
-            text = prompt.text + c.stream.text if self.sampling.echo else c.stream.text
+            text = prompt.text + c.stream.text if self.echo else c.stream.text
             choices.append(ChoiceResult(c.index, text, c.finish, tokens))
         count = sum(len(c.ids) for c in self.choices)
         return CompletionResult(tuple(choices), count, time.perf_counter() - self.start)
@@ -248,8 +245,8 @@ def completion_work(completion: Completion, *, mem_len: int) -> Work:
     """The work of a completion: each prompt read when it is echoed with log-probabilities (a session's always,
     after its memory), then the choices join rows (``Ready``): a session's after its memory's last ``mem_len``
     positions (the generation's memory length)."""
-    run, sampling, session = completion.run, completion.sampling, completion.session
-    scored = sampling.echo and sampling.logprobs is not None
+    run, session = completion.run, completion.session
+    scored = completion.echo and completion.logprobs is not None
     for prompt in completion.prompts:
         ids = prompt.ids.tolist()
         if session is not None:
@@ -260,12 +257,12 @@ def completion_work(completion: Completion, *, mem_len: int) -> Work:
             reading = completion.after_prompt
             if reading is None:
                 reading = yield from read_tokens(run, ids, memory=None, pending=None, log_probs=True)
-            prompt.echo = _echo_tokens(run, ids, reading, sampling.logprobs or 0)
-    if sampling.echo:
+            prompt.echo = _echo_tokens(run, ids, reading, completion.logprobs or 0)
+    if completion.echo:
         for c in completion.choices:
             prompt = completion.prompts[c.prompt]
             completion.emit(TextEvent(c.index, prompt.text, prompt.echo))
-    if sampling.max_tokens == 0:
+    if completion.params.max_new_tokens == 0:
         return (yield from completion.done())
     pending = [] if session is None or session.pending is None else [session.pending]
     fed = tuple(torch.cat([torch.tensor(pending, dtype=torch.long), p.ids]) for p in completion.prompts)

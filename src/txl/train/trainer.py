@@ -37,7 +37,7 @@ from ..config import ConfigError, RunConfig, config_from_dict, config_to_dict, e
 from ..data import Batch, PreparedData, SegmentStream, load_vocab, prepare_data
 from ..distributed import SINGLE, Distributed
 from ..errors import RunError
-from ..evaluate import EvalResult, EvalSettings, bits_name, evaluate, metrics_from_loss
+from ..evaluation import EvalResult, EvalSettings, bits_name, evaluate, metrics_from_loss
 from ..files import atomic_write_text
 from ..model import Memory, TransformerXL
 from ..runs import (

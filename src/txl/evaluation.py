@@ -568,16 +568,10 @@ class _RaggedReader:
             self.cache.put_rows([position], own)
 
     def _shrink(self, keep: list[int]) -> None:
-        """Keep only the rows at positions ``keep`` of the shared cache (their memory, projected again)."""
+        """Keep only the rows at positions ``keep`` of the shared cache (``KVCache.keep_rows``)."""
         if self.cache is None:
             return
-        kept = self.cache.memory()
-        if not keep or kept is None:
-            self.cache = None
-            return
-        self.cache = KVCache(
-            self.model.config, span=self.span, memory=kept.select(keep), dtype=self.dtype, device=self.device
-        )
+        self.cache = self.cache.keep_rows(keep) if keep else None
 
     def _step(
         self, active: list[_Slot], *, cache: KVCache | None = None
@@ -614,7 +608,10 @@ class _RaggedReader:
             last = n == slot.left
             memory = None
             if last and settings.final_memory and cache is not None and remembered is not None:
-                memory = _row_memory(cache, b, int(remembered[b]), t, n)
+                # its memory right after this call: the last mem_len of what it remembered and its n new
+                # positions (the padding written after them left out)
+                reach = min(cache.span.mem_len, int(remembered[b]) + n)
+                memory = cache.row_memory(b, reach=reach, drop=t - n)
             segments.append(
                 RowSegment(
                     row=slot.row,
@@ -632,19 +629,6 @@ class _RaggedReader:
         return tuple(segments), done
 
 
-def _row_memory(cache: KVCache, b: int, before: int, t: int, n: int) -> Memory | None:
-    """Row ``b``'s memory right after a call of T positions of which its first ``n`` were real: the last
-    ``mem_len`` of the ``before`` positions it remembered and its ``n`` new ones (the slots the cache has just
-    written; the padding after them is left out)."""
-    end = cache.end - t + n
-    length = min(cache.span.mem_len, before + n)
-    if length == 0:
-        return None
-    states = tuple(cache.hidden[i, b : b + 1, end - length : end].clone() for i in range(len(cache.layers)))
-    return Memory(states)
-
-
-@torch.no_grad()
 def evaluate(
     model: TransformerXL,
     tokens: np.ndarray | torch.Tensor,
@@ -661,41 +645,44 @@ def evaluate(
     and a batch that cannot fit is refused before anything is allocated (:func:`check_eval_fits`).
     ``starts``: where documents begin (token indices of ``tokens``): each then attends to nothing before it
     (see :func:`segment_losses`)."""
-    tgt_len, asked, span = settings.resolved(model)
-    group.rows(asked, field="eval.batch_size")  # the setting as given must split over the processes
-    if settings.max_tokens is not None:
-        tokens = tokens[: settings.max_tokens + 1]
-        if starts is not None:
-            starts = starts[starts < len(tokens)]
-    device = torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
-    settings = replace(settings, span=span, device=device, name=settings.name or "eval")
-    batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
-    cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
-    if len(tokens) >= 2:
-        row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
-        check_eval_fits(
-            model.config,
-            settings,
-            rows=batch_size,
-            steps=min(tgt_len, row_len),
-            # a cache holds the whole memory from the start; a memory grows with the stream
-            mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
-            cached=cached,
+    with torch.no_grad():  # not a decorator: the root name txl.evaluate keeps its own source and docstring
+        tgt_len, asked, span = settings.resolved(model)
+        group.rows(asked, field="eval.batch_size")  # the setting as given must split over the processes
+        if settings.max_tokens is not None:
+            tokens = tokens[: settings.max_tokens + 1]
+            if starts is not None:
+                starts = starts[starts < len(tokens)]
+        device = (
+            torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
         )
-    rows = group.rows(batch_size, field="eval.batch_size")
-    filled = replace(settings, batch_size=batch_size)
-    segments = segment_losses(model, tokens, filled, rows=rows, starts=starts)
-    n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    shown = settings.progress and group.is_main
-    for segment in tqdm(segments, total=n_batches, desc=settings.name, disable=not shown, leave=False):
-        count += segment.count
-        total += segment.loss.sum()
-    total = group.all_reduce_sum(total)
-    count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
-    mean = float(total) / max(count, 1)
-    return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
+        settings = replace(settings, span=span, device=device, name=settings.name or "eval")
+        batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
+        cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
+        if len(tokens) >= 2:
+            row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
+            check_eval_fits(
+                model.config,
+                settings,
+                rows=batch_size,
+                steps=min(tgt_len, row_len),
+                # a cache holds the whole memory from the start; a memory grows with the stream
+                mem_len=span.mem_len if cached else min(span.mem_len, max(row_len - tgt_len, 0)),
+                cached=cached,
+            )
+        rows = group.rows(batch_size, field="eval.batch_size")
+        filled = replace(settings, batch_size=batch_size)
+        segments = segment_losses(model, tokens, filled, rows=rows, starts=starts)
+        n_batches = math.ceil(math.ceil((len(tokens) - 1) / batch_size) / tgt_len) if len(tokens) > 1 else 0
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = 0
+        shown = settings.progress and group.is_main
+        for segment in tqdm(segments, total=n_batches, desc=settings.name, disable=not shown, leave=False):
+            count += segment.count
+            total += segment.loss.sum()
+        total = group.all_reduce_sum(total)
+        count = int(group.all_reduce_sum(torch.tensor(count, dtype=torch.int64, device=device)))
+        mean = float(total) / max(count, 1)
+        return EvalResult(loss=mean, tokens=count, **metrics_from_loss(mean))
 
 
 def evaluate_run(
