@@ -28,7 +28,6 @@ from .inference import DecodeSettings, Engine, SamplingParams
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .model import eval_mode
 from .runs import load_run
-from .threads import threads_for
 
 
 class HarnessMissing(TxlError, ImportError):
