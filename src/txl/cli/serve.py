@@ -99,7 +99,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sessions-max-bytes",
         type=_byte_size,
-        default=4 << 30,
+        default="4G",  # argparse reads a text default through the type: 4 GiB
         metavar="BYTES",
         help="the most bytes of session files in --sessions-dir; the oldest idle sessions are deleted to stay "
         "under it (default: 4G)",
