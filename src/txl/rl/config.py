@@ -1,7 +1,7 @@
 """The settings of txl.rl, one family of frozen values validated on construction: the memory core's sizes
 (:class:`CoreConfig`, with the one mapping of them onto :mod:`txl.model`'s layer settings), PPO's
 (:class:`PPOConfig`) and a whole run's (:class:`RLConfig`); the run presets (``configs/rl/*.toml``, one per
-task), TOML files and ``path=value`` overrides (``core.mem_len=32``). Imports no torch."""
+task), TOML files and ``path=value`` overrides (``core.mem_len=32``)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ __all__ = [
     "rl_config_from_dict",
     "rl_config_to_dict",
     "apply_rl_overrides",
+    "RESUME_FIELDS",
 ]
 
 Gating = Literal["none", "gru"]
