@@ -1,14 +1,16 @@
 """Shared by the tests of ``txl serve``: a tiny run trained on a small text (a character vocabulary), Server-Sent
-Events parsing, and a live uvicorn server on a free 127.0.0.1 port in a thread of the test process."""
+Events parsing, a live uvicorn server on a free 127.0.0.1 port in a thread of the test process, and the
+application called in process (no socket) with a client whose every write the test holds or lets go."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from txl.cli import main
@@ -98,3 +100,72 @@ def library_text(run, prompt: str, n: int, *, seed: int = 0, **sampling) -> str:
     return generate_text(
         run.model, run.vocab, prompt, settings, generator=torch.Generator().manual_seed(seed)
     )
+
+
+@asynccontextmanager
+async def in_process(app) -> AsyncIterator:
+    """Run ``app``'s lifespan (its model thread) in this event loop; yields an ``httpx.AsyncClient`` that calls
+    the application in process."""
+    import httpx
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://txl", timeout=60) as client:
+            yield client
+
+
+async def held_post(
+    app, path: str, body: dict, *, on_write: Callable[[bytes], Awaitable[None]]
+) -> tuple[int, bytes]:
+    """POST ``body`` to ``app`` in process (as uvicorn calls it) from a client that takes each write of the
+    response's body only once ``on_write(chunk)`` has returned: the server counts a streamed event as sent when
+    its write returns, so the test decides exactly when the client reads. Returns the status and the body."""
+    payload = json.dumps(body).encode()
+    over = asyncio.Event()
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await over.wait()  # the client stays connected until the response is over
+        return {"type": "http.disconnect"}
+
+    status, chunks = 0, []
+
+    async def send(message: dict) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body" and message.get("body"):
+            await on_write(message["body"])
+            chunks.append(message["body"])
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"txl"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+    }
+    try:
+        await app(scope, receive, send)
+    finally:
+        over.set()
+    return status, b"".join(chunks)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 60.0, what: str) -> None:
+    """Wait (in the event loop) until ``check()`` is true."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)

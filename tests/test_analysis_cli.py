@@ -113,6 +113,17 @@ def test_compare_reports_the_three_rows_side_by_side(compared):
     assert samples.count("## Prompt") == 3 and samples.count("| Transformer-XL | vanilla |") == 3
 
 
+def test_compare_on_your_own_corpus_is_titled_with_it_and_names_only_the_filters_set(compared, corpus):
+    """A preset on another corpus (``--set data.corpus=...``) is titled with both; samples.md names the
+    sampling settings in use (tiny samples at temperature 1 with no top-k or top-p filter), never ``None``."""
+    results = _results(compared)
+    assert results["config"] == "tiny" and results["corpus"] == str(corpus)
+    samples = (compared / "samples.md").read_text()
+    assert samples.startswith(f"# Samples: tiny on {corpus.name}\n")
+    assert "None" not in samples
+    assert "(temperature 1.0, no top-k or top-p filter)" in samples
+
+
 def test_compare_evaluates_the_vanilla_model_on_its_training_segments(compared):
     run = load_run(compared / "vanilla", checkpoint="latest")
     corpus = load_corpus(run.config.data.corpus)

@@ -314,7 +314,7 @@ def test_an_interrupted_generate_prints_what_it_had_made(char_run, capsys, monke
 def test_several_prompts_run_as_one_batch_each_labelled(char_run, capsys, monkeypatch, tmp_path):
     """Two --prompt flags and a .jsonl file of two more (one with a newline): four prompts of different
     lengths, two samples each, as one batch; each sample is labelled, none is dropped, and each equals its
-    prompt generated alone with its row's seed."""
+    prompt generated alone (sample s seeded with seed + s, whatever the prompts before it)."""
     path = tmp_path / "prompts.jsonl"
     path.write_text('"class "\n\n{"prompt": "    def fill(self, text):\\n        "}\n', encoding="utf-8")
     prompts = ["import ", "def wrap(", "class ", "    def fill(self, text):\n        "]
@@ -324,7 +324,7 @@ def test_several_prompts_run_as_one_batch_each_labelled(char_run, capsys, monkey
     order = [prompts[0], prompts[2], prompts[3], prompts[1]]  # in the order given
     expected = ""
     for p, prompt in enumerate(order):
-        texts = _reference(char_run, prompt, 12, samples=2, seed=4 + 2 * p, top_k=20)
+        texts = _reference(char_run, prompt, 12, samples=2, seed=4, top_k=20)
         for s, text in enumerate(texts):
             expected += f"=== prompt {p + 1}/4, sample {s + 1}/2 ===\n{prompt}{text}\n"
     assert out == expected
@@ -333,3 +333,29 @@ def test_several_prompts_run_as_one_batch_each_labelled(char_run, capsys, monkey
     assert streamed == out and len(pieces) > 12  # the first sample flushed as it was produced
     one, _, _ = _generate(capsys, monkeypatch, char_run, "--prompt", "import ", "--max-new-tokens", "12")
     assert one == "import " + _reference(char_run, "import ", 12)[0] + "\n"  # one prompt: no label
+
+
+def test_a_prompts_samples_do_not_depend_on_the_prompts_before_it(trained_run, capsys, monkeypatch):
+    """``--prompt JULIET: --seed 0`` alone prints the same sample as the JULIET prompt of ``--prompt ROMEO:
+    --prompt JULIET: --seed 0`` (as a completion of the server does: choice j of a prompt, seed + j); a
+    byte-level run."""
+    flags = ["--max-new-tokens", "24", "--temperature", "1.0", "--seed", "0"]
+    alone, _, _ = _generate(capsys, monkeypatch, trained_run, "--prompt", "JULIET:", *flags)
+    both, _, _ = _generate(
+        capsys, monkeypatch, trained_run, "--prompt", "ROMEO:", "--prompt", "JULIET:", *flags
+    )
+    first, second = both.split("=== prompt 2/2 ===\n")
+    assert first.startswith("=== prompt 1/2 ===\nROMEO:")
+    assert second == alone
+    romeo, _, _ = _generate(capsys, monkeypatch, trained_run, "--prompt", "ROMEO:", *flags)
+    assert first == "=== prompt 1/2 ===\n" + romeo
+
+
+def test_an_empty_prompt_without_an_end_of_text_token_says_what_to_give(trained_run, capsys):
+    """``--prompt ""`` on a byte-level run (no end-of-text token to start from): one line in the user's terms,
+    naming the flag and what to give instead, not the vocabulary's attribute names."""
+    assert main(["generate", str(trained_run), "--prompt", "", "--max-new-tokens", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eos_id" not in err, err
+    assert err.startswith("txl: error: generate: the prompt is empty") and "end-of-text token" in err, err
+    assert "give a prompt of at least one character (a newline starts a new text)" in err, err

@@ -47,7 +47,8 @@ def test_the_stated_default_is_printed_by_help(capsys):
         pass
     out = " ".join(capsys.readouterr().out.split())
     assert (
-        "--num-samples N samples of each prompt, drawn in one batch, sample i with seed + i (default: 1)"
+        "--num-samples N samples of each prompt, drawn in one batch, sample i of every prompt with seed + i "
+        "(default: 1)"
         in out
         and "--seed SEED sampling seed of the first sample (default: 0)" in out
     )

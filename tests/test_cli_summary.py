@@ -32,6 +32,15 @@ def test_training_shows_the_validation_loss_and_ends_with_a_summary(tmp_path, ca
     assert f"loss {summary['val_loss']:.4f}" in out and f"bpb {summary['val_bpb']:.4f}" in out
     assert f"ppl {summary['val_ppl']:.2f}" in out and str(run) in out and "4 steps" in out
     assert not re.search(r"\d\.\d{8}", out)  # no 16-digit floats
+    # which loss is which: the whole split with the last weights, and what the best checkpoint was chosen on
+    assert f"valid (whole split, step 4): loss {summary['val_loss']:.4f}" in out
+    best = [r for r in measured if r["split"] == "valid" and r["loss"] == summary["best_val_loss"]][-1]
+    measured_on = (
+        "the whole split" if best.get("final") else f"the first {best['tokens']:,} tokens (train.eval_tokens)"
+    )
+    assert (
+        f"best checkpoint: step {best['step']}, validation loss {best['loss']:.4f} over {measured_on}" in out
+    ), out
 
     assert main([*_train_argv(corpus, tmp_path / "quiet"), "--quiet", "--json"]) == 0
     captured = capsys.readouterr()

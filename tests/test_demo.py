@@ -59,6 +59,12 @@ def test_demo_trains_both_models_and_prints_the_comparison(tmp_path, small_demo,
         saved["results"]["vanilla"]["val_bpb"] == saved["results"]["vanilla"]["val_bits_per_token"] > 0
     )  # bytes
     assert "val_bpc" not in saved["results"]["vanilla"]
+    where = tmp_path / "demo"
+    assert (
+        f"runs: {where / 'transformer-xl'} and {where / 'vanilla'}; figures and sample: {where / 'demo.json'}"
+        in out
+    ), out
+    assert f"txl generate {where / 'transformer-xl'} --prompt" in out  # what to do with them
 
 
 def test_the_same_steps_print_the_same_table(tmp_path, small_demo, capsys):

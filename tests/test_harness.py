@@ -443,3 +443,14 @@ def test_generate_until_rows_join_and_leave_each_as_alone(trained_run, mem_len):
         cuts = [full.index(s) for s in until if s in full]
         assert text == full[: min(cuts)] if cuts else text == full
     assert any(got[i] != "" for i in range(len(asks)))
+
+
+@pytest.mark.parametrize("as_given", [str, Path, lambda p: [str(p)]])
+def test_task_manager_takes_one_folder_or_several(tmp_path, as_given):
+    """``task_manager("my_tasks")``: a folder given as a str or a Path is one folder (not its characters),
+    like a list of folders."""
+    from txl.harness import task_manager
+
+    folder = _json_task(tmp_path / "tasks", DOCS[:2])
+    manager = task_manager(as_given(folder), include_defaults=False)
+    assert {"local_docs", "txl_wikitext_local"} <= set(manager.all_tasks)

@@ -1,11 +1,13 @@
 """txl.rl's memory core: the window path against T steps across episode resets, resets that forget, the state
-through a rollout buffer, the memory after a weight update, gates that start near the identity, settings."""
+through a rollout buffer, the memory after a weight update, gates that start near the identity, settings,
+slots no query may attend that hold NaN or inf, and the inputs it accepts or refuses."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load, save
@@ -152,7 +154,7 @@ def test_gates_start_near_the_identity():
     assert (gate(x, y) - x).norm() / x.norm() < 0.25
     config = CoreConfig(d_model=64, mem_len=4)
     core = MemoryCore(OBS, config).eval()  # its u, v for the layers' context
-    gated, plain = GatedLayer(config).eval(), MemoryCore(OBS, replace(config, gating="none")).layers[0]
+    gated, plain = GatedLayer(config.stack).eval(), MemoryCore(OBS, replace(config, gating="none")).layers[0]
     h = torch.randn(3, 6, 64)
     with torch.no_grad():
         out, summed = _layer_output(core, gated, h), _layer_output(core, plain, h)
@@ -210,20 +212,186 @@ def test_config_names_the_bad_field(field, value):
 
 
 def test_bad_inputs_get_one_line_errors():
+    """Each bad input gets one line naming the argument and the shape expected on its path (a step's shapes
+    for ``step``, a window's for ``window``)."""
     core = _core(mem_len=4)
     state = core.initial_state(2)
+    no_start = torch.zeros(2, dtype=torch.bool)
+    wide = CoreState(state.memory, torch.tensor([0, 5]))
     cases = [
-        (lambda: core.step(torch.randn(2, OBS + 1), state, torch.zeros(2, dtype=torch.bool)), "obs must be"),
-        (lambda: core.step(torch.randn(2, OBS), state, torch.zeros(2)), "episode starts must be a bool"),
+        (
+            lambda: core.step(torch.randn(2, OBS + 1), state, no_start),
+            ValueError,
+            r"obs must be \(E, 5\), got",
+        ),
+        (
+            lambda: core.step(torch.randn(2, 1, OBS), state, no_start),
+            ValueError,
+            r"obs must be \(E, 5\), got",
+        ),
+        (
+            lambda: core.step(torch.randn(2, OBS), state, torch.zeros(2)),
+            ValueError,
+            r"episode_start must be a bool tensor of shape \(2,\)",
+        ),
+        (
+            lambda: core.step(torch.randn(2, OBS), state, torch.zeros(2, 1, dtype=torch.bool)),
+            ValueError,
+            r"episode_start must be a bool tensor of shape \(2,\)",
+        ),
         (
             lambda: core.step(torch.randn(3, OBS), state, torch.zeros(3, dtype=torch.bool)),
-            "state memory must be",
+            ValueError,
+            "state memory",
         ),
-        (lambda: core.window(torch.randn(2, OBS), state, torch.zeros(2, dtype=torch.bool)), "obs must be"),
-        (lambda: core.initial_state(0), "n_envs must be"),
-        (lambda: MemoryCore(0), "obs_dim must be"),
+        (
+            lambda: core.step(torch.randn(2, OBS), state.memory, no_start),
+            ValueError,
+            "state must be a CoreState",
+        ),
+        (
+            lambda: core.step(torch.randn(2, OBS), state.to(torch.float64), no_start),
+            ValueError,
+            "state must be torch.float32 on cpu",
+        ),
+        (
+            lambda: core.step("abc", state, no_start),
+            TypeError,
+            r"obs must be a tensor, array or nested list of",
+        ),
+        (
+            lambda: core.step(torch.randn(2, OBS), state, object()),
+            TypeError,
+            "episode_start must be a tensor",
+        ),
+        (
+            lambda: core.window(torch.randn(2, OBS), state, no_start),
+            ValueError,
+            r"obs must be \(E, T, 5\), got \(2, 5\)",
+        ),
+        (
+            lambda: core.window(torch.randn(2, 3, OBS), state, no_start),
+            ValueError,
+            r"starts must be a bool tensor of shape \(2, 3\)",
+        ),
+        (lambda: core.window(torch.randn(2, 3, OBS), state, {"a": 1}), TypeError, "starts must be a tensor"),
+        (
+            lambda: core.step(torch.randn(2, OBS), CoreState(state.memory, torch.tensor([0, -1])), no_start),
+            ValueError,
+            r"state reach must be between 0 and mem_len = 4, got -1 at environment 1",
+        ),
+        (
+            lambda: core.window(torch.randn(2, 3, OBS), wide, torch.zeros(2, 3, dtype=torch.bool)),
+            ValueError,
+            r"state reach must be between 0 and mem_len = 4, got 5 at environment 1",
+        ),
+        (lambda: core.initial_state(0), ValueError, "n_envs must be"),
+        (lambda: MemoryCore(0), ValueError, "obs_dim must be"),
     ]
-    for call, message in cases:
-        with pytest.raises(ValueError, match=message) as info:
+    for call, error, message in cases:
+        with pytest.raises(error, match=message) as info:
             call()
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_observation_is_refused_by_name(value):
+    """A NaN or infinite observation is refused with a message naming ``obs`` and where it is: the environment
+    (and the step of a window); finite observations of any size pass."""
+    core = _core(mem_len=4)
+    state = core.initial_state(3)
+    obs = torch.randn(3, 6, OBS)
+    obs[2, 4, 1] = value
+    with pytest.raises(
+        ValueError, match=rf"^obs must be finite, got {value} at environment 2, step 4 of the"
+    ):
+        core.window(obs, state, torch.zeros(3, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=rf"^obs must be finite, got {value} at environment 2 \("):
+        core.step(obs[:, 4], state, torch.zeros(3, dtype=torch.bool))
+    obs[2, 4, 1] = 1e30
+    with torch.no_grad():
+        core.window(obs, state, torch.zeros(3, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("gating", ["gru", "none"])
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), -float("inf"), 3e38])
+def test_slots_outside_the_reach_contribute_nothing_whatever_they_hold(gating, junk):
+    """A state's slots outside each environment's reach (a previous episode, or never written) are never
+    attended: filling them with NaN, inf or huge values leaves every feature and the next state's reach exactly
+    as with zeros there, on the step and the window path."""
+    core = _core(gating=gating, mem_len=6)
+    e, t = 3, 8
+    gen = torch.Generator().manual_seed(5)
+    memory = torch.randn(e, 2, 6, 16, generator=gen)
+    reach = torch.tensor([2, 0, 6])
+    outside = torch.arange(6)[None, :] < (6 - reach)[:, None]  # (E, M): slots before each row's reach
+    clean = CoreState(torch.where(outside[:, None, :, None], 0.0, memory), reach)
+    dirty = CoreState(torch.where(outside[:, None, :, None], junk, memory), reach)
+    obs = torch.randn(e, t, OBS, generator=gen)
+    starts = _starts(e, t, {0: [5], 2: [3]})
+    with torch.no_grad():
+        for run in (core.window, lambda o, s, st: _steps(core, o, s, st)[::2]):
+            expected, _ = run(obs, clean, starts)
+            got, after = run(obs, dirty, starts)
+            assert torch.isfinite(got).all()
+            assert torch.equal(got, expected), (got - expected).abs().max()
+    assert after.reach.tolist() == [3, 6, 5]
+
+
+@pytest.mark.parametrize("junk", [float("nan"), float("inf")])
+def test_window_equals_steps_when_an_earlier_episode_is_not_finite(junk):
+    """A non-finite value the current episode remembers (a state written by other code) makes the features of
+    the queries that attend it, directly or through the layers, NaN; it never reaches the next episode, in the
+    same window or later: the window equals the steps (NaN where they are NaN), and after the start both equal
+    a run whose state held no such value."""
+    core = _core(torch.float64, mem_len=4)
+    e, t, start = 2, 20, 9
+    gen = torch.Generator().manual_seed(6)
+    warm = torch.randn(e, 5, OBS, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        _, clean = core.window(warm, core.initial_state(e), _starts(e, 5, {0: [0], 1: [0]}))
+    memory = clean.memory.clone()
+    memory[0, 0, -2, 3] = junk  # row 0's layer-0 input two steps ago: inside its reach
+    dirty = CoreState(memory, clean.reach)
+    obs = torch.randn(e, t, OBS, generator=gen, dtype=torch.float64)
+    starts = _starts(e, t, {0: [start]})
+    with torch.no_grad():
+        window, after = core.window(obs[:, :12], dirty, starts[:, :12])  # the start inside the window
+        rest, _ = core.window(obs[:, 12:], after, starts[:, 12:])
+        window = torch.cat([window, rest], dim=1)
+        stepped, _, _ = _steps(core, obs, dirty, starts)
+        reference, _ = core.window(obs, clean, starts)
+    torch.testing.assert_close(window, stepped, rtol=0, atol=1e-12, equal_nan=True)
+    poisoned = torch.isnan(window).any(dim=-1)  # (E, T)
+    # the slot is step -2: layer 0 attends it at steps 0-2 (M = 4 back), layer 1 attends those up to step 6
+    assert poisoned[0].tolist() == [True] * 7 + [False] * (t - 7)
+    assert not poisoned[1].any()
+    torch.testing.assert_close(window[0, start:], reference[0, start:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(window[1], reference[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("as_input", [np.asarray, lambda x: x.tolist()])
+def test_arrays_and_lists_are_accepted(as_input):
+    """Observations and starts as numpy arrays or lists (e.g. what a gymnasium vector env returns; float64
+    observations for a float32 core) give the tensors' features."""
+    core = _core(mem_len=4)
+    gen = torch.Generator().manual_seed(7)
+    obs = torch.randn(2, 5, OBS, generator=gen, dtype=torch.float64)
+    starts = _starts(2, 5, {0: [0, 3], 1: [0]})
+    state = core.initial_state(2)
+    with torch.no_grad():
+        expected, _ = core.window(obs.float(), state, starts)
+        got, _ = core.window(as_input(obs.numpy()), state, as_input(starts.numpy()))
+        step, _ = core.step(as_input(obs[:, 0].numpy()), state, as_input(starts[:, 0].numpy()))
+    assert torch.equal(got, expected) and got.dtype == torch.float32
+    assert torch.allclose(step, expected[:, 0], atol=1e-6, rtol=0)
+
+
+def test_a_window_of_no_steps_changes_nothing():
+    """T = 0: no features, and the state it was given."""
+    core = _core(mem_len=4)
+    with torch.no_grad():
+        _, state = core.window(torch.randn(2, 3, OBS), core.initial_state(2), _starts(2, 3, {0: [0]}))
+        features, after = core.window(torch.zeros(2, 0, OBS), state, torch.zeros(2, 0, dtype=torch.bool))
+    assert features.shape == (2, 0, 16) and features.dtype == torch.float32
+    assert after is state

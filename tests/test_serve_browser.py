@@ -268,3 +268,23 @@ def test_the_stream_view_and_what_the_memory_did(server, browser, tmp_path):
     streamed = tmp_path / "serve-page-stream.png"
     assert browser.save_screenshot(str(streamed))
     print(json.dumps({"screenshots": [str(scored), str(streamed)]}))
+
+
+def test_the_tabs_sit_on_their_panel_and_the_key_field_shows_its_hint(server, browser):
+    """At desktop and phone width: the first tab starts where its panel does (not at the window's edge), and
+    the API-key field is wide enough for its whole placeholder."""
+    browser.get(server + "/")
+    for width in (1280, 390):
+        browser.set_window_size(width, 900)
+        tab = browser.find_element(By.ID, "tab-generate").rect
+        panel = browser.find_element(By.ID, "view-generate").rect
+        assert abs(tab["x"] - panel["x"]) <= 1, (width, tab, panel)
+        need, have = browser.execute_script(
+            "const el = document.getElementById('api-key'), style = getComputedStyle(el);"
+            "const context = document.createElement('canvas').getContext('2d'); context.font = style.font;"
+            "return [context.measureText(el.placeholder).width,"
+            " el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)];"
+        )
+        assert need <= have, (
+            f"the key field shows {have:.0f}px of its {need:.0f}px placeholder at width {width}"
+        )

@@ -5,6 +5,7 @@ penalties, ``best_of``, ``logit_bias``, ``suffix``, ``GET /v1/models/{id}``) thr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -16,7 +17,16 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 
 import httpx  # noqa: E402
 
-from serve_helpers import library_text, live_server, train_char_run, wait_for  # noqa: E402
+from serve_helpers import (  # noqa: E402
+    eventually,
+    held_post,
+    in_process,
+    library_text,
+    live_server,
+    sse_data,
+    train_char_run,
+    wait_for,
+)
 from txl.runs import load_run  # noqa: E402
 from txl.serve.app import create_app  # noqa: E402
 from txl.serve.server import SEND_BUFFER, WRITE_BUFFER  # noqa: E402
@@ -29,20 +39,6 @@ CLIENT_BUFFER = 4096
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     return train_char_run(tmp_path_factory.mktemp("flow"), steps=20)
-
-
-def _dechunk(raw: bytes) -> str:
-    """The body of an HTTP/1.1 chunked response (after its headers)."""
-    body = raw.split(b"\r\n\r\n", 1)[1]
-    out = bytearray()
-    while body:
-        size_line, body = body.split(b"\r\n", 1)
-        size = int(size_line, 16)
-        if size == 0:
-            break
-        out += body[:size]
-        body = body[size + 2 :]
-    return out.decode("utf-8")
 
 
 def _stalled_client(url: str, body: bytes) -> tuple[socket.socket, bytes]:
@@ -63,6 +59,9 @@ def test_a_parked_client_that_leaves_is_cancelled(run_dir):
     with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
         client, _ = _stalled_client(url, body)
         wait_for(lambda: c.get("/v1/health").json()["parked"] == 1, what="the generation to be parked")
+        # at most what the buffers in between hold (Linux doubles the sizes asked; an event is over 100 bytes)
+        in_flight = (WRITE_BUFFER + 2 * SEND_BUFFER + 2 * CLIENT_BUFFER) // 100
+        assert c.get("/v1/health").json()["tokens_generated"] <= 4 + in_flight
         client.close()
         wait_for(lambda: c.get("/v1/health").json()["admitted"] == 0, what="the parked job to end")
         health = c.get("/v1/health").json()
@@ -70,32 +69,85 @@ def test_a_parked_client_that_leaves_is_cancelled(run_dir):
 
 
 def test_a_client_that_stops_reading_stops_its_generation(run_dir):
+    """The client takes the headers, then no write: the generation parks once exactly ``stream_buffer`` events
+    are unwritten, a neighbour runs meanwhile without it, and once the client reads again the generation goes
+    on to exactly the library's text."""
     run = load_run(run_dir)
     buffer = 8
     app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_tokens=1000, stream_buffer=buffer))
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "stream": True}).encode()
-    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
-        client, raw = _stalled_client(url, body)  # it reads the status line, then nothing
-        wait_for(lambda: c.get("/v1/health").json()["parked"] == 1, what="the generation to be parked")
-        stalled = c.get("/v1/health").json()["tokens_generated"]
-        # what the buffers in between can hold (Linux doubles the sizes asked; an event is over 100 bytes)
-        in_flight = (WRITE_BUFFER + 2 * SEND_BUFFER + 2 * CLIENT_BUFFER) // 100
-        assert stalled <= buffer + in_flight < 1000
-        neighbour = c.post("/v1/completions", json={"prompt": "import ", "max_tokens": 200, "temperature": 0})
-        assert neighbour.json()["usage"]["completion_tokens"] == 200
-        health = c.get("/v1/health").json()
-        assert health["tokens_generated"] == stalled + 200  # the parked row did not step with its neighbour
-        assert health["parked"] == 1 and health["parks"] == 1 and health["rows_in_use"] == 0
-        client.settimeout(60)
-        while b"data: [DONE]" not in raw:  # the client reads again: the generation goes on to its end
-            part = client.recv(65536)
-            assert part, "the server closed the stream early"
-            raw += part
-        client.close()
-        events = [e[6:] for e in _dechunk(raw).split("\n\n") if e.startswith("data: ")]
-        texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
-        assert "".join(texts) == library_text(run, PROMPT, 1000, temperature=0)
-        assert c.get("/v1/health").json()["tokens_generated"] == 1200
+    body = {"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "stream": True}
+
+    async def scenario() -> tuple[int, bytes]:
+        reading = asyncio.Event()
+
+        async def client(chunk: bytes) -> None:
+            if b"data:" in chunk:  # the headers and the first comment go through, then no event
+                await reading.wait()
+
+        async with in_process(app) as c:
+
+            async def health() -> dict:
+                return (await c.get("/v1/health")).json()
+
+            stream = asyncio.create_task(held_post(app, "/v1/completions", body, on_write=client))
+            await eventually(lambda: _parks(c, 1), what="the generation to be parked")
+            stalled = await health()
+            assert stalled["tokens_generated"] == buffer  # not one token more than the client may be behind
+            assert stalled["parked"] == 1 and stalled["rows_in_use"] == 0
+            neighbour = await c.post(
+                "/v1/completions", json={"prompt": "import ", "max_tokens": 200, "temperature": 0}
+            )
+            assert neighbour.json()["usage"]["completion_tokens"] == 200
+            after = await health()
+            assert after["tokens_generated"] == buffer + 200  # the parked row did not step with its neighbour
+            assert after["parked"] == 1 and after["parks"] == 1 and after["rows_in_use"] == 0
+            reading.set()  # the client reads again: the generation goes on to its end
+            answer = await stream
+            assert (await health())["tokens_generated"] == 1200
+            return answer
+
+    status, raw = asyncio.run(scenario())
+    assert status == 200
+    events = sse_data(raw.decode("utf-8"))
+    assert events[-1] == "[DONE]"
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
+    assert "".join(texts) == library_text(run, PROMPT, 1000, temperature=0)
+
+
+async def _parks(client, count: int) -> bool:
+    return (await client.get("/v1/health")).json()["parks"] >= count
+
+
+def test_a_stream_parked_again_and_again_gives_the_text_of_one_never_parked(run_dir):
+    """A client that takes each write only once the generation has parked: the generation parks every
+    ``stream_buffer`` tokens or sooner, and resumes each time exactly where it stopped (its memory with it),
+    so the text, far longer than the memory, is the library's."""
+    run = load_run(run_dir)
+    buffer, n = 4, 400
+    assert n > 10 * run.config.model.mem_len
+    app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_tokens=n, stream_buffer=buffer))
+    body = {"prompt": PROMPT, "max_tokens": n, "temperature": 1.0, "seed": 3, "stream": True}
+
+    async def scenario() -> tuple[int, bytes, dict]:
+        async with in_process(app) as c:
+
+            async def parked_or_over() -> bool:
+                health = (await c.get("/v1/health")).json()
+                return health["parked"] == 1 or health["tokens_generated"] == n
+
+            async def client(chunk: bytes) -> None:
+                if b"data:" in chunk:
+                    await eventually(parked_or_over, what="the generation to park")
+
+            status, raw = await held_post(app, "/v1/completions", body, on_write=client)
+            return status, raw, (await c.get("/v1/health")).json()
+
+    status, raw, health = asyncio.run(scenario())
+    assert status == 200
+    assert health["parks"] >= n // buffer - 1 and health["tokens_generated"] == n
+    events = sse_data(raw.decode("utf-8"))
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-2])
+    assert text == library_text(run, PROMPT, n, seed=3, temperature=1.0)
 
 
 def test_ordinary_openai_client_calls(run_dir):

@@ -100,8 +100,9 @@ def test_the_prompt_is_decoded_once_for_all_samples():
 
 
 def test_seeded_samples_equal_generate_alone_with_their_own_seed():
-    """The run-level API with its [generate] defaults: row r (prompt r // num_samples) draws what generate
-    draws alone from a generator seeded with seed + r, though all rows run as one batch."""
+    """The run-level API with its [generate] defaults: row r (prompt r // num_samples, its sample
+    r % num_samples) draws what generate draws alone from a generator seeded with seed + r % num_samples,
+    though all rows run as one batch."""
     vocab = SuffixVocab()
     run = _run(vocab, temperature=0.9, top_k=5)
     settings = dataclasses.replace(run_settings(run), max_new_tokens=4, seed=3)
@@ -110,7 +111,7 @@ def test_seeded_samples_equal_generate_alone_with_their_own_seed():
     expected = []
     for r in range(6):
         ids = torch.tensor([SYMBOLS.index(c) for c in prompts[r // 2]])
-        generator = torch.Generator().manual_seed(3 + r)
+        generator = torch.Generator().manual_seed(3 + r % 2)
         new = generate(run.model, ids, settings, generator=generator).new_tokens[0].tolist()
         expected.append("".join(SYMBOLS[i] for i in new) + "!")
     result = generate_from_run(run, prompts, settings, num_samples=2)

@@ -562,3 +562,80 @@ def test_the_same_weights_under_either_machines_wait():
     errors = {machine: run.stderr[-500:] for machine, run in runs.items()}
     assert all(len(out) == 2 and out[0] == "2" for out in outs.values()), errors
     assert outs["quiet"] == outs["shared"]
+
+
+def _decoding_model():
+    import torch
+
+    from txl import TransformerXL, TransformerXLConfig
+
+    torch.manual_seed(0)
+    config = TransformerXLConfig(
+        vocab_size=30, n_layer=2, n_head=2, d_head=4, d_model=8, d_inner=16, mem_len=8
+    )
+    return TransformerXL(config).eval(), torch.tensor([[1, 2, 3, 4]])
+
+
+@pytest.fixture
+def two_threads():
+    """The caller's count is 2 for the test (txl's own choice in the environment, as conftest made it); the
+    count before is given back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_decoding_steps_run_on_one_thread_and_give_the_callers_count_back(two_threads, monkeypatch):
+    """A library user's program with torch's count at 2: every step of the decoding loop (generate, stream,
+    generate_text) runs on one thread, and between the steps of a stream and after a call the count is the
+    caller's again; an OMP_NUM_THREADS of the user's own stands."""
+    import torch
+
+    import txl.inference.loop as loop
+    from txl.data.vocab import ByteVocab
+    from txl.inference import GenerationSettings
+    from txl.inference.text import generate_text
+
+    inside: list[int] = []
+    real_draw = loop.draw
+
+    def draw(*args, **kwargs):  # the loop draws each token inside its step
+        inside.append(torch.get_num_threads())
+        return real_draw(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "draw", draw)
+    model, prompt = _decoding_model()
+    settings = GenerationSettings(max_new_tokens=5, temperature=0.8, seed=0)
+    between = [torch.get_num_threads() for _ in txl.stream(model, prompt, settings)]
+    assert inside == [1] * 5 and between == [2] * 5 and torch.get_num_threads() == 2
+    inside.clear()
+    txl.generate(model, prompt, settings)
+    assert inside == [1] * 5 and torch.get_num_threads() == 2
+    inside.clear()
+    bytes_model = txl.TransformerXL(txl.TransformerXLConfig(vocab_size=256, n_layer=1, d_model=8, n_head=2,
+                                                            d_head=4, d_inner=8, mem_len=4)).eval()  # fmt: skip
+    generate_text(bytes_model, ByteVocab(), "class ", settings)
+    assert inside == [1] * 5 and torch.get_num_threads() == 2
+
+    inside.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own (not the value txl recorded as its choice)
+    monkeypatch.delenv(CHOSEN_VAR, raising=False)
+    txl.generate(model, prompt, settings)
+    assert inside == [2] * 5 and torch.get_num_threads() == 2
+
+
+def test_threads_for_gives_the_count_back_when_the_block_fails(two_threads):
+    import torch
+
+    from txl.threads import threads_for
+
+    with pytest.raises(RuntimeError, match="inside"), threads_for("tokens") as count:
+        assert count == torch.get_num_threads() == 1
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="workload must be one of batches, tokens, got 'words'"):
+        with threads_for("words"):  # type: ignore[arg-type]
+            pass

@@ -158,6 +158,8 @@ RULES: dict[str, str] = {
     "model/cache size compatibility": r"\(\"n_layer\", \"n_head\", \"d_head\", \"d_model\"\)",
     "positive-integer check": r"positive integer",
     "eval_mode": r"def eval_mode\b",
+    "layer loop keeping each layer's input (LayerStack; the one-position fast path)": r"\binputs\.append\(h\)",
+    "LayerStack's owners (an instance, or a subclass)": r"(?<!class )\bLayerStack\(|\(LayerStack\)",
 }
 """Each rule and a pattern that finds where it is written out (its definition included)."""
 

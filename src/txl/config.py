@@ -18,6 +18,7 @@ from .errors import TxlError, TxlWarning
 
 __all__ = [
     "TransformerXLConfig",
+    "StackConfig",
     "Span",
     "SameLengthOff",
     "span_of",
@@ -274,6 +275,60 @@ class TransformerXLConfig:
         if self.attention != "relative":
             return Span(mem_len=0)
         return Span(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
+
+    @property
+    def stack(self) -> StackConfig:
+        """The settings of the model's layer stack (:class:`~txl.model.LayerStack`): its layer fields."""
+        return StackConfig(
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            d_head=self.d_head,
+            d_model=self.d_model,
+            d_inner=self.d_inner,
+            dropout=self.dropout,
+            dropatt=self.dropatt,
+            attention=self.attention,
+            pre_norm=self.pre_norm,
+        )
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Sizes and variants of a layer stack (:class:`~txl.model.LayerStack`): Transformer-XL's decoder layers
+    without a token embedding or an output layer. The language model derives its own
+    (:attr:`TransformerXLConfig.stack`), the agents' memory core its own (``txl.rl.CoreConfig.stack``); the
+    defaults are the model's."""
+
+    n_layer: int = 2
+    """Number of layers (L)."""
+    n_head: int = 2
+    """Attention heads per layer (H)."""
+    d_head: int = 16
+    """Size of each attention head (Dh)."""
+    d_model: int = 32
+    """Size of the hidden states (D); even, since the sinusoid interleaves sin and cos halves."""
+    d_inner: int = 64
+    """Inner size of each layer's position-wise feed-forward network (F)."""
+    dropout: float = 0.0
+    """Dropout on the stack's input, the relative positions and the residual branches while training."""
+    dropatt: float = 0.0
+    """Dropout on attention probabilities."""
+    attention: Attention = "relative"
+    """"relative": Transformer-XL attention over a memory; "absolute": standard causal attention (the vanilla
+    baseline, whose positions its owner adds to the input; no memory)."""
+    pre_norm: bool = False
+    """LayerNorm before each sub-layer (pre-norm) instead of after the residual sum (post-norm, the paper)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "d_head", "d_model", "d_inner"):
+            _positive_int(self, name)
+        _check(
+            self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}"
+        )
+        _probability(self, "dropout")
+        _probability(self, "dropatt")
+        _one_of(self, "attention", typing.get_args(Attention))
+        _check(isinstance(self.pre_norm, bool), "pre_norm", f"must be true or false, got {self.pre_norm!r}")
 
 
 def architecture_fields() -> tuple[str, ...]:

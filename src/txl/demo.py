@@ -286,7 +286,11 @@ def run_demo(
     report = {"steps": steps, "results": results, "sample": prompt + sample}
     atomic_write_text(out / "demo.json", json.dumps(report, indent=1) + "\n")
     print(
-        f"\ntook {_duration(time.perf_counter() - started)} in all "
+        f"\nruns: {out / 'transformer-xl'} and {out / 'vanilla'}; figures and sample: {out / 'demo.json'}\n"
+        f"more samples: txl generate {out / 'transformer-xl'} --prompt 'import ' --max-new-tokens 200"
+    )
+    print(
+        f"took {_duration(time.perf_counter() - started)} in all "
         f"(estimated {_duration(costs.total_s(steps))} after the measurement)",
         flush=True,
     )

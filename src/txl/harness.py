@@ -29,6 +29,7 @@ from .inference import GenerationSettings, draw, rows_for
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .model import eval_mode
 from .runs import load_run
+from .threads import threads_for
 
 
 class HarnessMissing(TxlError, ImportError):
@@ -63,18 +64,19 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 
 def task_manager(
-    include_path: Sequence[str | Path] = (),
+    include_path: str | Path | Sequence[str | Path] = (),
     *,
     metadata: dict[str, Any] | None = None,
     include_defaults: bool = True,
 ) -> Any:
-    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the folders ``include_path`` added;
-    ``metadata`` goes to every task it loads (over the task's own). ``include_defaults=False`` leaves out
-    lm-eval's own tasks (their index takes a while to build)."""
+    """lm-eval's TaskManager with txl's tasks (:data:`TASKS_DIR`) and the task folders ``include_path`` (one
+    folder, or a list of them) added; ``metadata`` goes to every task it loads (over the task's own).
+    ``include_defaults=False`` leaves out lm-eval's own tasks (their index takes a while to build)."""
     from lm_eval.tasks import TaskManager
 
+    folders = [include_path] if isinstance(include_path, (str, Path)) else list(include_path)
     return TaskManager(
-        include_path=[str(TASKS_DIR), *(str(p) for p in include_path)],
+        include_path=[str(TASKS_DIR), *(str(p) for p in folders)],
         include_defaults=include_defaults,
         metadata=metadata,
     )
@@ -351,7 +353,7 @@ class TxlLM(TemplateLM):
         active: dict[int, _Request] = {}  # batch row -> request
         results = [""] * len(prompts)
         tokens = torch.zeros(rows.size, dtype=torch.long, device=self.device)  # (R,): each row's last token
-        with eval_mode(self.model):
+        with eval_mode(self.model), threads_for("tokens"):
             while True:
                 while any(request.done for request in active.values()) or (
                     waiting and len(active) < rows.size

@@ -1,6 +1,7 @@
 """The CPU thread policy of txl's entry points: how many OpenMP threads, and how long an idle one waits, for a
 :data:`Workload` on this machine, set before torch starts its thread pool (imports no torch; the user's own
-settings win). Why and how: the threads guide of the documentation."""
+settings win); and :func:`threads_for`, the count for a block of work in a program that imported torch
+itself (the decoding loop runs in it). Why and how: the threads guide of the documentation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -31,6 +33,7 @@ __all__ = [
     "needs_load",
     "configure_threads",
     "at_launch",
+    "threads_for",
     "CHOSEN_VAR",
 ]
 
@@ -356,6 +359,41 @@ def at_launch(workload: Workload = "batches") -> ThreadSettings | None:
         return configure_threads(workload=workload)
     except ValueError as exc:  # TXL_THREADS_MACHINE's value
         raise SystemExit(f"txl: error: {exc}") from None
+
+
+@contextmanager
+def threads_for(workload: Workload = "tokens") -> Iterator[int]:
+    """Run the block with txl's thread count for ``workload`` (:data:`POLICIES`: one thread for ``"tokens"``),
+    then give the caller's count back; yields the count in force. The decoding loop runs each step in it, so
+    a program that imported torch without :func:`configure_threads` decodes as fast beside other busy programs
+    as ``txl generate`` does: with several threads, every tiny parallel region of a decoding step waits for a
+    thread that another program's work keeps off its core.
+
+    Only the count changes (``torch.set_num_threads``, for the calling thread's OpenMP regions); the wait
+    settings are OpenMP's from when torch loaded. An ``OMP_NUM_THREADS`` you set stands: nothing changes."""
+    if workload not in POLICIES:
+        raise ValueError(f"workload must be one of {', '.join(POLICIES)}, got {workload!r}")
+    import torch
+
+    before = torch.get_num_threads()
+    count = _count_for(workload)
+    if count is None or count == before:
+        yield before
+        return
+    torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        torch.set_num_threads(before)
+
+
+def _count_for(workload: Workload) -> int | None:
+    """txl's thread count for ``workload`` in this process (the same on a quiet and a shared machine), or None
+    where the user's ``OMP_NUM_THREADS`` stands."""
+    if _users(os.environ, _NUM):
+        return None
+    threads = POLICIES[workload]["shared"].threads
+    return threads if threads != "cores" else max(1, usable_cores() // _local_processes(os.environ))
 
 
 def _policies(workload: Workload) -> dict[Machine, WorkloadPolicy]:

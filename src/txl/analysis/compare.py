@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..config import ConfigError, RunConfig, eval_lengths, eval_span, positive_int, vanilla_baseline
+from ..config import (
+    ConfigError,
+    GenerateConfig,
+    RunConfig,
+    eval_lengths,
+    eval_span,
+    positive_int,
+    vanilla_baseline,
+)
 from ..data import CorpusError, Vocab
 from ..data.vocab import start_token
 from ..errors import TxlError
@@ -101,10 +109,18 @@ class CompareResult:
     actions: dict[str, str]
     samples: tuple[Sample, ...] = ()
     curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    corpus: str = ""
+    """The corpus both runs read (``data.corpus``), which the title names beside the config."""
+
+    @property
+    def title(self) -> str:
+        """``CONFIG on CORPUS`` (a path as its file name), as the table, the figures and samples.md say."""
+        return _compare_title(self.config, self.corpus)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "config": self.config,
+            "corpus": self.corpus,
             "overrides": list(self.overrides),
             "level": self.level,
             "stride": self.stride,
@@ -131,7 +147,7 @@ class CompareResult:
                 [f"XL vs {_LABELS[base]}", *(_percent(self.relative[base].get(m)) for m in metrics), ""]
             )
         note = (
-            f"{self.config}: every token of each split predicted once; vanilla on disjoint segments of "
+            f"{self.title}: every token of each split predicted once; vanilla on disjoint segments of "
             f"{self.window}, vanilla sliding: windows of {self.window}, stride {self.stride}\n"
             f"XL vs rows: (XL - vanilla) / vanilla; {SIGN_CONVENTION}"
         )
@@ -178,7 +194,7 @@ class CompareResult:
             )
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats per token)")
-        ax.set_title(f"Validation loss: {self.config}")
+        ax.set_title(f"Validation loss: {self.title}")
         ax.legend()
         ax.grid(alpha=0.3)
         return fig
@@ -193,7 +209,7 @@ class CompareResult:
             )
         ax.set_xlabel("training tokens seen")
         ax.set_ylabel("training loss (nats per token)")
-        ax.set_title(f"Training loss: {self.config}")
+        ax.set_title(f"Training loss: {self.title}")
         ax.legend()
         ax.grid(alpha=0.3)
         return fig
@@ -305,6 +321,26 @@ def _samples(
     return tuple(samples)
 
 
+def _compare_title(config_name: str, corpus: str) -> str:
+    """``CONFIG on CORPUS``: a preset run on your own text is named by both. A corpus given as a path shows
+    its file or folder name; a corpus name (``books``, ``hf:NAME``, ``hf-disk:PATH``) shows as written."""
+    if not corpus:
+        return config_name
+    if "/" in corpus and not corpus.startswith(("hf:", "hf-disk:")):
+        corpus = Path(corpus).name or corpus
+    return f"{config_name} on {corpus}"
+
+
+def _sampling_words(gen: GenerateConfig) -> str:
+    """The sampling settings in words, naming only the filters in use: ``temperature 0.8, top_k 40``,
+    ``greedy``, ``temperature 1.0, no top-k or top-p filter``."""
+    if gen.temperature == 0:
+        return "greedy"
+    filters = [f"top_k {gen.top_k}"] if gen.top_k is not None else []
+    filters += [f"top_p {gen.top_p}"] if gen.top_p is not None else []
+    return ", ".join([f"temperature {gen.temperature}", *(filters or ["no top-k or top-p filter"])])
+
+
 def samples_markdown(samples: Sequence[Sample], *, title: str, note: str) -> str:
     """The samples as Markdown: each prompt, then a two-column table (Transformer-XL | vanilla)."""
 
@@ -402,6 +438,7 @@ def compare(config: RunConfig, out: Path, settings: CompareSettings = CompareSet
         actions=actions,
         samples=_write_samples(xl, vanilla, out, settings),
         curves={"xl": read_metrics(out / "xl"), "vanilla": read_metrics(out / "vanilla")},
+        corpus=config.data.corpus,
     )
 
 
@@ -443,15 +480,15 @@ def _write_samples(
         return ()
     prompts = _prompt_ids(xl, settings.prompts)
     samples = _samples(xl, vanilla, prompts, new_tokens=settings.sample_tokens, seed=settings.seed)
-    gen = xl.config.generate
     note = (
         f"{settings.sample_tokens} tokens from each model after the same prompt, the same seed and settings "
-        f"(temperature {gen.temperature}, top_k {gen.top_k}, top_p {gen.top_p}); the Transformer-XL with "
+        f"({_sampling_words(xl.config.generate)}); the Transformer-XL with "
         f"its memory ({eval_span(xl.config).mem_len}), the vanilla model recomputing a window of "
         f"{vanilla.config.train.tgt_len}."
     )
     out.mkdir(parents=True, exist_ok=True)
-    markdown = samples_markdown(samples, title=f"Samples: {settings.config_name or 'compare'}", note=note)
+    title = _compare_title(settings.config_name or "compare", xl.config.data.corpus)
+    markdown = samples_markdown(samples, title=f"Samples: {title}", note=note)
     atomic_write_text(out / "samples.md", markdown + "\n")
     return samples
 

@@ -219,7 +219,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         metavar="N",
-        help="samples of each prompt, drawn in one batch, sample i with seed + i (default: 1)",
+        help="samples of each prompt, drawn in one batch, sample i of every prompt with seed + i (default: 1)",
     )
     p.add_argument(
         "--stream",

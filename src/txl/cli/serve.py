@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from ..config import ConfigError
 from . import _non_negative_int, _port, _positive_float, _positive_int
-from .command import Command
+from .command import Command, Output
 from .common import check_device
 from .options import CHECKPOINT_HELP, given, settings_from
 
@@ -28,6 +29,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = settings_from(ServeSettings, args, max_tokens=args.max_tokens_limit, api_key=key)
     serve(Path(args.run_dir), settings=limits, **given(args, "device", "checkpoint"))
     return 0
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """A positive number of bytes: digits, and K, M, G or T for 1024, 1024², 1024³, 1024⁴ (``4G``)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    value = int(match.group(1)) * _UNITS[match.group(2).upper()] if match else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes (4096, 512M, 4G), got {text}")
+    return value
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -66,13 +79,30 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--max-sessions",
         type=_positive_int,
         default=1000,
-        help="sessions (memories kept across requests) that may exist at once; more get 429 (default: 1000)",
+        help="sessions (memories kept across requests) held in memory at once; more get 429 (default: 1000); "
+        "with --sessions-dir, the least recently used idle ones leave memory instead (they stay on disk)",
     )
     p.add_argument(
         "--session-ttl",
         type=_positive_float,
         default=600.0,
         help="seconds an idle session is kept (default: 600.0)",
+    )
+    p.add_argument(
+        "--sessions-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep every session in DIR (written after each request that changes it): sessions survive a "
+        "restart, and servers of one run may share DIR (default: none, sessions in memory only)",
+    )
+    p.add_argument(
+        "--sessions-max-bytes",
+        type=_byte_size,
+        default=4 << 30,
+        metavar="BYTES",
+        help="the most bytes of session files in --sessions-dir; the oldest idle sessions are deleted to stay "
+        "under it (default: 4G)",
     )
     p.add_argument(
         "--api-key",
@@ -96,6 +126,7 @@ SERVE = Command(
     help="serve a run over HTTP: OpenAI-shaped completions, scores, a web page",
     arguments=_arguments,
     handler=_cmd_serve,
+    writes=(Output("sessions_dir", "--sessions-dir"),),
     workload="tokens",
     lower="the requests' max_tokens (--max-tokens-limit)",
 )

@@ -92,15 +92,41 @@ def _train_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"{summary['params']:,} parameters"
     ]
     if "val_loss" in summary:
-        best = summary.get("best_val_loss")
-        kept = f"; best checkpoint at loss {best:.4f}" if best is not None else ""
-        lines.append(f"valid: {figures(summary, 'val_')} over {summary['val_tokens']:,} tokens{kept}")
+        lines.append(
+            f"valid (whole split, step {summary['steps']:,}): {figures(summary, 'val_')} "
+            f"over {summary['val_tokens']:,} tokens"
+        )
     if "test_loss" in summary:
         lines.append(f"test:  {figures(summary, 'test_')} over {summary['test_tokens']:,} tokens")
+    best = _best_record(run_dir, summary.get("best_val_loss"))
+    if best is not None:
+        where = (
+            "the whole split"
+            if best.get("final")
+            else f"the first {best['tokens']:,} tokens (train.eval_tokens)"
+        )
+        lines.append(
+            f"best checkpoint: step {best['step']:,}, validation loss {best['loss']:.4f} over {where}"
+        )
     lines.append(
         f"run folder: {run_dir} (summary.json holds these figures; metrics.jsonl every one measured)"
     )
     return "\n".join(lines)
+
+
+def _best_record(run_dir: Path, best: float | None) -> dict[str, Any] | None:
+    """The validation record of metrics.jsonl that chose the best checkpoint (the last one of loss ``best``):
+    a periodic evaluation, over ``train.eval_tokens`` tokens when that is set, or the final one over the whole
+    split. None without one."""
+    path = run_dir / "metrics.jsonl"
+    if best is None or not path.is_file():
+        return None
+    found = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("split") == "valid" and record.get("loss") == best:
+            found = record
+    return found
 
 
 def _new_run_config(args: argparse.Namespace) -> Any:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..config import has_memory
 from ..model import Memory, eval_mode
 from ..model.transformer import config_of
+from ..threads import threads_for
 from .rows import RowBatch, WindowRows, prepare_rows, rows_for
 from .sampling import draw
 from .settings import GenerationSettings
@@ -125,12 +126,13 @@ class _Decoding:
 
     def steps(self) -> Iterator[Step]:
         """One :class:`Step` per new token. The model is in eval mode, and the work in inference mode, only
-        while this runs."""
+        while this runs; each step runs on txl's thread count for decoding (:func:`~txl.threads.threads_for`),
+        the caller's count restored between steps."""
         settings, generator, stop_ids, batch = self.settings, self.generator, self.stop_ids, self.batch
         token = None
         with eval_mode(self.model):
             for _ in range(settings.max_new_tokens):
-                with torch.inference_mode():
+                with torch.inference_mode(), threads_for("tokens"):
                     if token is None:
                         prefilled = batch.prefill(self.rows, self.memory_in)
                         batch.join(range(batch.size), prefilled)

@@ -89,8 +89,8 @@ def read_prompt(
 
 def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"] = "unk") -> Tensor:
     """(P,) int64 ids of ``prompt`` (:func:`read_prompt`; unknown tokens read as ``<unk>`` are named by an
-    :class:`UnknownTokensWarning`); an empty prompt is the vocabulary's ``eos_id`` (a document boundary) when it
-    has one."""
+    :class:`UnknownTokensWarning`); an empty prompt is the vocabulary's end-of-text token ``eos_id`` (a
+    document boundary) when it has one (word vocabularies), else a ValueError that asks for a prompt."""
     ids, missing = read_prompt(vocab, prompt, unknown=unknown)
     if missing:
         message = (
@@ -99,7 +99,11 @@ def encode_prompt(vocab: _Vocab, prompt: str, *, unknown: Literal["unk", "error"
         warnings.warn(UnknownTokensWarning(message), stacklevel=3)
     if ids.numel() == 0:  # a document boundary to start from: only a vocabulary with <eos> has one
         if getattr(vocab, "eos_id", None) is None:
-            raise ValueError("the prompt is empty and the vocabulary has no eos_id to start from")
+            kind = getattr(vocab, "kind", "")
+            raise ValueError(
+                f"the prompt is empty, and this {kind + ' ' if kind else ''}vocabulary has no end-of-text "
+                "token to start from: give a prompt of at least one character (a newline starts a new text)"
+            )
         ids = torch.tensor([start_token(vocab)], dtype=torch.long)  # (1,)
     return ids
 
@@ -354,8 +358,9 @@ def generate_from_run(
     ``txl generate`` does): row ``i`` continues prompt ``i // num_samples``.
 
     ``prompt``: one text or a list of texts (of any lengths). ``settings``: None is the run's
-    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds row i's own generator with seed + i, so a row's
-    text does not depend on the others. Unknown prompt tokens: see :func:`generate_text`.
+    (:func:`run_settings`); ``settings.seed`` (None: 0) seeds sample j of each prompt with its own generator,
+    seed + j (as a completion of ``txl serve`` seeds its choices), so a row's text does not depend on the
+    others: a prompt given alone or beside other prompts gets the same samples. Unknown prompt tokens: see :func:`generate_text`.
     ``on_start(i, prompt_text)`` is called for every row first (the prompt as the vocabulary reads it, which
     the new text continues), then ``on_text(i, piece)`` once per generated token of row i with the text it
     made printable (see :class:`TextStream`). ``max_new_tokens=0`` generates nothing. Bad settings and
@@ -395,7 +400,10 @@ def generate_from_run(
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     seed = 0 if settings.seed is None else settings.seed
-    generators = [torch.Generator(device=device).manual_seed((seed + r) % 2**64) for r in range(len(rows))]
+    # sample j of every prompt draws from seed + j: a prompt's samples do not depend on the prompts beside it
+    generators = [
+        torch.Generator(device=device).manual_seed((seed + r % num_samples) % 2**64) for r in range(len(rows))
+    ]
     start = time.perf_counter()
     ids = [encoded[i] for i in rows]
     streams = [

@@ -11,11 +11,14 @@
 
 from .attention import AbsoluteMultiHeadAttention, RelativeMultiHeadAttention, rel_shift
 from .cache import KVCache
+from .layers import DecoderLayer
 from .memory import Memory, update_memory
-from .transformer import ModelOutput, TransformerXL, attention_mask, eval_mode
+from .transformer import LayerStack, ModelOutput, TransformerXL, attention_mask, eval_mode
 
 __all__ = [
     "TransformerXL",
+    "LayerStack",
+    "DecoderLayer",
     "ModelOutput",
     "Memory",
     "KVCache",

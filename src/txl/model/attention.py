@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import TransformerXLConfig
+from ..config import StackConfig
 
 if TYPE_CHECKING:
     from .cache import LayerCache
@@ -126,7 +126,7 @@ class MultiHeadAttention(nn.Module):
     """Causal multi-head attention over [memory ; current]: the projections shared by both variants.
     A variant overrides :meth:`attend`, which turns heads into the attention output."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
+    def __init__(self, config: StackConfig) -> None:
         super().__init__()
         self.n_head, self.d_head = config.n_head, config.d_head
         inner = config.n_head * config.d_head
@@ -182,7 +182,7 @@ class MultiHeadAttention(nn.Module):
 class RelativeMultiHeadAttention(MultiHeadAttention):
     """Transformer-XL attention over [memory ; current] with relative positions and global biases u, v."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
+    def __init__(self, config: StackConfig) -> None:
         super().__init__(config)
         self.r_net = nn.Linear(config.d_model, config.n_head * config.d_head, bias=False)  # W_{k,R}
 
@@ -277,7 +277,7 @@ class AbsoluteMultiHeadAttention(MultiHeadAttention):
         )  # (B, H, T, Dh)
 
 
-def make_attention(config: TransformerXLConfig) -> MultiHeadAttention:
+def make_attention(config: StackConfig) -> MultiHeadAttention:
     """The attention variant named by ``config.attention``, chosen once when the model is built."""
     kinds: dict[str, type[MultiHeadAttention]] = {
         "relative": RelativeMultiHeadAttention,

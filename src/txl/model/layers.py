@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from ..config import TransformerXLConfig
+from ..config import StackConfig
 from .attention import AbsoluteContext, RelativeContext, make_attention
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ __all__ = ["FeedForward", "DecoderLayer"]
 class FeedForward(nn.Module):
     """Linear -> ReLU -> dropout -> Linear -> dropout, as the authors' ``PositionwiseFF`` core."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
+    def __init__(self, config: StackConfig) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(config.d_model, config.d_inner),
@@ -44,7 +44,7 @@ class DecoderLayer(nn.Module):
     Pre-norm: x = x + Attn(LN(x), memory=LN(memory)); x = x + FF(LN(x)) (the memory is normalised too,
     as in the authors' code)."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
+    def __init__(self, config: StackConfig) -> None:
         super().__init__()
         self.pre_norm = config.pre_norm
         self.attn = make_attention(config)

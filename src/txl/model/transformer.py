@@ -1,12 +1,13 @@
-"""The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
-softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a :class:`KVCache`)."""
+"""Transformer-XL's layer stack (:class:`LayerStack`: the decoder layers with their memory, reach and document
+starts; no embedding) and the language model (or its vanilla baseline): embedding -> LayerStack -> adaptive
+softmax, the segment-level recurrence carried explicitly as :class:`Memory` (or in a :class:`KVCache`)."""
 
-# The Transformer-XL language model (and its vanilla baseline): embedding -> decoder layers -> adaptive
-# softmax, with the segment-level recurrence carried explicitly as :class:`Memory` (or in a caller's
-# :class:`KVCache`). One-position decoding, which needs tables of its own, lives in ``decode.py``.
+# The language model is an embedding, a LayerStack and an output layer: ``model.layers`` is the stack, which
+# the agents' memory core (``txl.rl.MemoryCore``) also runs over projected observations. One-position
+# decoding, which needs tables of its own, lives in ``decode.py``.
 #
 # Dimensions (the legend of ``model/``): B batch, T segment length, M memory length, K = M + T keys, D model
-# size, V vocabulary, L layers.
+# size, V vocabulary, L layers, H heads, Dh head size.
 #
 #     out = model(tokens, memory=memory, targets=targets)   # tokens, targets (B, T) int64
 #     out.loss      # (B, T) per-token negative log-likelihood in nats
@@ -26,22 +27,33 @@ softmax, with the segment-level recurrence carried explicitly as :class:`Memory`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import overload
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import Span, TransformerXLConfig
+from ..config import Span, StackConfig, TransformerXLConfig
 from .adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from .attention import AbsoluteContext, RelativeContext
-from .cache import CACHE_SIZES, KVCache
+from .cache import CACHE_SIZES, KVCache, LayerCache
 from .layers import DecoderLayer
-from .memory import Memory, update_memory
+from .memory import Memory, full_reach, update_memory
 from .positional import relative_distances, sinusoid
 
-__all__ = ["TransformerXL", "ModelOutput", "attention_mask", "document_mask", "config_of", "eval_mode"]
+__all__ = [
+    "LayerStack",
+    "LayerFactory",
+    "TransformerXL",
+    "ModelOutput",
+    "attention_mask",
+    "document_mask",
+    "config_of",
+    "eval_mode",
+]
 
 
 @dataclass
@@ -115,6 +127,187 @@ def document_mask(starts: Tensor | None, reach: Tensor, *, t: int, m: int) -> Te
     return keys < first[:, :, None]  # (B, T, K)
 
 
+LayerFactory = Callable[[StackConfig], nn.Module]
+"""What builds one layer of a :class:`LayerStack` from its settings: :class:`~txl.model.layers.DecoderLayer`,
+or a variant of it (a class whose ``forward`` takes what ``DecoderLayer.forward`` takes)."""
+
+
+class LayerStack(nn.ModuleList):
+    """Transformer-XL's layer loop, without a token embedding or an output layer: ``n_layer`` decoder layers
+    over hidden states, each layer reading its own memory, with the rows' reach and document starts.
+
+    Dimensions: B rows, T new positions, M remembered positions, K = M + T keys, D model size, L layers,
+    H heads, Dh head size.
+
+        stack = LayerStack(StackConfig(n_layer=2, n_head=2, d_head=16, d_model=32))
+        u, v = torch.zeros(2, 16), torch.zeros(2, 16)  # (H, Dh) each: the global biases, kept by the owner
+        x = torch.randn(3, 5, 32)                      # (B, T, D): embeddings, projected observations...
+        h, memory = stack(x, span=Span(mem_len=8), biases=[(u, v)] * 2)                 # h (B, T, D)
+        h, memory = stack(x, memory=memory, span=Span(mem_len=8), biases=[(u, v)] * 2)  # the next segment
+
+    It is the list of its layers (``stack[i]``; in its owner's state dict ``layers.{i}.*``). Per call it builds
+    what they share: the relative positions (sinusoids of the K distances), the mask (the future, same-length
+    attention, the keys before each row's document) and each layer's :class:`~txl.model.attention.RelativeContext`
+    with the global content and position biases u, v that its owner keeps and passes (``biases``). While
+    training it drops out its input and the positions (``config.dropout``), the positions first.
+
+    :class:`TransformerXL` runs its embeddings through one (``model.layers``) and applies its final norm and
+    output layer after it; the agents' memory core (``txl.rl.MemoryCore``) runs its projected observations
+    through one. Variants are chosen when a stack is built: the layers by ``layer`` (a class or factory called
+    with the config: GTrXL's gated layer in ``txl.rl``), the attention by ``config.attention``; a subclass may
+    override :meth:`causal_mask` (which keys are out of view whatever the documents) and :meth:`run_layer`
+    (one layer's call).
+    """
+
+    def __init__(self, config: StackConfig, *, layer: LayerFactory = DecoderLayer) -> None:
+        if not isinstance(config, StackConfig):
+            raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        super().__init__([layer(config) for _ in range(config.n_layer)])
+        self.config = config
+
+    @overload
+    def __getitem__(self, idx: slice) -> nn.ModuleList: ...
+    @overload
+    def __getitem__(self, idx: int) -> nn.Module: ...
+    def __getitem__(self, idx: int | slice) -> nn.Module | nn.ModuleList:
+        """Layer ``idx``; a slice gives those layers as a plain ``nn.ModuleList`` (not a stack)."""
+        if isinstance(idx, slice):
+            return nn.ModuleList(list(self._modules.values())[idx])
+        return super().__getitem__(idx)
+
+    def forward(
+        self,
+        h: Tensor,
+        *,
+        memory: Memory | KVCache | None = None,
+        span: Span,
+        starts: Tensor | None = None,
+        biases: Sequence[tuple[Tensor, Tensor]] | None = None,
+    ) -> tuple[Tensor, Memory | None]:
+        """h (B, T, D): the first layer's input before dropout (embeddings, projected observations) -> the
+        last layer's output (B, T, D) and the memory for the next segment.
+
+        ``memory``: what the layers remember: None (nothing), a :class:`Memory` (the input of each layer on
+        the last M positions, with the rows' reach; the returned memory keeps the last ``span.mem_len``
+        positions of [memory ; this segment], detached, or is None for ``mem_len`` 0) or a :class:`KVCache`
+        (every layer reads the remembered keys and values from it and appends this segment's; the window
+        slides and the returned memory is None). ``span``: the lengths to run with (a cache's own with a
+        cache). ``starts``: (B, T) bool, True where a document begins (it and every later position of its row
+        attend to nothing before it). ``biases``: one (u, v) pair per layer, (H, Dh) each, for relative
+        attention (None for absolute)."""
+        self._check(h, memory, span, starts, biases)
+        t = h.shape[1]
+        contexts = self._contexts(h, memory, span, starts, biases)
+        h = F.dropout(h, self.config.dropout, self.training)
+        cache = memory if isinstance(memory, KVCache) else None
+        states = memory if isinstance(memory, Memory) else None
+        if cache is not None:
+            cache.make_room(t)
+        inputs = []  # the input of every layer: what the next segment remembers
+        for index, layer in enumerate(self):
+            inputs.append(h)
+            layer_cache = None if cache is None else cache.layers[index]
+            if layer_cache is not None:
+                layer_memory = layer_cache.unprojected()  # (B, P, D) or None: keys and values not cached yet
+            else:
+                layer_memory = None if states is None else states.states[index]  # (B, M, D)
+            h = self.run_layer(layer, h, memory=layer_memory, context=contexts[index], cache=layer_cache)
+        if cache is not None:
+            cache.store_inputs(inputs)
+            cache.advance(t, starts=starts)
+            return h, None
+        return h, update_memory(states, inputs, mem_len=span.mem_len, starts=starts)
+
+    def causal_mask(self, t: int, m: int, *, span: Span, device: torch.device) -> Tensor:
+        """(T, K) bool, True where query i may not attend key j whatever the documents: the future and, with
+        same-length attention, the keys too far back (:func:`attention_mask` of ``span``)."""
+        return attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=device)
+
+    def run_layer(
+        self,
+        layer: nn.Module,
+        h: Tensor,
+        *,
+        memory: Tensor | None,
+        context: RelativeContext | AbsoluteContext | None,
+        cache: LayerCache | None,
+    ) -> Tensor:
+        """One layer over h (B, T, D) with its memory (B, M, D) (or its part of a cache) -> (B, T, D)."""
+        return layer(h, memory=memory, context=context, cache=cache)
+
+    def _contexts(
+        self,
+        h: Tensor,
+        memory: Memory | KVCache | None,
+        span: Span,
+        starts: Tensor | None,
+        biases: Sequence[tuple[Tensor, Tensor]] | None,
+    ) -> Sequence[RelativeContext | AbsoluteContext | None]:
+        """What every layer's attention needs besides its hidden states: per-layer positions, mask and
+        biases (relative), or the documents' mask (absolute with starts; None without)."""
+        b, t = h.shape[:2]
+        if self.config.attention != "relative":
+            if starts is None:
+                return [None] * len(self)  # causal attention, no mask to build
+            causal = attention_mask(t, 0, same_length=False, mem_len=0, device=h.device)  # (T, T)
+            alone = torch.zeros(b, dtype=torch.int64, device=h.device)  # no memory: reach 0
+            blocked = causal | document_mask(starts, alone, t=t, m=0)  # (B, T, T)
+            return [AbsoluteContext(mask=blocked[:, None])] * len(self)  # mask (B, 1, T, T)
+        assert biases is not None  # checked
+        m, reach = (0, None) if memory is None else (memory.length, memory.reach)
+        documents: Tensor | None = None
+        if starts is not None or reach is not None:  # else no mask per row: the plain path
+            reach_all = full_reach(reach, batch_size=b, length=m, device=h.device)  # (B,)
+            documents = document_mask(starts, reach_all, t=t, m=m)  # (B, T, K)
+        distances = relative_distances(m + t, clamp_len=span.clamp_len, device=h.device)  # (K,)
+        pos = sinusoid(distances, self.config.d_model, dtype=h.dtype)  # (K, D)
+        pos = F.dropout(pos, self.config.dropout, self.training)
+        mask = self.causal_mask(t, m, span=span, device=h.device)  # (T, K)
+        if documents is not None:
+            mask = (mask | documents)[:, None]  # (B, 1, T, K): one mask per row, shared by the heads
+        return [RelativeContext(pos, mask, u, v) for u, v in biases]
+
+    def _check(
+        self,
+        h: Tensor,
+        memory: Memory | KVCache | None,
+        span: Span,
+        starts: Tensor | None,
+        biases: Sequence[tuple[Tensor, Tensor]] | None,
+    ) -> None:
+        """Refuse a call that cannot run, with a one-line error naming the argument."""
+        cfg = self.config
+        if h.dim() != 3 or h.shape[-1] != cfg.d_model:
+            raise ValueError(f"the stack's input must be (batch, time, {cfg.d_model}), got {tuple(h.shape)}")
+        if starts is not None:
+            _check_starts(starts, tuple(h.shape[:2]), h.device)
+        if cfg.attention != "relative":
+            if memory is not None:
+                raise ValueError(
+                    "the vanilla baseline (attention='absolute') has no memory: pass memory=None"
+                )
+            if span.mem_len > 0:
+                raise ValueError(
+                    "the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0"
+                )
+            return
+        if biases is None or len(biases) != cfg.n_layer:
+            got = "none" if biases is None else len(biases)
+            raise ValueError(
+                f"biases: relative attention needs one (u, v) pair per layer ({cfg.n_layer}), got {got}"
+            )
+        if isinstance(memory, Memory):
+            if len(memory) != cfg.n_layer:
+                raise ValueError(
+                    f"memory has {len(memory)} states, the stack needs one per layer ({cfg.n_layer})"
+                )
+            if memory.batch_size != h.shape[0] or memory.states[0].shape[-1] != cfg.d_model:
+                raise ValueError(
+                    f"memory states are {tuple(memory.states[0].shape)}, expected "
+                    f"({h.shape[0]}, M, {cfg.d_model})"
+                )
+
+
 class TransformerXL(nn.Module):
     """Transformer-XL language model (Dai et al., 2019), or the vanilla baseline with ``attention="absolute"``."""
 
@@ -122,8 +315,8 @@ class TransformerXL(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = AdaptiveEmbedding(config)
-        self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.n_layer)])
+        self.drop = nn.Dropout(config.dropout)  # the final hidden state's (the stack drops its own)
+        self.layers = LayerStack(config.stack)  # state-dict names layers.{i}.*
         self.norm = nn.LayerNorm(config.d_model) if config.final_norm else None
         self.softmax = AdaptiveLogSoftmax(config)
         if config.attention == "relative":
@@ -169,60 +362,26 @@ class TransformerXL(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------------
 
-    def _check_inputs(self, tokens: Tensor, memory: Memory | None, targets: Tensor | None) -> None:
+    def _check_inputs(self, tokens: Tensor, targets: Tensor | None) -> None:
+        """tokens (B, T) and targets of their shape (the memory is the stack's to check)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
         if targets is not None and targets.shape != tokens.shape:
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} differs from tokens shape {tuple(tokens.shape)}"
             )
-        if memory is None:
-            return
-        if self.config.attention == "absolute":
-            raise ValueError("the vanilla baseline (attention='absolute') has no memory: pass memory=None")
-        if len(memory) != self.config.n_layer:
-            raise ValueError(
-                f"memory has {len(memory)} states, the model needs one per layer ({self.config.n_layer})"
-            )
-        if memory.batch_size != tokens.shape[0] or memory.states[0].shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"memory states are {tuple(memory.states[0].shape)}, expected "
-                f"({tokens.shape[0]}, M, {self.config.d_model})"
-            )
 
-    def _relative_contexts(
-        self,
-        t: int,
-        m: int,
-        span: Span,
-        documents: Tensor | None,
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> list[RelativeContext]:
-        """Per-layer positions, mask and biases for T queries after M remembered positions; ``documents``
-        (B, T, K) the keys each row's queries may not see for document boundaries (:func:`document_mask`)."""
-        cfg = self.config
-        distances = relative_distances(m + t, clamp_len=span.clamp_len, device=device)  # (K,)
-        pos = self.drop(sinusoid(distances, cfg.d_model, dtype=dtype))  # (K, D)
-        mask = attention_mask(t, m, same_length=span.same_length, mem_len=span.mem_len, device=device)
-        if documents is not None:
-            mask = (mask | documents)[:, None]  # (B, 1, T, K): one mask per row, shared by the heads
-        return [RelativeContext(pos, mask, u, v) for u, v in self._biases()]
-
-    def _absolute_documents(self, h: Tensor, starts: Tensor) -> tuple[Tensor, AbsoluteContext]:
-        """The vanilla baseline with document starts: positions count from each document's start (from the
-        segment's for a document begun before it) and attention is block-diagonal per document, so that a
-        document reads as alone. h (B, T, D) embeddings -> with positions added, and the mask."""
+    def _absolute_positions(self, h: Tensor, starts: Tensor | None) -> Tensor:
+        """The vanilla baseline's input: embeddings h (B, T, D) plus sinusoids of absolute positions, counted
+        from the segment's start, or with ``starts`` from each document's (from the segment's for a document
+        begun before it)."""
         b, t, d = h.shape
         positions = torch.arange(t, device=h.device)  # (T,)
+        if starts is None:
+            return h + sinusoid(positions, d, dtype=h.dtype)
         begun = torch.where(starts, positions, -1).cummax(dim=1).values  # (B, T): last start <= i, or -1
         within = positions - begun.clamp(min=0)  # (B, T): position in the document
-        h = h + sinusoid(within.reshape(-1), self.config.d_model, dtype=h.dtype).view(b, t, d)
-        reach = torch.zeros(b, dtype=torch.int64, device=h.device)
-        causal = attention_mask(t, 0, same_length=False, mem_len=0, device=h.device)  # (T, T)
-        documents = document_mask(starts, reach, t=t, m=0)  # (B, T, T)
-        return h, AbsoluteContext(mask=(causal | documents)[:, None])  # mask (B, 1, T, T)
+        return h + sinusoid(within.reshape(-1), d, dtype=h.dtype).view(b, t, d)
 
     def _biases(self) -> list[tuple[Tensor, Tensor]]:
         """(u, v) of every layer, (H, Dh) each."""
@@ -260,7 +419,7 @@ class TransformerXL(nn.Module):
         if last_only and targets is not None:
             raise ValueError("last_only gives log-probabilities of the last position: it takes no targets")
         if cache is None:
-            self._check_inputs(tokens, memory, targets)
+            self._check_inputs(tokens, targets)
         else:
             self._check_cache(tokens, cache, (memory, span, targets))
         # the cache keeps values, not a graph
@@ -320,70 +479,32 @@ class TransformerXL(nn.Module):
         next segment (None with a ``cache``, which then holds it). For callers that send only some positions
         to the softmax.
 
-        The one layer loop: with a memory, every layer projects the keys and values of [memory ; current];
-        with a cache, it projects the current positions' only and reads the memory's from the cache.
+        Embedding -> :class:`LayerStack` (``self.layers``) -> final norm: with a memory, every layer projects
+        the keys and values of [memory ; current]; with a cache, it projects the current positions' only and
+        reads the memory's from the cache.
         ``starts``: document starts, as :meth:`forward`."""
         cfg = self.config
         if starts is not None:
-            _check_starts(tokens, starts)
+            _check_starts(starts, tuple(tokens.shape), tokens.device)
         span = (cfg.span if span is None else span) if cache is None else cache.span
-        if cfg.attention != "relative" and span.mem_len > 0:
-            raise ValueError(
-                "the vanilla baseline (attention='absolute') has no memory: its span has mem_len 0"
-            )
-        t = tokens.shape[1]
         h = self.embedding(tokens)  # (B, T, D), scaled by sqrt(D)
-        contexts: Sequence[RelativeContext | AbsoluteContext | None] = [None] * cfg.n_layer
         if cfg.attention == "relative":
-            if cache is not None:
-                m, reach = cache.length, cache.reach
-            else:
-                m, reach = (0, None) if memory is None else (memory.length, memory.reach)
-            documents = None
-            if starts is not None or reach is not None:  # else no mask per row: the plain path, as before
-                if reach is None:
-                    reach = torch.full((tokens.shape[0],), m, dtype=torch.int64, device=tokens.device)
-                documents = document_mask(starts, reach, t=t, m=m)  # (B, T, K)
-            contexts = self._relative_contexts(t, m, span, documents, device=tokens.device, dtype=h.dtype)
-        elif starts is None:
-            positions = torch.arange(t, device=tokens.device)
-            h = h + sinusoid(positions, cfg.d_model, dtype=h.dtype)  # absolute positions, input only
+            biases = self._biases()
         else:
-            h, context = self._absolute_documents(h, starts)
-            contexts = [context] * cfg.n_layer
-        h = self.drop(h)
-        if cache is not None:
-            cache.make_room(t)
-
-        inputs = []  # the input of every layer: what the next segment remembers
-        for index, layer in enumerate(self.layers):
-            inputs.append(h)
-            layer_cache = None if cache is None else cache.layers[index]
-            if layer_cache is not None:
-                layer_memory = layer_cache.unprojected()  # (B, P, D) or None: keys and values not cached yet
-            else:
-                layer_memory = None if memory is None else memory.states[index]  # (B, M, D)
-            h = layer(h, memory=layer_memory, context=contexts[index], cache=layer_cache)
-        if cache is not None:
-            cache.store_inputs(inputs)
-            cache.advance(t, starts=starts)
-            new_memory = None
-        elif span.mem_len > 0:
-            new_memory = update_memory(memory, inputs, mem_len=span.mem_len, starts=starts)
-        else:
-            new_memory = None
-
+            h, biases = self._absolute_positions(h, starts), None  # positions enter at the input
+        remembered = memory if cache is None else cache
+        h, new_memory = self.layers(h, memory=remembered, span=span, starts=starts, biases=biases)
         if self.norm is not None:
             h = self.norm(h)
         return self.drop(h), new_memory
 
 
-def _check_starts(tokens: Tensor, starts: Tensor) -> None:
-    """``starts`` must be a bool tensor of the tokens' (B, T) shape, on their device."""
-    if not isinstance(starts, Tensor) or starts.dtype != torch.bool or starts.shape != tokens.shape:
+def _check_starts(starts: Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+    """``starts`` must be a bool tensor of the inputs' (B, T) ``shape``, on their device."""
+    if not isinstance(starts, Tensor) or starts.dtype != torch.bool or tuple(starts.shape) != shape:
         got = f"{starts.dtype} {tuple(starts.shape)}" if isinstance(starts, Tensor) else type(starts).__name__
         raise ValueError(
-            f"starts must be a bool tensor of the tokens' shape {tuple(tokens.shape)}, got {got}"
+            f"starts must be a bool tensor of the inputs' (batch, time) shape {shape}, got {got}"
         )
-    if starts.device != tokens.device:
-        raise ValueError(f"starts is on {starts.device}, the tokens on {tokens.device}")
+    if starts.device != device:
+        raise ValueError(f"starts is on {starts.device}, the inputs on {device}")

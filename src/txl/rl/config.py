@@ -1,5 +1,5 @@
 """The settings of txl.rl, one family of frozen values validated on construction: the memory core's sizes
-(:class:`CoreConfig`, with the one mapping of them onto :mod:`txl.model`'s layer settings), PPO's
+(:class:`CoreConfig`, with the one mapping of them onto :mod:`txl.model`'s layer stack), PPO's
 (:class:`PPOConfig`) and a whole run's (:class:`RLConfig`); the run presets (``configs/rl/*.toml``, one per
 task), TOML files and ``path=value`` overrides (``core.mem_len=32``)."""
 
@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from ..config import (
     ConfigError,
-    TransformerXLConfig,
+    Span,
+    StackConfig,
     _build_section,
     _check,
     _coerce,
@@ -24,7 +25,6 @@ from ..config import (
     _one_of,
     _parse_value,
     _positive_int,
-    _probability,
     config_to_dict,
 )
 
@@ -75,30 +75,33 @@ class CoreConfig:
     """Dropout on the hidden states and attention outputs while training (0 for PPO)."""
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_head", "d_head", "d_model", "d_inner"):
-            _positive_int(self, name)
-        _check(
-            self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}"
-        )
-        _non_negative_int(self, "mem_len")
-        _one_of(self, "gating", typing.get_args(Gating))
-        _probability(self, "dropout")
+        # the layer fields (n_layer ... d_inner, dropout) are checked as the stack's, mem_len as the span's
+        _ = self.stack, self.span
+        if self.gating not in typing.get_args(Gating):
+            choices = ", ".join(map(repr, typing.get_args(Gating)))
+            raise ConfigError(f"gating: must be one of {choices}, got {self.gating!r}")
 
-    def layer_config(self) -> TransformerXLConfig:
-        """The settings :mod:`txl.model`'s layers are built from: relative attention, pre-norm (GTrXL's
-        identity-map reordering), no attention dropout; the vocabulary is unused."""
-        return TransformerXLConfig(
-            vocab_size=1,
+    @property
+    def stack(self) -> StackConfig:
+        """The settings :mod:`txl.model`'s layer stack is built from: relative attention, pre-norm (GTrXL's
+        identity-map reordering), no attention dropout."""
+        return StackConfig(
             n_layer=self.n_layer,
             n_head=self.n_head,
             d_head=self.d_head,
             d_model=self.d_model,
             d_inner=self.d_inner,
             dropout=self.dropout,
-            mem_len=self.mem_len,
+            dropatt=0.0,
+            attention="relative",
             pre_norm=True,
-            final_norm=True,
         )
+
+    @property
+    def span(self) -> Span:
+        """The lengths the core's stack runs with: a memory of ``mem_len`` steps, no clamp (which steps a
+        query sees is the core's rule, :class:`~txl.rl.core.CoreStack`)."""
+        return Span(mem_len=self.mem_len)
 
 
 AgentKind = Literal["xl", "gru", "lstm", "mlp"]

@@ -128,6 +128,9 @@ def serve(
         file=out,
         flush=True,
     )
+    files = app.state.txl.files
+    if files is not None:
+        print(f"txl: sessions kept in {files.folder} ({files.count} there now)", file=out, flush=True)
     server = uvicorn.Server(server_config(app, log_level=settings.log_level))
     try:
         server.run(sockets=[sock])

@@ -23,6 +23,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import has_memory
+from ..errors import TxlError
 from ..runs import LoadedRun
 from .auth import KeyCheck
 from .card import model_card, page
@@ -39,6 +41,8 @@ from .openai import (
     score_body,
 )
 from .scheduler import Scheduler
+from .session_files import RunIdentity, SessionFiles, run_identity
+from .session_store import SessionKeeper
 from .sessions import SessionStore
 from .sessions_api import router as sessions_router
 from .state import ServeSettings, ServeState, state_of
@@ -91,7 +95,7 @@ async def health(request: Request) -> dict[str, Any]:
     state = state_of(request)
     scheduler, sessions = state.model, state.store
     stats = scheduler.stats
-    sessions.expire()
+    counts = sessions.health()
     return {
         "status": "ok",
         "admitted": scheduler.admitted,
@@ -101,15 +105,14 @@ async def health(request: Request) -> dict[str, Any]:
         "waiting": scheduler.waiting,
         "parked": scheduler.parked,
         "parks": scheduler.batch.parks,
-        "sessions": len(sessions),
+        "sessions": counts.pop("sessions"),
         "max_sessions": state.settings.max_sessions,
         "requests": stats.requests,
         "rejected": stats.rejected,
         "cancelled": stats.cancelled,
         "failed": stats.failed,
         "tokens_generated": scheduler.batch.generated,
-        "sessions_created": sessions.counts.created,
-        "sessions_expired": sessions.counts.expired,
+        **counts,
     }
 
 
@@ -168,14 +171,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         queue_size=settings.queue_size,
         stream_buffer=settings.stream_buffer,
     )
-    state.sessions = SessionStore(limit=settings.max_sessions, ttl=settings.session_ttl)
+    store = SessionStore(limit=settings.max_sessions, ttl=settings.session_ttl)
+    device = next(run.model.parameters()).device
+    state.sessions = SessionKeeper(store, identity=state.identity, files=state.files, device=device)
     loop = asyncio.get_running_loop()
     state.scheduler.post = lambda items: _post(loop, items)
+    period = min(1.0 if state.files is None else 10.0, settings.session_ttl / 4)
 
     async def sweep() -> None:
         while True:
-            await asyncio.sleep(min(1.0, settings.session_ttl / 4))
-            state.store.expire()
+            await asyncio.sleep(period)
+            await state.store.sweep()
 
     sweeper = asyncio.create_task(sweep())
     try:
@@ -214,7 +220,9 @@ def create_app(
     )
     app = FastAPI(title="txl serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     body_limit = 4 * settings.max_prompt_chars + 65_536  # JSON escapes, other fields
-    app.state.txl = ServeState(run, name, settings, card, limits, body_limit)
+    identity = run_identity(run)
+    files = _folder(settings, identity) if has_memory(run.config.model) else None
+    app.state.txl = ServeState(run, name, settings, card, limits, body_limit, identity, files)
     if settings.api_key is not None:
         app.add_middleware(KeyCheck, key=settings.api_key.encode("utf-8"), open_routes=OPEN_ROUTES)
     app.add_exception_handler(RequestError, _refused)  # type: ignore[arg-type]
@@ -223,6 +231,21 @@ def create_app(
     app.include_router(router)
     app.include_router(sessions_router)
     return app
+
+
+def _folder(settings: ServeSettings, identity: RunIdentity) -> SessionFiles | None:
+    """The sessions' folder (made when missing), or None; refuses a bound that holds no session."""
+    if settings.sessions_dir is None:
+        return None
+    largest = identity.file_limit
+    if settings.sessions_max_bytes < largest:
+        raise TxlError(
+            f"sessions_max_bytes: {settings.sessions_max_bytes} bytes cannot hold one session of this model "
+            f"(up to {largest} bytes; txl serve --sessions-max-bytes)"
+        )
+    return SessionFiles(
+        settings.sessions_dir, identity, max_bytes=settings.sessions_max_bytes, ttl=settings.session_ttl
+    )
 
 
 def _limits_shown(settings: ServeSettings) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import torch
@@ -54,9 +54,16 @@ def _prompts(
 
 
 async def complete(
-    request: Request, state: ServeState, req: CompletionRequest, *, session: Session | None
+    request: Request,
+    state: ServeState,
+    req: CompletionRequest,
+    *,
+    session: Session | None,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> Any:
-    """Answer a completion request (a session's continues its memory): the whole answer, or a stream."""
+    """Answer a completion request (a session's continues its memory): the whole answer, or a stream.
+    ``settle`` is awaited when the work is done, before the answer (or the stream's last event) goes out: a
+    session is saved there; a :class:`RequestError` it raises is the answer instead."""
     prompts, notes = _prompts(state, req, session)
     sampling = sampling_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
     scheduler = state.model
@@ -81,11 +88,13 @@ async def complete(
             result = await await_job(request, job)
         except Cancelled:
             return error(499, "the client closed the request", kind="cancelled")
+        if settle is not None:
+            await settle()
         return {**head, "choices": [choice_object(c) for c in result.choices], **tail(result)}
     loop = asyncio.get_running_loop()
     job.future.add_done_callback(lambda f: _put(loop, events, ("end", f)))
     include_usage = req.stream_options is not None and req.stream_options.include_usage
-    body = _stream(job, events, head, tail, include_usage)
+    body = _stream(job, events, head, tail, include_usage, settle)
     return EventStream(body, on_close=job.cancel)
 
 
@@ -128,6 +137,7 @@ async def _stream(
     head: dict[str, Any],
     tail: Callable[[CompletionResult], dict[str, Any]],
     include_usage: bool,
+    settle: Callable[[], Awaitable[None]] | None,
 ) -> AsyncIterator[str]:
     """The events of a streamed completion: the events waiting go out in one write; each counts as sent when
     the write has returned (the generator is resumed after it)."""
@@ -150,7 +160,13 @@ async def _stream(
             continue
         try:
             result: CompletionResult = item[1].result()
+            if settle is not None:
+                await settle()
         except Cancelled:
+            return
+        except RequestError as exc:
+            yield sse({"error": {"message": exc.message, "type": exc.kind, "param": None, "code": None}})
+            yield sse("[DONE]")
             return
         except Exception as exc:  # noqa: BLE001 - reported to the client, the server goes on
             message = f"generation failed: {type(exc).__name__}: {exc}"

@@ -29,7 +29,9 @@ __all__ = [
     "error",
     "unauthorized",
     "parse",
+    "body_bytes",
     "json_body",
+    "json_of",
     "sse",
     "EventStream",
     "logprobs_object",
@@ -166,8 +168,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         raise RequestError(400, f"{name}: {first['msg']}, got {shown}", param=name) from None
 
 
-async def json_body(request: Request, *, limit: int) -> Any:
-    """The JSON body, refusing (413) one longer than ``limit`` bytes before reading it all."""
+async def body_bytes(request: Request, *, limit: int) -> bytes:
+    """The body, refusing (413) one longer than ``limit`` bytes before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(
@@ -178,6 +180,16 @@ async def json_body(request: Request, *, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise RequestError(413, f"the request body is longer than this server takes ({limit} bytes)")
+    return bytes(body)
+
+
+async def json_body(request: Request, *, limit: int) -> Any:
+    """The JSON body, refusing (413) one longer than ``limit`` bytes before reading it all."""
+    return json_of(await body_bytes(request, limit=limit))
+
+
+def json_of(body: bytes) -> Any:
+    """A request body read as JSON (400 when it is not)."""
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -23,10 +23,11 @@ before it was."""
 
 @dataclass
 class SessionCounts:
-    """How many sessions were made and expired (shown by ``GET /v1/health``)."""
+    """How many sessions were made, expired, and deleted to make room on disk (shown by ``GET /v1/health``)."""
 
     created: int = 0
     expired: int = 0
+    evicted: int = 0
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Session:
 
     What it holds: its memory (batch 1, (1, M, D) per layer, or None before anything was fed),
     the last token read and not yet fed (the context of the next text's first token), and a few ids before it
-    (to decode the next pieces as one text). ``busy``: a request is using it (another is refused)."""
+    (to decode the next pieces as one text). ``busy``: a request is using it (another is refused).
+    ``revision``: the revision of its files that it holds (``txl serve --sessions-dir``; "" before any)."""
 
     id: str
     created: float
@@ -47,6 +49,7 @@ class Session:
     recent: list[int] = field(default_factory=list)
     tokens_read: int = 0
     busy: bool = False
+    revision: str = ""
 
     def describe(self, *, ttl: float) -> dict[str, Any]:
         """The session as ``GET /v1/sessions/{id}`` shows it."""
@@ -136,3 +139,25 @@ class SessionStore:
                 del self._sessions[key]
             self.counts.expired += len(old)
         return len(old)
+
+    def add(self, session: Session) -> bool:
+        """Hold ``session`` (read from elsewhere: a file, an upload, a fork); False when there are ``limit``."""
+        with self._lock:
+            if len(self._sessions) >= self.limit:
+                return False
+            self._sessions[session.id] = session
+            return True
+
+    def forget(self, ident: str) -> None:
+        """Let ``ident`` go from memory without counting it (it lives on disk, or nowhere any more)."""
+        with self._lock:
+            self._sessions.pop(ident, None)
+
+    def make_room(self) -> bool:
+        """Let the least recently used idle sessions go (kept on disk) until one more fits; False when the
+        ``limit`` sessions held are all in use."""
+        with self._lock:
+            idle = sorted((s for s in self._sessions.values() if not s.busy), key=lambda s: s.last_used)
+            while len(self._sessions) >= self.limit and idle:
+                del self._sessions[idle.pop(0).id]
+            return len(self._sessions) < self.limit

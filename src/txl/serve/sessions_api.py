@@ -1,12 +1,13 @@
 """The session routes of ``txl serve``: create, show and delete a session, read a text into it (each token
-scored after everything it has read), and complete from its memory."""
+scored after everything it has read), complete from its memory, fork it, and move it to another server as one
+file (download, upload)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from .checks import check_text, encode_text
 from .completions import await_job, busy, complete
@@ -16,12 +17,13 @@ from .openai import (
     SessionCompletionRequest,
     SessionNewRequest,
     SessionScoreRequest,
+    body_bytes,
     error,
     json_body,
+    json_of,
     parse,
     score_body,
 )
-from .sessions import Session
 from .state import ServeState, state_of
 from .work import session_read_work
 
@@ -33,56 +35,76 @@ router = APIRouter()
 # -- sessions -------------------------------------------------------------------------------------------------
 
 
-def session_of(state: ServeState, ident: str, *, claim: bool = False) -> Session:
-    """The session ``ident`` (400 without memory, 404 unknown; ``claim``: 409 when busy)."""
+def _need_memory(state: ServeState) -> None:
+    """400 for a model without memory (sessions need it)."""
     if not state.cached:
         raise RequestError(
             400, "sessions need a model with memory (this one has none: the vanilla baseline or mem_len 0)"
         )
-    session = state.store.get(ident)
-    if session is None:
-        raise RequestError(
-            404, f"no session {ident!r} (never made, deleted, or expired)", kind="not_found_error"
-        )
-    if claim and not state.store.claim(session):
-        raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
-    return session
+
+
+def _is_session_file(body: bytes, content_type: str | None) -> bool:
+    """Whether a ``POST /v1/sessions`` body is a session's file (safetensors: an 8-byte length, which holds a
+    zero byte, then its header) rather than JSON (which never holds one)."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    return kind == "application/octet-stream" or b"\x00" in body[:8]
 
 
 @router.post("/v1/sessions")
 async def new_session(request: Request) -> dict[str, Any]:
-    """``POST /v1/sessions``."""
+    """``POST /v1/sessions``: a new session; with a session's file as the body (from ``GET
+    /v1/sessions/{id}/state``), that session."""
     state = state_of(request)
-    if (await request.body())[:1].strip():  # a body (none is needed) must be an empty object
-        parse(SessionNewRequest, await json_body(request, limit=state.body_limit))
-    if not state.cached:
-        session_of(state, "")
-    session = state.store.create(f"sess-{uuid.uuid4().hex[:24]}")
-    if session is None:
-        raise RequestError(
-            429,
-            f"there are {state.settings.max_sessions} sessions already (txl serve --max-sessions); delete one "
-            "or wait for idle ones to expire",
-            kind="rate_limit_error",
-        )
-    return session.describe(ttl=state.settings.session_ttl)
+    _need_memory(state)
+    keeper = state.store
+    body = await body_bytes(request, limit=max(state.body_limit, keeper.upload_limit))
+    if _is_session_file(body, request.headers.get("content-type")):
+        session = await keeper.upload(body)
+    else:
+        if len(body) > state.body_limit:
+            raise RequestError(
+                413,
+                f"the request body has {len(body)} bytes, more than this server takes ({state.body_limit})",
+            )
+        if body.strip():  # a body (none is needed) must be an empty object
+            parse(SessionNewRequest, json_of(body))
+        session = await keeper.create()
+    return keeper.describe(session)
 
 
 @router.get("/v1/sessions/{ident}")
 async def get_session(ident: str, request: Request) -> dict[str, Any]:
     """``GET /v1/sessions/{id}``."""
     state = state_of(request)
-    return session_of(state, ident).describe(ttl=state.settings.session_ttl)
+    _need_memory(state)
+    return state.store.describe(await state.store.open(ident))
 
 
 @router.delete("/v1/sessions/{ident}")
 async def delete_session(ident: str, request: Request) -> dict[str, Any]:
     """``DELETE /v1/sessions/{id}`` (409 while a request uses it)."""
     state = state_of(request)
-    session_of(state, ident)
-    if state.store.delete(ident) is None:
-        raise RequestError(409, f"session {ident!r} is busy with another request; retry when it ends")
+    _need_memory(state)
+    await state.store.delete(ident)
     return {"id": ident, "object": "session", "deleted": True}
+
+
+@router.post("/v1/sessions/{ident}/fork")
+async def fork_session(ident: str, request: Request) -> dict[str, Any]:
+    """``POST /v1/sessions/{id}/fork``: a new session with a copy of the session's memory."""
+    state = state_of(request)
+    _need_memory(state)
+    return state.store.describe(await state.store.fork(ident))
+
+
+@router.get("/v1/sessions/{ident}/state")
+async def session_state(ident: str, request: Request) -> Response:
+    """``GET /v1/sessions/{id}/state``: the session as one file (``POST /v1/sessions`` takes it back)."""
+    state = state_of(request)
+    _need_memory(state)
+    data = await state.store.download(ident)
+    disposition = f'attachment; filename="{ident}.safetensors"'
+    return Response(data, media_type="application/octet-stream", headers={"Content-Disposition": disposition})
 
 
 @router.post("/v1/sessions/{ident}/score")
@@ -94,7 +116,9 @@ async def session_score(ident: str, request: Request) -> Any:
     ids, notes = encode_text(state.run, req.text, field_name="text")
     if ids.numel() == 0:
         raise RequestError(400, "text: empty", param="text")
-    session = session_of(state, ident, claim=True)
+    _need_memory(state)
+    keeper = state.store
+    session = await keeper.open(ident, claim=True)
     try:
         job = state.model.admit()
         if job is None:
@@ -104,8 +128,9 @@ async def session_score(ident: str, request: Request) -> Any:
             result = await await_job(request, job)
         except Cancelled:
             return error(499, "the client closed the request", kind="cancelled")
+        await keeper.save(session)
     finally:
-        state.store.release(session)
+        await keeper.finish(session)
     body = score_body(result, kind=state.run.vocab.kind)
     return {"object": "session.score", "model": state.name, "session": ident, **body, "warnings": notes}
 
@@ -115,19 +140,21 @@ async def session_completions(ident: str, request: Request) -> Any:
     """``POST /v1/sessions/{id}/completions``: complete from the session's memory."""
     state = state_of(request)
     req = parse(SessionCompletionRequest, await json_body(request, limit=state.body_limit))
-    session = session_of(state, ident, claim=True)
+    _need_memory(state)
+    keeper = state.store
+    session = await keeper.open(ident, claim=True)
     release = True
     try:
-        response = await complete(request, state, req, session=session)
+        response = await complete(request, state, req, session=session, settle=lambda: keeper.save(session))
         if hasattr(response, "on_close"):  # a stream: the session is free when it ends
             release, inner = False, response.on_close
 
             def close() -> None:
                 inner()
-                state.store.release(session)
+                keeper.finish_later(session)
 
             response.on_close = close
         return response
     finally:
         if release:
-            state.store.release(session)
+            await keeper.finish(session)

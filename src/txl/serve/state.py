@@ -4,7 +4,9 @@ routes read (``app.state.txl``): the run, the model card, the limits, the model'
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -13,7 +15,8 @@ from ..config import has_memory, positive_int
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
-from .sessions import SessionStore
+from .session_files import RunIdentity, SessionFiles
+from .session_store import SessionKeeper
 
 __all__ = ["ServeSettings", "ServeState", "state_of"]
 
@@ -41,15 +44,23 @@ class ServeSettings:
     """Events a streaming client may be behind what the server has written to its connection; then its
     generation is parked (its row freed for others) until the client has caught up half of them."""
     max_sessions: int = 1000
-    """Sessions that may exist at once; more are refused with 429 (``--max-sessions``)."""
+    """Sessions held in memory at once (``--max-sessions``): without ``sessions_dir`` every session, more
+    refused with 429; with it, the ones in use and the most recently used (the others are on disk)."""
     session_ttl: float = 600.0
-    """Seconds a session may stay idle before it is forgotten (``--session-ttl``)."""
+    """Seconds a session may stay idle before it is forgotten, in memory and on disk (``--session-ttl``)."""
+    sessions_dir: Path | None = None
+    """A folder that keeps every session, written after each request that changes it, so that sessions
+    survive a restart and servers of one run may share them (``--sessions-dir``); None: in memory only."""
+    sessions_max_bytes: int = 4 << 30
+    """The most bytes of session files in ``sessions_dir``; the oldest idle sessions are deleted to stay under
+    it (``--sessions-max-bytes``)."""
     api_key: str | None = None
     """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``);
     None: no key (the routes of :data:`OPEN_ROUTES` never need one)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions"):
+        counts = ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions")
+        for name in (*counts, "sessions_max_bytes"):
             value = getattr(self, name)
             positive_int(value, name, error=ValueError, field=False)
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
@@ -59,11 +70,16 @@ class ServeSettings:
             raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string (or None: no key)")
+        if self.sessions_dir is not None:
+            if not isinstance(self.sessions_dir, (str, os.PathLike)) or not str(self.sessions_dir):
+                raise ValueError(f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}")
+            object.__setattr__(self, "sessions_dir", Path(self.sessions_dir))
 
 
 @dataclass
 class ServeState:
-    """What the routes read (``app.state.txl``); ``scheduler`` and ``sessions`` exist while the app runs."""
+    """What the routes read (``app.state.txl``); ``scheduler`` and ``sessions`` exist while the app runs.
+    ``identity``: the run as session files name it; ``files``: the sessions' folder (None: in memory only)."""
 
     run: LoadedRun
     name: str
@@ -71,8 +87,10 @@ class ServeState:
     card: dict[str, Any]
     limits: Limits
     body_limit: int
+    identity: RunIdentity
+    files: SessionFiles | None = None
     scheduler: Scheduler | None = None
-    sessions: SessionStore | None = None
+    sessions: SessionKeeper | None = None
 
     @property
     def model(self) -> Scheduler:
@@ -81,7 +99,7 @@ class ServeState:
         return self.scheduler
 
     @property
-    def store(self) -> SessionStore:
+    def store(self) -> SessionKeeper:
         """The sessions (while the application runs)."""
         assert self.sessions is not None, "the application has not started"
         return self.sessions

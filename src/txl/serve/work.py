@@ -86,10 +86,11 @@ def _top(run: LoadedRun, row: Tensor, k: int) -> dict[str, float]:
 
 
 def _last(memory: Memory | None, length: int) -> Memory | None:
-    """The last ``length`` positions of a batch-1 memory (all of them are the session's)."""
+    """The last ``length`` positions of a batch-1 memory (its reach, when it has one, cut to them)."""
     if memory is None or memory.length <= length:
         return memory
-    return Memory(tuple(state[:, -length:].clone() for state in memory.states))
+    reach = None if memory.reach is None else memory.reach.clamp(max=length)
+    return Memory(tuple(state[:, -length:].clone() for state in memory.states), reach)
 
 
 @dataclass
