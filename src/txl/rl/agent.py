@@ -17,8 +17,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from ..config import ConfigError
-from . import baselines
-from .baselines import GRUCore, MLPCore
+from .baselines import GRUCore, LSTMCore, MLPCore
 from .config import AgentKind, CoreConfig
 from .core import MemoryCore
 
@@ -119,12 +118,11 @@ def build_core(kind: AgentKind, obs_dim: int, config: CoreConfig) -> nn.Module:
         return MemoryCore(obs_dim, config)
     if kind == "gru":
         return GRUCore(obs_dim, config.d_model)
+    if kind == "lstm":
+        return LSTMCore(obs_dim, config.d_model)
     if kind == "mlp":
         return MLPCore(obs_dim, config.d_model)
-    lstm = getattr(baselines, "LSTMCore", None)
-    if kind == "lstm" and lstm is not None:
-        return lstm(obs_dim, config.d_model)
-    raise ConfigError(f"agent: unknown or unavailable core {kind!r}")
+    raise ConfigError(f"agent: must be one of 'xl', 'gru', 'lstm', 'mlp', got {kind!r}")
 
 
 class Agent(nn.Module):

@@ -81,26 +81,6 @@ def make_envs(task: str, n_envs: int) -> Any:
         raise ConfigError(f"task {task!r}: {exc}") from None
 
 
-def _env_state(envs: Any) -> dict[str, Any] | None:
-    """The environments' state as JSON values (:func:`txl.rl.envs.env_state`), None where it cannot be
-    saved."""
-    from . import envs as tasks
-
-    save = getattr(tasks, "env_state", None)
-    return None if save is None else save(envs)
-
-
-def _set_env_state(envs: Any, state: dict[str, Any]) -> bool:
-    """Put the environments back in a saved state; False where this version cannot."""
-    from . import envs as tasks
-
-    load = getattr(tasks, "set_env_state", None)
-    if load is None:
-        return False
-    load(envs, state)
-    return True
-
-
 def final_return(rows: Sequence[dict[str, Any]], *, steps: int = FINAL_STEPS) -> float | None:
     """The mean return of the episodes that ended in the last ``steps`` environment steps of a run's rows
     (at least its last row); None when no episode ended there."""
@@ -150,13 +130,15 @@ class _Loop:
 
     def save(self) -> Path:
         """The checkpoint of the updates done; keeps the newest :data:`KEEP_LAST`."""
+        from .envs import env_state
+
         assert self.paths is not None
         record = {
             "env_steps": self.done * self.config.ppo.n_envs * self.config.ppo.n_steps,
             "cpu_s": self.cpu,
             "numpy_rng": _numpy_rng(),
             "collector": self.collector.record(),
-            "envs": _env_state(self.envs),
+            "envs": env_state(self.envs),
         }
         contents = CheckpointContents(
             self.agent,
@@ -186,7 +168,15 @@ class _Loop:
             for k, v in load_extra_tensors(folder).items()
             if k.startswith("collector.")
         }
-        if record["envs"] is not None and _set_env_state(self.envs, record["envs"]):
+        if record["envs"] is not None:
+            from .envs import set_env_state
+
+            try:
+                set_env_state(self.envs, record["envs"])
+            except ValueError as exc:
+                raise RunError(
+                    f"{folder}: cannot put the environments back as they were saved ({exc})"
+                ) from None
             self.collector.load(saved, record["collector"])
             return
         seed = self.config.seed + self.done
