@@ -27,7 +27,8 @@ from pathlib import Path
 wheel = set(zipfile.ZipFile(sys.argv[1]).namelist())
 sdist = {name.split("/", 1)[1] for name in tarfile.open(sys.argv[2]).getnames() if "/" in name}
 src = Path("src/txl")
-expected = [p for pattern in ("configs/*.toml", "serve/static/*", "harness_tasks/*.yaml", "**/__init__.py")
+expected = [p for pattern in ("configs/*.toml", "configs/rl/*.toml", "serve/static/*", "harness_tasks/*.yaml",
+                                "**/__init__.py")
             for p in src.glob(pattern)]
 missing = [str(p) for p in expected if f"txl/{p.relative_to(src)}" not in wheel]
 missing += [f"sdist: {p}" for p in expected if str(p) not in sdist]
@@ -102,6 +103,13 @@ import txl.harness
 names = txl.harness.task_manager().all_tasks
 assert "txl_wikitext_local" in names, "txl_wikitext_local not found"
 print("  txl_wikitext_local")'
+
+say "the shipped RL presets are found and load"
+"$py" -c '
+from txl.rl.config import load_rl_config, rl_preset_names
+names = rl_preset_names()
+assert "RepeatPreviousEasy" in names, names
+print(f"  {len(names)} presets:", ", ".join(load_rl_config(name).task for name in names))'
 
 say "txl analyze recall on a tiny budget"
 "$txl" analyze recall --steps 2 --out recall --no-plots --quiet >recall.log

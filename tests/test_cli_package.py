@@ -42,6 +42,7 @@ def test_the_parser_help_version_and_a_typo_import_no_torch():
         ["demo", "--help"],
         ["analyze", "memory", "--help"],
         ["eval", "run", "--tgt-len", "0"],
+        ["rl", "train", "--help"],
     ]
     out = subprocess.run(
         [sys.executable, "-c", _NO_TORCH.format(argvs=", ".join(map(repr, argvs)))],
@@ -51,19 +52,22 @@ def test_the_parser_help_version_and_a_typo_import_no_torch():
         timeout=120,
     )
     lines = out.stdout.split("\n")
-    assert lines[:-2] == ["--help 0", "--version 0", "trian 2", "demo 0", "analyze 0", "eval 2"], out.stderr
+    assert lines[:-2] == ["--help 0", "--version 0", "trian 2", "demo 0", "analyze 0", "eval 2", "rl 0"], (
+        out.stderr
+    )
     assert lines[-2] == "False", "building the parser imported torch"
 
 
 def test_every_command_is_complete_and_reachable():
     parse = build_parser().parse_args
     paths = [c.name if c.parent is None else f"{c.parent} {c.name}" for c in COMMANDS]
-    assert len(set(paths)) == len(paths) == 17
+    assert len(set(paths)) == len(paths) == 20
     for command in COMMANDS:
         assert command.help and command.lower and command.workload in ("batches", "tokens")
         assert command.parent is None or command.parent in GROUPS
     assert parse(["data", "list"]).txl_command is find("data list")
     assert parse(["analyze", "recall", "--out", "x"]).txl_command is find("analyze recall")
+    assert parse(["rl", "eval", "run"]).txl_command is find("rl eval")
     with pytest.raises(KeyError):
         find("analyze")
 

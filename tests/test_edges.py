@@ -383,6 +383,9 @@ COMMANDS = {
     "_cmd_analyze_attention": ["analyze", "attention", "RUN", "--out", "OUT"],
     "_cmd_analyze_documents": ["analyze", "documents", "RUN", "--out", "OUT"],
     "_cmd_harness": ["harness", "RUN", "--tasks", "txl_wikitext_local"],
+    "_cmd_rl_train": ["rl", "train", "--out", "OUT"],
+    "_cmd_rl_eval": ["rl", "eval", "RUN"],
+    "_cmd_rl_plot": ["rl", "plot", "RUN", "--out", "OUT.png"],
 }
 FAILURES = {
     "no space": (

@@ -216,8 +216,9 @@ def test_commands_and_their_workloads():
     parse = build_parser().parse_args
     assert parse(["generate", "runs/x", "--prompt", "a"]).txl_command.name == "generate"
     assert parse(["--debug", "serve", "runs/x"]).txl_command.name == "serve"
-    assert work("generate") == work("serve") == "tokens"
-    assert {c.workload for c in COMMANDS if c.name not in ("generate", "serve")} == {"batches"}
+    assert work("generate") == work("serve") == work("rl train") == work("rl eval") == "tokens"
+    tokens = ("generate", "serve", "rl train", "rl eval")
+    assert {c.workload for c in COMMANDS if f"{c.parent or ''} {c.name}".strip() not in tokens} == {"batches"}
     assert {work(c) for c in ("train", "eval", "analyze memory", "demo", "harness", None)} == {"batches"}
     with pytest.raises(ValueError, match="workload must be one of batches, tokens, got 'generate'"):
         choose_threads({}, cores=2, workload="generate")

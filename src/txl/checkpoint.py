@@ -35,6 +35,7 @@ __all__ = [
     "load_checkpoint",
     "load_weights",
     "load_rank_rng",
+    "load_extra_tensors",
     "is_checkpoint",
     "read_checkpoint_meta",
     "verify_checkpoint",
@@ -47,6 +48,7 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.safetensors"
 META_FILE = "state.json"
 RANK_RNG = "rng.rank."  # rng.rank.R.torch, rng.rank.R.cuda: the RNG states of rank R of a distributed run
+EXTRA = "extra."  # extra.NAME: CheckpointContents.extra
 
 
 class DamagedCheckpoint(CheckpointError):
@@ -131,6 +133,9 @@ class CheckpointContents:
     rank_rng: Sequence[Mapping[str, torch.Tensor]] = ()
     """The RNG states of each process of a distributed run, in rank order (``{"torch": ..., "cuda": ...}``;
     see :func:`load_rank_rng`)."""
+    extra: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Other tensors to keep with the run's state, by name (a reinforcement-learning run's collector: its
+    memory, last observations, episode starts); read back with :func:`load_extra_tensors`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -158,6 +163,9 @@ def _write(tmp: Path, contents: CheckpointContents) -> None:
         tensors.update({f"{RANK_RNG}{rank}.{kind}": value.cpu() for kind, value in states.items()})
     if memory is not None:
         tensors.update({k: v.cpu() for k, v in memory.state_dict().items()})
+    tensors.update(
+        {f"{EXTRA}{name}": value.detach().contiguous().cpu() for name, value in contents.extra.items()}
+    )
     optim_meta = None
     if optimizer is not None:
         optim_tensors, optim_meta = _optimizer_tensors(optimizer)
@@ -400,6 +408,19 @@ def load_rank_rng(folder: Path) -> list[dict[str, torch.Tensor]]:
                 rank, kind = name[len(RANK_RNG) :].split(".", 1)
                 states.setdefault(int(rank), {})[kind] = fh.get_tensor(name)
     return [states[rank] for rank in sorted(states)]
+
+
+def load_extra_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors saved as :attr:`CheckpointContents.extra`, by name (checksum checked first)."""
+    folder = Path(folder)
+    document = read_checkpoint_meta(folder)
+    _verify_file(folder, STATE_FILE, document)
+    with safe_open(str(folder / STATE_FILE), framework="pt") as fh:
+        return {
+            name[len(EXTRA) :]: fh.get_tensor(name)
+            for name in fh.keys()  # noqa: SIM118 - safe_open has no __iter__
+            if name.startswith(EXTRA)
+        }
 
 
 def load_checkpoint(

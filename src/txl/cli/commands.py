@@ -10,6 +10,7 @@ from .eval import EVAL
 from .generate import GENERATE
 from .harness import HARNESS
 from .interop import CONVERT, EXPORT
+from .rl import RL, RL_EVAL, RL_PLOT, RL_TRAIN
 from .serve import SERVE
 from .train import TRAIN
 
@@ -28,10 +29,13 @@ COMMANDS: tuple[Command, ...] = (
     CONVERT,
     EXPORT,
     HARNESS,
+    RL_TRAIN,
+    RL_EVAL,
+    RL_PLOT,
 )
 """The commands :func:`txl.cli.build_parser` adds, in this order (a group where its first subcommand is)."""
 
-GROUPS: dict[str, Group] = {group.name: group for group in (DATA, ANALYZE)}
+GROUPS: dict[str, Group] = {group.name: group for group in (DATA, ANALYZE, RL)}
 """The groups, by name."""
 
 

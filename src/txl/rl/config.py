@@ -1,15 +1,47 @@
-"""The settings of the agents' memory core (:class:`CoreConfig`), and the one mapping of them onto the settings
-of :mod:`txl.model`'s layer stack (:class:`~txl.config.StackConfig`) that the core's layers are built from."""
+"""The settings of txl.rl, one family of frozen values validated on construction: the memory core's sizes
+(:class:`CoreConfig`, with the one mapping of them onto :mod:`txl.model`'s layer stack), PPO's
+(:class:`PPOConfig`) and a whole run's (:class:`RLConfig`); the run presets (``configs/rl/*.toml``, one per
+task), TOML files and ``path=value`` overrides (``core.mem_len=32``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import tomllib
 import typing
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
 
-from ..config import ConfigError, Span, StackConfig
+from ..config import (
+    ConfigError,
+    Span,
+    StackConfig,
+    _build_section,
+    _check,
+    _coerce,
+    _non_negative_int,
+    _one_of,
+    _parse_value,
+    _positive_int,
+    config_to_dict,
+)
 
-__all__ = ["CoreConfig", "Gating"]
+__all__ = [
+    "CoreConfig",
+    "Gating",
+    "AgentKind",
+    "MemoryAfterUpdate",
+    "PPOConfig",
+    "RLConfig",
+    "rl_preset_names",
+    "load_rl_config",
+    "rl_config_from_dict",
+    "rl_config_to_dict",
+    "apply_rl_overrides",
+    "RESUME_FIELDS",
+]
 
 Gating = Literal["none", "gru"]
 """How a layer adds its attention and feed-forward outputs to its input: ``"none"``, the residual sums of a
@@ -70,3 +102,210 @@ class CoreConfig:
         """The lengths the core's stack runs with: a memory of ``mem_len`` steps, no clamp (which steps a
         query sees is the core's rule, :class:`~txl.rl.core.CoreStack`)."""
         return Span(mem_len=self.mem_len)
+
+
+AgentKind = Literal["xl", "gru", "lstm", "mlp"]
+"""The agent's core: ``xl`` (:class:`~txl.rl.MemoryCore`, Transformer-XL memory), ``gru`` or ``lstm``
+(recurrent baselines) or ``mlp`` (no memory)."""
+
+MemoryAfterUpdate = Literal["keep", "recompute", "reset"]
+"""What the collectors' memory becomes after a weight update: ``keep`` it as it is (computed with the old
+weights); ``recompute`` it with the new weights from each environment's last ``n_layer * mem_len``
+observations; ``reset`` it to an empty memory (as at the start of a run)."""
+
+
+def _number(obj: Any, name: str, *, low: float, above: bool = False, high: float | None = None) -> None:
+    """A finite number (not a bool) >= ``low`` (> with ``above``), and <= ``high`` when given."""
+    value = getattr(obj, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if above else value >= low) and (high is None or value <= high)
+    bound = f"{'above' if above else 'at least'} {low:g}" + ("" if high is None else f" and at most {high:g}")
+    _check(ok, name, f"must be a finite number {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO's settings, the same for every agent: rollouts of ``n_envs`` environments times ``n_steps`` steps,
+    cut into training windows of ``seq_len`` steps that are replayed from the memory stored at their start."""
+
+    n_envs: int = 16
+    """Environments stepped together (E)."""
+    n_steps: int = 128
+    """Steps per environment per rollout (T); a rollout is ``n_envs * n_steps`` environment steps."""
+    seq_len: int = 32
+    """Length of the training windows (S), a divisor of ``n_steps``."""
+    n_minibatches: int = 4
+    """Minibatches per epoch (of windows)."""
+    epochs: int = 4
+    """Passes over each rollout."""
+    lr: float = 3e-4
+    """Adam's learning rate."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the run's updates (false: constant)."""
+    gamma: float = 0.99
+    """Discount."""
+    gae_lambda: float = 0.95
+    """GAE's lambda."""
+    clip: float = 0.2
+    """PPO's ratio clip."""
+    ent_coef: float = 0.01
+    """Entropy bonus."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Gradient norm clip."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before the values and advantages are learned (the logged returns are
+    not): for tasks whose returns are large, such as CartPole's (up to 500), a scale that brings them near 1."""
+    memory_after_update: MemoryAfterUpdate = "keep"
+    """The collectors' memory after each update: ``keep``, ``recompute`` or ``reset``
+    (:data:`MemoryAfterUpdate`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_envs", "n_steps", "seq_len", "n_minibatches", "epochs"):
+            _positive_int(self, name)
+        _check(self.n_steps % self.seq_len == 0, "seq_len", f"must divide n_steps ({self.n_steps})")
+        windows = self.n_envs * self.n_steps // self.seq_len
+        _check(windows % self.n_minibatches == 0, "n_minibatches", f"must divide the {windows} windows")
+        _number(self, "lr", low=0, above=True)
+        _check(
+            isinstance(self.anneal_lr, bool), "anneal_lr", f"must be true or false, got {self.anneal_lr!r}"
+        )
+        for name in ("gamma", "gae_lambda"):
+            _number(self, name, low=0, high=1)
+        for name in ("clip", "max_grad_norm", "reward_scale"):
+            _number(self, name, low=0, above=True)
+        for name in ("ent_coef", "vf_coef"):
+            _number(self, name, low=0)
+        _one_of(self, "memory_after_update", typing.get_args(MemoryAfterUpdate))
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """One reinforcement-learning run: the task, the agent, the budget, and the PPO and core settings. Saved
+    as the run folder's ``config.json``; the presets (:func:`rl_preset_names`) are TOML files of it."""
+
+    task: str = "RepeatPreviousEasy"
+    """A named task of :mod:`txl.rl.envs`, a registered gymnasium id, or ``module:factory``."""
+    agent: AgentKind = "xl"
+    """The core: ``xl``, ``gru``, ``lstm`` or ``mlp`` (:data:`AgentKind`)."""
+    steps: int = 401_408
+    """Environment steps, all environments together; the run makes ``steps // (n_envs * n_steps)`` updates
+    (at least one)."""
+    seed: int = 1
+    """Seeds the agent's initialisation, its sampling and the environments."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every this many updates, and at the end (0: at the end only)."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO's settings (:class:`PPOConfig`)."""
+    core: CoreConfig = field(default_factory=CoreConfig)
+    """The XL core's sizes (:class:`CoreConfig`); ``core.d_model`` is also the feature size of the GRU, the
+    LSTM and the MLP."""
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.task, str) and self.task.strip() != "",
+            "task",
+            f"must name a task, got {self.task!r}",
+        )
+        _one_of(self, "agent", typing.get_args(AgentKind))
+        _positive_int(self, "steps")
+        _non_negative_int(self, "seed")
+        _non_negative_int(self, "checkpoint_every")
+        _check(isinstance(self.ppo, PPOConfig), "ppo", f"must be a PPOConfig, got {type(self.ppo).__name__}")
+        _check(
+            isinstance(self.core, CoreConfig), "core", f"must be a CoreConfig, got {type(self.core).__name__}"
+        )
+
+    @property
+    def updates(self) -> int:
+        """The run's updates: one per rollout of ``ppo.n_envs * ppo.n_steps`` steps (at least one)."""
+        return max(1, self.steps // (self.ppo.n_envs * self.ppo.n_steps))
+
+    @property
+    def history(self) -> int:
+        """Observations per environment that ``memory_after_update = "recompute"`` re-reads: the XL core's
+        reach, ``core.n_layer * core.mem_len``."""
+        return self.core.n_layer * self.core.mem_len
+
+
+_SECTIONS: dict[str, type] = {"ppo": PPOConfig, "core": CoreConfig}
+RESUME_FIELDS = ("steps", "checkpoint_every")
+"""The fields a resumed run may change (``--set steps=N`` trains longer); the others are the run's."""
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("txl") / "configs" / "rl"))
+
+
+def rl_preset_names() -> list[str]:
+    """Names of the run presets shipped with txl (one per task: the task's name)."""
+    return sorted(p.stem for p in _presets_dir().glob("*.toml"))
+
+
+def load_rl_config(name_or_path: str | Path) -> RLConfig:
+    """A preset by name (``RepeatPreviousEasy``) or a TOML file by path, as an :class:`RLConfig`."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" or path.exists()):
+        path = _presets_dir() / f"{name_or_path}.toml"
+        if not path.exists():
+            raise ConfigError(
+                f"unknown preset {str(name_or_path)!r} (presets: {', '.join(rl_preset_names())}; "
+                "or give a path to a .toml file)"
+            )
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return rl_config_from_dict(data)
+
+
+def _known(cls: type) -> list[str]:
+    return sorted(f.name for f in dataclasses.fields(cls))
+
+
+def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
+    """An :class:`RLConfig` from nested plain values (TOML or JSON): the run's fields at the top, ``[ppo]``
+    and ``[core]`` tables; an unknown field is an error that names it."""
+    hints = typing.get_type_hints(RLConfig)
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: must be a table of fields")
+            values[key] = _build_section(_SECTIONS[key], value, key)
+        elif key in hints:
+            values[key] = _coerce(value, hints[key], key)
+        else:
+            raise ConfigError(f"{key}: unknown field (known: {', '.join(_known(RLConfig))})")
+    return RLConfig(**values)
+
+
+def rl_config_to_dict(config: RLConfig) -> dict[str, Any]:
+    """Nested plain values for JSON or TOML (the inverse of :func:`rl_config_from_dict`)."""
+    return config_to_dict(config)
+
+
+def apply_rl_overrides(config: RLConfig, overrides: list[str] | tuple[str, ...]) -> RLConfig:
+    """Apply ``path=value`` overrides (``steps=2048``, ``ppo.lr=1e-3``, ``core.mem_len=32``; values as TOML,
+    a bare word a string), returning a new validated :class:`RLConfig`."""
+    data = rl_config_to_dict(config)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        path = key.strip()
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected field=value or section.field=value")
+        section, dot, name = path.partition(".")
+        if dot:
+            if section not in _SECTIONS:
+                raise ConfigError(f"{path}: unknown config section (known: {', '.join(_SECTIONS)})")
+            if name not in _known(_SECTIONS[section]):
+                raise ConfigError(f"{path}: unknown field (known: {', '.join(_known(_SECTIONS[section]))})")
+            data[section][name] = _parse_value(raw.strip())
+        elif path in _SECTIONS or path not in _known(RLConfig):
+            raise ConfigError(f"{path}: unknown field (known: {', '.join(_known(RLConfig))})")
+        else:
+            data[path] = _parse_value(raw.strip())
+    return rl_config_from_dict(data)
