@@ -4,7 +4,7 @@ when it reads again, however often it was parked; one that leaves while parked i
 sockets, a stalled client holds no more than the buffers do. The clients that decide when each write returns
 call the application in process (their timing is the test's, not the machine's). OpenAI's ordinary client
 calls (a list of prompts, ``stream_options``, the no-op values of penalties, ``best_of``, ``logit_bias``,
-``suffix``, ``GET /v1/models/{id}``) through the official client."""
+``suffix``, ``GET /v1/models/{id}``, an unknown model, the chat route) through the official client."""
 
 from __future__ import annotations
 
@@ -202,6 +202,13 @@ def test_ordinary_openai_client_calls(run_dir):
         assert client.models.retrieve("run").id == "run"
         with pytest.raises(openai.NotFoundError):
             client.models.retrieve("other")
+        with pytest.raises(openai.NotFoundError) as unknown:
+            client.completions.create(model="other", prompt=PROMPT, max_tokens=2)
+        assert unknown.value.body["param"] == "model" and "'run'" in unknown.value.body["message"]
+        with pytest.raises(openai.NotFoundError) as chat:
+            client.chat.completions.create(model="run", messages=[{"role": "user", "content": "hello"}])
+        assert "base language model" in chat.value.body["message"]
+        assert "/v1/completions" in chat.value.body["message"]
         no_ops = {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 2, "logit_bias": {}, "suffix": ""}
         prompts = [PROMPT, "import "]
         many = client.completions.create(

@@ -30,11 +30,12 @@ settings, sampling, the rows that join, step and leave, the loop, and text."""
 from .loop import PAD_ID, Generation, Step, generate, stream
 from .rows import Prefilled, RowBatch, WindowRows, rows_for
 from .sampling import draw, filter_logits, sample_next
-from .settings import DEFAULT_CONTEXT, GREEDY, GenerationSettings
+from .settings import DEFAULT_CONTEXT, GREEDY, GREEDY_BELOW, GenerationSettings
 
 __all__ = [
     "GenerationSettings",
     "GREEDY",
+    "GREEDY_BELOW",
     "DEFAULT_CONTEXT",
     "Step",
     "Generation",

@@ -13,13 +13,18 @@ from torch import Tensor
 
 from ..config import Span, check_sampling, positive_int
 
-__all__ = ["GenerationSettings", "GREEDY", "DEFAULT_CONTEXT", "DEFAULT_MAX_NEW_TOKENS"]
+__all__ = ["GenerationSettings", "GREEDY", "GREEDY_BELOW", "DEFAULT_CONTEXT", "DEFAULT_MAX_NEW_TOKENS"]
 
 DEFAULT_CONTEXT = 512
 """Window (tokens) recomputed at every step when the model has no memory and ``context`` is not given."""
 
 DEFAULT_MAX_NEW_TOKENS = 100
 """Tokens generated when ``max_new_tokens`` is not given."""
+
+GREEDY_BELOW = 1e-5
+"""A temperature below this is greedy, as 0 is: dividing the scores by a smaller one can overflow them (1e-46
+is 0 in float32), and a draw at this one differs from the argmax only between log-probabilities closer than
+about 1e-4."""
 
 
 def _non_negative(name: str, value: Any, *, optional: bool = False) -> None:
@@ -68,7 +73,7 @@ class GenerationSettings:
     functions (no model runs); :func:`~txl.inference.loop.generate` and ``stream`` need at least 1."""
     temperature: float = 1.0
     """The log-probabilities are divided by it before the softmax; 0 is greedy (argmax, the lower id on
-    ties)."""
+    ties), and so is any temperature below :data:`GREEDY_BELOW` (1e-5)."""
     top_k: int | None = None
     """Keep the k most likely tokens (None: all)."""
     top_p: float | None = None
@@ -98,6 +103,11 @@ class GenerationSettings:
         positive_int(self.context, "context", error=ValueError, optional=True, field=False)
         if self.span is not None and not isinstance(self.span, Span):
             raise ValueError(f"span must be a txl Span, got {type(self.span).__name__}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether each token is the argmax: ``temperature`` is 0 or below :data:`GREEDY_BELOW`."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def filters(self) -> bool:

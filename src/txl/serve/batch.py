@@ -188,11 +188,11 @@ class Batch:
         """The next token of each active row: the greedy rows in one draw over them all (no generator), the
         others each from its own generator."""
         rows = {r: row for r in active if (row := self.slots[r]) is not None}
-        greedy = [r for r, row in rows.items() if row.work.settings.temperature == 0]
+        greedy = [r for r, row in rows.items() if row.work.settings.greedy]
         tokens: dict[int, int] = {}
         if greedy:
             joined = torch.cat([rows[r].log_probs for r in greedy])  # (G, V)
-            best = draw(joined, rows[greedy[0]].work.settings).tolist()  # temperature 0: the argmax
+            best = draw(joined, rows[greedy[0]].work.settings).tolist()  # greedy: the argmax
             tokens.update(zip(greedy, best, strict=True))
         for r, row in rows.items():
             if r not in tokens:

@@ -14,7 +14,7 @@ import torch
 from starlette.requests import Request
 
 from ..data.vocab import start_token
-from .checks import prompt_ids, prompts_of, sampling_of
+from .checks import check_model, prompt_ids, prompts_of, sampling_of
 from .events import CompletionResult, TextEvent
 from .jobs import Cancelled, Job
 from .openai import (
@@ -57,6 +57,7 @@ async def complete(
     request: Request, state: ServeState, req: CompletionRequest, *, session: Session | None
 ) -> Any:
     """Answer a completion request (a session's continues its memory): the whole answer, or a stream."""
+    check_model(req.model, served=state.name)
     prompts, notes = _prompts(state, req, session)
     sampling = sampling_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
     scheduler = state.model

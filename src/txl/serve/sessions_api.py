@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from .checks import check_text, encode_text
+from .checks import check_model, check_text, encode_text
 from .completions import await_job, busy, complete
 from .jobs import Cancelled
 from .openai import (
@@ -54,7 +54,8 @@ async def new_session(request: Request) -> dict[str, Any]:
     """``POST /v1/sessions``."""
     state = state_of(request)
     if (await request.body())[:1].strip():  # a body (none is needed) must be an empty object
-        parse(SessionNewRequest, await json_body(request, limit=state.body_limit))
+        req = parse(SessionNewRequest, await json_body(request, limit=state.body_limit))
+        check_model(req.model, served=state.name)
     if not state.cached:
         session_of(state, "")
     session = state.store.create(f"sess-{uuid.uuid4().hex[:24]}")
@@ -90,6 +91,7 @@ async def session_score(ident: str, request: Request) -> Any:
     """``POST /v1/sessions/{id}/score``: read a text into the session."""
     state = state_of(request)
     req = parse(SessionScoreRequest, await json_body(request, limit=state.body_limit))
+    check_model(req.model, served=state.name)
     check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)
     ids, notes = encode_text(state.run, req.text, field_name="text")
     if ids.numel() == 0:

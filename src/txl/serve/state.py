@@ -45,8 +45,9 @@ class ServeSettings:
     session_ttl: float = 600.0
     """Seconds a session may stay idle before it is forgotten (``--session-ttl``)."""
     api_key: str | None = None
-    """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``);
-    None: no key (the routes of :data:`OPEN_ROUTES` never need one)."""
+    """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``),
+    compared as UTF-8 bytes with the header's value as sent (a non-ASCII key is sent as UTF-8); None: no key
+    (the routes of :data:`OPEN_ROUTES` never need one)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions"):
@@ -59,6 +60,8 @@ class ServeSettings:
             raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string (or None: no key)")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("api_key must not start or end with spaces (a header's value cannot)")
 
 
 @dataclass
