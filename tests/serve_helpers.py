@@ -112,13 +112,19 @@ async def in_process(app) -> AsyncIterator:
 
 
 async def held_post(
-    app, path: str, body: dict, *, on_write: Callable[[bytes], Awaitable[None]]
+    app,
+    path: str,
+    body: dict,
+    *,
+    on_write: Callable[[bytes], Awaitable[None]],
+    leave: asyncio.Event | None = None,
 ) -> tuple[int, bytes]:
     """POST ``body`` to ``app`` in process (as uvicorn calls it) from a client that takes each write of the
     response's body only once ``on_write(chunk)`` has returned: the server counts a streamed event as sent when
-    its write returns, so the test decides exactly when the client reads. Returns the status and the body."""
+    its write returns, so the test decides exactly when the client reads. The client disconnects when
+    ``leave`` is set (else it stays until the response is over). Returns the status and the body."""
     payload = json.dumps(body).encode()
-    over = asyncio.Event()
+    over = leave if leave is not None else asyncio.Event()
     sent = False
 
     async def receive() -> dict:
@@ -126,7 +132,7 @@ async def held_post(
         if not sent:
             sent = True
             return {"type": "http.request", "body": payload, "more_body": False}
-        await over.wait()  # the client stays connected until the response is over
+        await over.wait()
         return {"type": "http.disconnect"}
 
     status, chunks = 0, []

@@ -14,7 +14,16 @@ from torch import nn
 
 from conftest import generate_drawing_from
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
-from txl.inference import DecodeSettings, Generation, SamplingParams, filter_logits, generate, sample_next
+from txl.inference import (
+    GREEDY_BELOW,
+    DecodeSettings,
+    Generation,
+    SamplingParams,
+    draw,
+    filter_logits,
+    generate,
+    sample_next,
+)
 from txl.inference.text import encode_prompt, generate_text
 
 V = 37
@@ -226,6 +235,26 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
     assert torch.equal(tiny_p, greedy)
     sampled = [generate(model, prompt, SamplingParams(max_new_tokens=10, seed=s)).tokens for s in range(3)]
     assert any(not torch.equal(s, greedy) for s in sampled)  # sampling is not secretly greedy
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-46, 1e-40, GREEDY_BELOW / 2])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
+    """Below GREEDY_BELOW a temperature is greedy, as 0 is: 1e-46 is 0 in float32 and 1e-40 overflows the scores,
+    yet each gives the argmax, filters or not; GREEDY_BELOW itself still samples, without a NaN."""
+    model = _model().float()
+    prompt = _prompt()
+    settings = SamplingParams(max_new_tokens=10, temperature=temperature)
+    assert settings.greedy and not SamplingParams(temperature=GREEDY_BELOW).greedy
+    expected = _greedy_recompute(model, prompt, 10)[0]
+    assert torch.equal(generate(model, prompt, settings).tokens, expected)
+    filtered = dataclasses.replace(settings, top_k=5, top_p=0.9)
+    assert torch.equal(generate(model, prompt, filtered).tokens, expected)
+    log_probs = torch.log_softmax(torch.randn(4, V, generator=torch.Generator().manual_seed(0)), dim=-1)
+    assert torch.equal(draw(log_probs, settings), log_probs.argmax(-1))
+    assert torch.equal(sample_next(log_probs * 1e3, settings), log_probs.argmax(-1))
+    coldest = SamplingParams(max_new_tokens=10, temperature=GREEDY_BELOW, seed=0)
+    drawn = generate(model, prompt, coldest).tokens
+    assert drawn.shape == expected.shape and 0 <= int(drawn.min()) and int(drawn.max()) < V
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():

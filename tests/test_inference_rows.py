@@ -266,3 +266,24 @@ def test_one_prefill_joins_several_rows_as_choices():
     whole.free(0)
     with pytest.raises(ValueError, match="became the batch's cache"):
         whole.join(0, first)
+
+
+def test_a_freed_row_remembers_nothing():
+    """A row that leaves keeps no reach: the batch's memory gives it none (its rows in use keep theirs, one
+    position per token they have read), and it has no memory of its own to carry on with."""
+    model = _model()
+    rows = RowBatch(model, DecodeSettings(rows=3))
+    rows.join(0, rows.prefill(torch.tensor([1, 2, 3])))
+    rows.join(1, rows.prefill(torch.tensor([4, 5, 6, 7, 8])))
+    rows.step(torch.tensor([1, 2, 0]))
+    before = rows.memory()
+    assert before is not None and before.reach is not None
+    assert before.reach.tolist()[:2] == [3 + 1, 5 + 1]  # prompt and one token each (mem_len 8)
+    assert rows.row_memory(1) is not None
+    rows.free(1)
+    after = rows.memory()
+    assert after is not None and after.reach is not None
+    assert after.reach.tolist() == [4, 0, before.reach.tolist()[2]]
+    assert rows.row_memory(1) is None
+    for kept, was in zip(after.states, before.states, strict=True):  # the other rows are untouched
+        torch.testing.assert_close(kept, was, atol=0, rtol=0)

@@ -73,7 +73,7 @@ def _stream(client, **body) -> tuple[list[dict], list[str]]:
 
 def test_completion_equals_the_library(client, run_dir):
     response = client.post(
-        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "model": "anything"}
+        "/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "model": "run"}
     )
     assert response.status_code == 200, response.text
     body = response.json()
@@ -100,6 +100,18 @@ def test_completion_equals_the_library(client, run_dir):
         "/v1/completions", json={"prompt": PROMPT, "max_tokens": 30, "temperature": 1.2, "seed": 8}
     )
     assert other.json()["choices"][0]["text"] != sampled["choices"][0]["text"]
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy(client, run_dir):
+    """1e-46 and 1e-300 are 0 in float32: greedy, as every temperature below 1e-5 is (never a 500)."""
+    greedy = _reference(run_dir, PROMPT, 20, temperature=0)
+    for temperature in (1e-46, 1e-300, 5e-6):
+        body = {"prompt": PROMPT, "max_tokens": 20, "temperature": temperature, "top_p": 0.9, "seed": 1}
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"] == greedy
+        events, _ = _stream(client, **body)
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == greedy
 
 
 def test_stream_sends_one_event_per_token_then_usage(client, run_dir):
@@ -315,6 +327,43 @@ def test_bad_input_is_a_400_naming_the_field(client, path, body, param):
     assert param in error["message"]
     if "\u2603" in json.dumps(body, ensure_ascii=False):
         assert "\u2603" in error["message"]
+
+
+def test_an_unknown_model_is_a_404_and_chat_points_to_completions(client):
+    """The model served is the run folder's name ("run"); any other name is a 404 naming ``model``, on every
+    route that takes one, as ``GET /v1/models/{id}`` says; left out, it is the one served. The chat route
+    says the model is a base language model and points to ``/v1/completions``."""
+    assert client.get("/v1/models").json()["data"][0]["id"] == "run"
+    assert client.get("/v1/models/other").status_code == 404
+    for path, body in [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "stream": True}),
+        ("/v1/score", {"text": PROMPT}),
+        ("/v1/sessions", {}),
+    ]:
+        for model, status in [("other", 404), ("run", 200), (None, 200)]:
+            sent = body if model is None else {**body, "model": model}
+            response = client.post(path, json=sent)
+            assert response.status_code == status, (path, model, response.text)
+            if status == 404:
+                error = response.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"}
+                assert error["param"] == "model" and error["type"] == "not_found_error"
+                assert "'other'" in error["message"] and "'run'" in error["message"]
+    sid = client.post("/v1/sessions").json()["id"]
+    for path, body in [
+        (f"/v1/sessions/{sid}/score", {"text": PROMPT}),
+        (f"/v1/sessions/{sid}/completions", {"max_tokens": 2}),
+    ]:
+        refused = client.post(path, json={**body, "model": "other"})
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
+        assert client.post(path, json={**body, "model": "run"}).status_code == 200
+    messages = [{"role": "user", "content": "hello"}]
+    chat = client.post("/v1/chat/completions", json={"model": "run", "messages": messages})
+    assert chat.status_code == 404
+    error = chat.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert "base language model" in error["message"] and "/v1/completions" in error["message"]
 
 
 def test_bad_bodies(client):

@@ -6,6 +6,7 @@ persists, against one pass of ``txl.evaluation``'s loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -20,7 +21,7 @@ pytest.importorskip("httpx", reason="the API tests need httpx (fastapi.testclien
 import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from serve_helpers import live_server, sse_data, train_char_run, wait_for  # noqa: E402
+from serve_helpers import in_process, live_server, sse_data, train_char_run, wait_for  # noqa: E402
 from txl.inference import SamplingParams  # noqa: E402
 from txl.inference.text import generate_text  # noqa: E402
 from txl.runs import load_run  # noqa: E402
@@ -130,6 +131,25 @@ def test_concurrent_requests_give_exactly_what_each_gives_alone(server, run):
     with httpx.Client(base_url=url) as c:
         health = c.get("/v1/health").json()
     assert health["rows_in_use"] == 0 and health["admitted"] == 0 and health["max_batch"] == 16
+
+
+def test_more_concurrent_requests_than_rows_all_succeed(run_dir, run):
+    """32 requests at once on 8 rows (24 wait): the prompts, read in several chunks, hold rows promised to them
+    while they are read, so no request starts without a row; each gets exactly its text alone."""
+    app = create_app(run, run_dir=run_dir, settings=ServeSettings(max_batch=8, queue_size=24))
+    prompt = (Path(__file__).parent / "serve_helpers.py").read_text(encoding="utf-8")[:90]  # 6 chunks
+    bodies = [{"prompt": prompt[i:], "max_tokens": 6, "temperature": 1.0, "seed": i} for i in range(32)]
+
+    async def scenario() -> tuple[list[httpx.Response], dict]:
+        async with in_process(app) as c:
+            answers = await asyncio.gather(*(c.post("/v1/completions", json=b) for b in bodies))
+            return list(answers), (await c.get("/v1/health")).json()
+
+    answers, health = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [200] * 32, [a.text for a in answers if a.status_code != 200]
+    texts = [a.json()["choices"][0]["text"] for a in answers]
+    assert texts == [_reference(run, b["prompt"], 6, seed=b["seed"], temperature=1.0) for b in bodies]
+    assert health["failed"] == 0 and health["rejected"] == 0 and health["requests"] == 32
 
 
 def test_a_disconnect_frees_its_row_and_its_neighbour_goes_on(server, run):
@@ -337,6 +357,31 @@ def test_the_api_key_guards_every_route_but_the_page_and_health(run_dir):
         assert c.get("/v1/model").status_code == 200
 
 
+def test_a_non_ascii_key_is_matched_by_its_utf8_bytes(run_dir):
+    """A key is compared as UTF-8 bytes with the header's value as the client sent it (through uvicorn): a
+    client sending the key's UTF-8 bytes gets in; its Latin-1 bytes or another key do not; a key with spaces
+    at its ends, which no header value carries, is refused when the server is set up."""
+    key = "clé-ключ-🔑"
+    app = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(api_key=key))
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        utf8 = c.post(
+            "/v1/completions", json=body, headers={"Authorization": b"Bearer " + key.encode("utf-8")}
+        )
+        assert utf8.status_code == 200, utf8.text
+        lower = c.get("/v1/model", headers={"authorization": b"bearer " + key.encode("utf-8")})
+        assert lower.status_code == 200
+        for headers in ({"Authorization": b"Bearer " + key[:-1].encode("utf-8")}, {}):
+            refused = c.post("/v1/completions", json=body, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    latin = create_app(load_run(run_dir), run_dir=run_dir, settings=ServeSettings(api_key="clé"))
+    with live_server(latin) as url, httpx.Client(base_url=url, timeout=60) as c:
+        for sent, status in [("clé".encode(), 200), ("clé".encode("latin-1"), 401)]:
+            assert c.get("/v1/model", headers={"Authorization": b"Bearer " + sent}).status_code == status
+    with pytest.raises(ValueError, match="api_key must not start or end with spaces"):
+        ServeSettings(api_key="key ")
+
+
 def test_a_public_address_without_a_key_is_warned_about():
     assert "warning" not in listening_note("127.0.0.1", 8000, keyed=False)
     assert "warning" not in listening_note("::1", 8000, keyed=False)
@@ -363,6 +408,9 @@ def test_the_key_comes_from_the_flag_or_the_environment(run_dir, monkeypatch, ca
     assert main(["serve", str(run_dir), "--api-key", " "]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["txl: error: --api-key must not be empty"]
+    assert main(["serve", str(run_dir), "--api-key", "key "]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["txl: error: --api-key must not start or end with spaces (a header's value cannot)"]
 
 
 # -- sessions ------------------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ received (a stop string left out), read with the evaluation lengths, as one pass
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,14 @@ pytest.importorskip("httpx", reason="the API tests need httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from serve_helpers import train_char_run  # noqa: E402
+from serve_helpers import eventually, held_post, in_process, sse_data, train_char_run  # noqa: E402
 from txl.evaluation import EvalSettings, segment_losses  # noqa: E402
 from txl.inference import SamplingParams, generate  # noqa: E402
 from txl.model import Memory  # noqa: E402
 from txl.runs import load_run  # noqa: E402
 from txl.serve.app import create_app  # noqa: E402
 from txl.serve.score import score_tokens, scoring_lengths  # noqa: E402
+from txl.serve.state import ServeSettings  # noqa: E402
 
 SOURCE = (Path(__file__).parent / "serve_helpers.py").read_text(encoding="utf-8")
 READ = SOURCE[:129]  # two evaluation segments (64 targets each), more than the evaluation memory (48)
@@ -128,3 +131,49 @@ def test_an_echoed_prompt_longer_than_a_segment_is_read_with_memory(client, run)
     echoed = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["token_logprobs"]
     assert echoed[0] is None
     assert echoed[1:] == pytest.approx(_one_pass(run, text), abs=1e-5)
+
+
+def test_a_session_in_use_outlives_its_ttl(run_dir):
+    """A session busy with a request longer than its ttl (a streamed completion whose client does not read) is
+    not forgotten under it: a session made after it, idle, expires; the busy one then ends its request and holds
+    what it read."""
+    app = create_app(
+        load_run(run_dir), run_dir=run_dir, settings=ServeSettings(session_ttl=3, stream_buffer=4)
+    )
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "stream": True}
+
+    async def scenario() -> tuple[int, bytes]:
+        reading = asyncio.Event()
+
+        async def client(chunk: bytes) -> None:
+            if b"data:" in chunk:
+                await reading.wait()
+
+        async def health() -> dict:
+            return (await c.get("/v1/health")).json()
+
+        async with in_process(app) as c:
+            busy = (await c.post("/v1/sessions")).json()["id"]
+            path = f"/v1/sessions/{busy}/completions"
+            stream = asyncio.create_task(held_post(app, path, body, on_write=client))
+
+            async def parked() -> bool:
+                return (await health())["parks"] == 1
+
+            await eventually(parked, what="the completion to wait for its client")
+            idle = (await c.post("/v1/sessions")).json()["id"]
+
+            async def idle_expired() -> bool:
+                return (await health())["sessions_expired"] >= 1
+
+            await eventually(idle_expired, what="the idle session to expire")
+            assert (await c.get(f"/v1/sessions/{idle}")).status_code == 404
+            assert (await c.get(f"/v1/sessions/{busy}")).status_code == 200
+            assert (await health())["sessions_expired"] == 1
+            reading.set()
+            return await stream
+
+    status, raw = asyncio.run(scenario())
+    assert status == 200
+    final = json.loads(sse_data(raw.decode("utf-8"))[-2])
+    assert final["session"]["tokens_read"] == len(PROMPT) + 12

@@ -523,7 +523,7 @@ class GenerateConfig:
     max_new_tokens: int = 200
     """Tokens to sample."""
     temperature: float = 1.0
-    """Divide logits by this; 0 means greedy."""
+    """Divide logits by this; 0 means greedy, and so does any temperature below 1e-5."""
     top_k: int | None = None
     """Keep the k most likely tokens."""
     top_p: float | None = None

@@ -205,7 +205,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         help="tokens to sample, at most 100000 (default: the run's generate.max_new_tokens); 0 prints the prompt",
     )
-    p.add_argument("--temperature", type=_temperature, help="divide the scores by this; 0 is greedy")
+    p.add_argument(
+        "--temperature", type=_temperature, help="divide the scores by this; 0 (or below 1e-5) is greedy"
+    )
     p.add_argument("--top-k", type=_positive_int, help="sample among the k most likely tokens")
     p.add_argument(
         "--top-p", type=_top_p, help="sample among the most likely tokens whose probability reaches p"

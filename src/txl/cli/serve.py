@@ -26,6 +26,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
     if key is not None and not key.strip():
         raise ConfigError("--api-key must not be empty")
+    if key is not None and key != key.strip():
+        raise ConfigError("--api-key must not start or end with spaces (a header's value cannot)")
     limits = settings_from(ServeSettings, args, max_tokens=args.max_tokens_limit, api_key=key)
     serve(Path(args.run_dir), settings=limits, **given(args, "device", "checkpoint"))
     return 0

@@ -25,13 +25,14 @@
 
 from .engine import Engine, Finish, TokenEvent
 from .loop import PAD_ID, Generation, Step, generate, stream
-from .params import DEFAULT_CONTEXT, GREEDY, DecodeSettings, SamplingParams
+from .params import DEFAULT_CONTEXT, GREEDY, GREEDY_BELOW, DecodeSettings, SamplingParams
 from .sampling import draw, filter_logits, sample_next
 
 __all__ = [
     "SamplingParams",
     "DecodeSettings",
     "GREEDY",
+    "GREEDY_BELOW",
     "DEFAULT_CONTEXT",
     "Engine",
     "TokenEvent",

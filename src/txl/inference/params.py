@@ -17,6 +17,7 @@ __all__ = [
     "SamplingParams",
     "DecodeSettings",
     "GREEDY",
+    "GREEDY_BELOW",
     "DEFAULT_CONTEXT",
     "DEFAULT_MAX_NEW_TOKENS",
     "MAX_SEED",
@@ -89,7 +90,7 @@ class SamplingParams:
     least 1."""
     temperature: float = 1.0
     """The log-probabilities are divided by it before the softmax; 0 is greedy (argmax, the lower id on
-    ties)."""
+    ties), and so is any temperature below :data:`GREEDY_BELOW` (1e-5)."""
     top_k: int | None = None
     """Keep the k most likely tokens (None: all)."""
     top_p: float | None = None
@@ -126,14 +127,20 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Whether the request takes the most likely token at every step (temperature 0)."""
-        return self.temperature == 0
+        """Whether the request takes the most likely token at every step: ``temperature`` is 0 or below
+        :data:`GREEDY_BELOW`."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def filters(self) -> bool:
         """Whether top-k or top-p can remove a token."""
         return self.top_k is not None or (self.top_p is not None and self.top_p < 1)
 
+
+GREEDY_BELOW = 1e-5
+"""A temperature below this is greedy, as 0 is: dividing the scores by a smaller one can overflow them (1e-46
+is 0 in float32), and a draw at this one differs from the argmax only between log-probabilities closer than
+about 1e-4."""
 
 GREEDY = SamplingParams(temperature=0.0)
 """Greedy decoding with the other defaults."""

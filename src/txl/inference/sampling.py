@@ -59,7 +59,7 @@ def draw(
     as a batch of one would be)."""
     if log_probs.dtype in (torch.float16, torch.bfloat16):
         log_probs = log_probs.float()
-    if params.temperature == 0:
+    if params.greedy:
         return torch.argmax(log_probs, dim=-1)  # (B,)
     scores = log_probs / params.temperature
     if params.filters:
@@ -78,8 +78,9 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """One token id per row (B,) int64 from next-token scores ``logits`` (B, V) (raw logits or log-probs),
-    as :func:`draw` with the shape checked: temperature 0 is greedy (argmax, the lower id on ties; top-k and
-    top-p cannot change it); otherwise the scores are divided by the temperature, filtered by
+    as :func:`draw` with the shape checked: temperature 0 (or below
+    :data:`~txl.inference.params.GREEDY_BELOW`) is greedy (argmax, the lower id on ties; top-k and top-p
+    cannot change it); otherwise the scores are divided by the temperature, filtered by
     :func:`filter_logits`, and one token is drawn with ``generator`` (the global generator when None)."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")

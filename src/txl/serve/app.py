@@ -10,6 +10,7 @@ application. Requests are checked by :mod:`txl.serve.checks`, answered in :mod:`
 #     # POST /v1/score        {"text": "...", "memory": false}
 #     # POST /v1/sessions, /v1/sessions/{id}/score {"text": ...}, /v1/sessions/{id}/completions; GET, DELETE
 #     # GET  /v1/model, /v1/models, /v1/models/{id}, /v1/health, /
+#     # POST /v1/chat/completions: a 404 that points to /v1/completions (a base language model)
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..errors import TxlError
 from ..runs import LoadedRun
 from .auth import KeyCheck
 from .card import model_card, page
-from .checks import Limits, check_text, encode_text
+from .checks import Limits, check_model, check_text, encode_text
 from .completions import await_job, busy, complete
 from .jobs import Cancelled
 from .openai import (
@@ -124,11 +125,24 @@ async def completions(request: Request) -> Any:
     return await complete(request, state, req, session=None)
 
 
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Any:
+    """``POST /v1/chat/completions``: a 404 that points to ``/v1/completions`` (the model is not a chat model)."""
+    name = state_of(request).name
+    raise RequestError(
+        404,
+        f"{name!r} is a base language model, not a chat model: it continues a text and knows no messages or "
+        "roles. Use POST /v1/completions with a prompt (the text to continue).",
+        param="model",
+    )
+
+
 @router.post("/v1/score")
 async def score(request: Request) -> Any:
     """``POST /v1/score``: every token's log-probability, with or without memory."""
     state = state_of(request)
     req = parse(ScoreRequest, await json_body(request, limit=state.body_limit))
+    check_model(req.model, served=state.name)
     check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)
     ids, notes = encode_text(state.run, req.text, field_name="text")
     if ids.numel() < 2:

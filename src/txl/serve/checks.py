@@ -20,7 +20,16 @@ from ..inference.text import UnknownTokensWarning, describe_unknown, read_prompt
 from ..runs import LoadedRun
 from .openai import CompletionRequest, RequestError
 
-__all__ = ["MAX_STOP", "Limits", "check_text", "encode_text", "prompt_ids", "prompts_of", "params_of"]
+__all__ = [
+    "MAX_STOP",
+    "Limits",
+    "check_model",
+    "check_text",
+    "encode_text",
+    "prompt_ids",
+    "prompts_of",
+    "params_of",
+]
 
 MAX_STOP = 4
 """Stop strings per request (OpenAI's limit)."""
@@ -34,6 +43,18 @@ class Limits:
     max_prompt_chars: int
     max_batch: int
     default_max_tokens: int
+
+
+def check_model(requested: str | None, *, served: str) -> None:
+    """Refuse (404 naming ``model``) a request for a model other than the one served (None: the one served)."""
+    if requested is not None and requested != served:
+        raise RequestError(
+            404,
+            f"model: no model {requested!r} here; this server serves {served!r} (GET /v1/models), or leave "
+            "model out",
+            param="model",
+            kind="not_found_error",
+        )
 
 
 def check_text(text: str, *, field_name: str, limit: int) -> None:

@@ -15,7 +15,7 @@ import torch
 from starlette.requests import Request
 
 from ..data.vocab import start_token
-from .checks import params_of, prompt_ids, prompts_of
+from .checks import check_model, params_of, prompt_ids, prompts_of
 from .events import CompletionResult, TextEvent
 from .jobs import Cancelled, Job
 from .openai import (
@@ -65,6 +65,7 @@ async def complete(
     """Answer a completion request (a session's continues its memory): the whole answer, or a stream.
     ``settle`` is awaited when the work is done, before the answer (or the stream's last event) goes out: a
     session is saved there; a :class:`RequestError` it raises is the answer instead."""
+    check_model(req.model, served=state.name)
     prompts, notes = _prompts(state, req, session)
     params = params_of(req, defaults=state.run.config.generate, limits=state.limits, prompts=len(prompts))
     scheduler = state.model

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from .checks import check_text, encode_text
+from .checks import check_model, check_text, encode_text
 from .completions import await_job, busy, complete
 from .jobs import Cancelled
 from .openai import (
@@ -67,7 +67,7 @@ async def new_session(request: Request) -> dict[str, Any]:
                 f"the request body has {len(body)} bytes, more than this server takes ({state.body_limit})",
             )
         if body.strip():  # a body (none is needed) must be an empty object
-            parse(SessionNewRequest, json_of(body))
+            check_model(parse(SessionNewRequest, json_of(body)).model, served=state.name)
         session = await keeper.create()
     return keeper.describe(session)
 
@@ -112,6 +112,7 @@ async def session_score(ident: str, request: Request) -> Any:
     """``POST /v1/sessions/{id}/score``: read a text into the session."""
     state = state_of(request)
     req = parse(SessionScoreRequest, await json_body(request, limit=state.body_limit))
+    check_model(req.model, served=state.name)
     check_text(req.text, field_name="text", limit=state.settings.max_prompt_chars)
     ids, notes = encode_text(state.run, req.text, field_name="text")
     if ids.numel() == 0:

@@ -55,8 +55,9 @@ class ServeSettings:
     """The most bytes of session files in ``sessions_dir``; the oldest idle sessions are deleted to stay under
     it (``--sessions-max-bytes``)."""
     api_key: str | None = None
-    """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``);
-    None: no key (the routes of :data:`OPEN_ROUTES` never need one)."""
+    """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``),
+    compared as UTF-8 bytes with the header's value as sent (a non-ASCII key is sent as UTF-8); None: no key
+    (the routes of :data:`OPEN_ROUTES` never need one)."""
 
     def __post_init__(self) -> None:
         counts = ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions")
@@ -70,6 +71,8 @@ class ServeSettings:
             raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string (or None: no key)")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("api_key must not start or end with spaces (a header's value cannot)")
         if self.sessions_dir is not None:
             if not isinstance(self.sessions_dir, (str, os.PathLike)) or not str(self.sessions_dir):
                 raise ValueError(f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}")
