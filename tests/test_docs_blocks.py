@@ -6,7 +6,7 @@ no rule knows fails.
 - ``bash``, ``console``, ``sh``, ``shell`` (and the ``$ `` lines of a ``text`` block): every command is checked
   by what it runs. ``txl ...`` (also ``python -m txl`` and ``torchrun ... -m txl``) is parsed by txl's own
   parser, so a flag cannot drift; ``torchrun``'s flags by PyTorch's; a script or module of the repository
-  (``benchmarks/``, ``examples/``, ``python -m txl.rl.ppo``) by its own argparse parser, run until its arguments
+  (``benchmarks/``, ``examples/``, ``python -m MODULE``) by its own argparse parser, run until its arguments
   are parsed; ``python -c`` code compiles; ``pip install`` names real requirements and txl's real extras,
   never the unrelated ``txl`` package; ``curl`` data is JSON; ``git clone``, ``mkdocs`` and a few shell
   utilities are checked for form. A command only a clone of the repository can run (``pip install -e``,
