@@ -22,7 +22,7 @@ from torch import nn
 
 from .config import architecture_fields
 from .errors import CheckpointError, TxlWarning
-from .files import new_file_mode
+from .files import new_file_mode, sync_folder
 from .model import Memory
 
 __all__ = [
@@ -72,19 +72,6 @@ class TrainingState:
     stream: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1
     """Processes that trained the run when the checkpoint was taken (each has its RNG state in it)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -213,7 +200,7 @@ def save_checkpoint(folder: Path, contents: CheckpointContents) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, folder)
-        _fsync_dir(folder.parent)
+        sync_folder(folder.parent)
     except (OSError, SafetensorError) as exc:
         undo()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

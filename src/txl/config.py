@@ -38,6 +38,7 @@ __all__ = [
     "RunConfig",
     "ConfigError",
     "load_config",
+    "read_preset",
     "preset_names",
     "apply_overrides",
     "config_to_dict",
@@ -785,23 +786,29 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in _presets_dir().glob("*.toml"))
 
 
-def load_config(name_or_path: str | Path) -> RunConfig:
-    """Load a preset by name (``tiny``) or a TOML file by path."""
+def read_preset(name_or_path: str | Path, folder: Path) -> dict[str, Any]:
+    """The TOML table of a preset by name (a ``NAME.toml`` of ``folder``) or of a TOML file by path; an unknown
+    name, a missing file or bad TOML is a :class:`ConfigError` (the one reader of every kind of preset)."""
     path = Path(name_or_path)
     if not (path.suffix == ".toml" or path.exists()):
-        path = _presets_dir() / f"{name_or_path}.toml"
+        path = folder / f"{name_or_path}.toml"
         if not path.exists():
+            names = sorted(p.stem for p in folder.glob("*.toml"))
             raise ConfigError(
-                f"unknown preset {str(name_or_path)!r} (presets: {', '.join(preset_names())}; "
+                f"unknown preset {str(name_or_path)!r} (presets: {', '.join(names)}; "
                 "or give a path to a .toml file)"
             )
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return config_from_dict(data)
+
+
+def load_config(name_or_path: str | Path) -> RunConfig:
+    """Load a preset by name (``tiny``) or a TOML file by path."""
+    return config_from_dict(read_preset(name_or_path, _presets_dir()))
 
 
 def _parse_value(text: str) -> Any:

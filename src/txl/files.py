@@ -21,6 +21,7 @@ from .errors import OutputPathError
 __all__ = [
     "atomic_open",
     "atomic_write_text",
+    "sync_folder",
     "temporaries_of",
     "new_file_mode",
     "check_output",
@@ -103,6 +104,21 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write a UTF-8 text file atomically (see :func:`atomic_open`)."""
     with atomic_open(path) as fh:
         fh.write(text)
+
+
+def sync_folder(folder: str | os.PathLike[str]) -> None:
+    """fsync ``folder`` itself, so that the renames into it survive a crash (a no-op where the platform cannot
+    open or sync a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _existing_ancestor(path: Path, flag: str) -> Path:

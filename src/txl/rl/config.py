@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -26,6 +25,7 @@ from ..config import (
     _parse_value,
     _positive_int,
     config_to_dict,
+    read_preset,
 )
 
 __all__ = [
@@ -245,21 +245,7 @@ def rl_preset_names() -> list[str]:
 
 def load_rl_config(name_or_path: str | Path) -> RLConfig:
     """A preset by name (``RepeatPreviousEasy``) or a TOML file by path, as an :class:`RLConfig`."""
-    path = Path(name_or_path)
-    if not (path.suffix == ".toml" or path.exists()):
-        path = _presets_dir() / f"{name_or_path}.toml"
-        if not path.exists():
-            raise ConfigError(
-                f"unknown preset {str(name_or_path)!r} (presets: {', '.join(rl_preset_names())}; "
-                "or give a path to a .toml file)"
-            )
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return rl_config_from_dict(data)
+    return rl_config_from_dict(read_preset(name_or_path, _presets_dir()))
 
 
 def _known(cls: type) -> list[str]:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..checkpoint import MODEL_FILE, read_checkpoint_meta
 from ..errors import CheckpointError
-from ..files import atomic_open
+from ..files import atomic_open, sync_folder
 from ..model import Memory
 from ..runs import LoadedRun
 from .openai import RequestError
@@ -423,19 +423,6 @@ def _put_bytes(fh: IO[bytes], data: bytes) -> None:
     fh.write(data)
 
 
-def _sync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class _Entry:
     bytes: int
@@ -546,7 +533,7 @@ class SessionFiles:
         except OSError as exc:
             memory.unlink(missing_ok=True)
             raise SessionError(507, f"session {ident!r}: not saved ({exc.strerror or exc})") from None
-        _sync_folder(self.folder)
+        sync_folder(self.folder)
         if previous and previous != revision:
             self.memory_path(ident, previous).unlink(missing_ok=True)
         with self._guard:
