@@ -1,0 +1,113 @@
+"""The RL comparison's script (benchmarks/rl_suite.py): the RL page's tables are what its result files draw,
+every result file is a run of the plan with the command it says, and each agent's learning rate is picked as
+the page says (its best final return; ties: the larger mean return over the run, then the smaller rate)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "rl_suite.py"
+
+
+@pytest.fixture(scope="module")
+def suite():
+    spec = importlib.util.spec_from_file_location("rl_suite", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_suite"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("rl_suite", None)
+
+
+def _result(suite, task, agent, lr, seed, final, curve=(0.0,)):
+    run = suite.Run(task, agent, lr, seed)
+    return run.name, {
+        "name": run.name, "task": task, "agent": agent, "lr": lr, "seed": seed, "final_return": final,
+        "curve": [[i, r] for i, r in enumerate(curve)],
+    }  # fmt: skip
+
+
+def test_the_page_is_what_the_result_files_draw(suite):
+    assert suite.main(["draw", "--check"]) == 0, "docs/rl.md differs: run python3 benchmarks/rl_suite.py draw"
+
+
+def test_every_result_file_is_a_run_of_the_plan_with_its_command(suite):
+    results = suite.read_results()
+    planned = {r.name: r for r in suite.sweep_runs() + suite.table_runs(results)[0]}
+    for name, result in results.items():
+        assert name in planned, f"{name}: not a run of the plan"
+        run = planned[name]
+        assert result["command"] == run.command()
+        assert (result["task"], result["agent"], result["lr"], result["seed"]) == (
+            run.task,
+            run.agent,
+            run.lr,
+            run.seed,
+        )
+        steps = suite._preset_steps(run.task)
+        assert result["env_steps"] == steps and result["curve"][-1][0] == steps, (
+            f"{name}: not the preset's budget"
+        )
+
+
+def test_the_plan_is_the_sweep_then_three_seeds_at_each_agents_pick(suite):
+    sweep = suite.sweep_runs()
+    assert len(sweep) == 4 * 4 * 3 and {r.seed for r in sweep} == {1}
+    assert {r.lr for r in sweep} == {3e-4, 1e-3, 3e-3, 1e-2}
+    assert suite.table_runs({})[0] == []  # nothing is decided before its sweep
+    results = {}
+    for task in suite.SWEEP_TASKS:
+        for agent in suite.AGENTS:
+            for lr in suite.LRS:
+                final = (
+                    {3e-4: 0.1, 1e-3: 0.5, 3e-3: 0.9, 1e-2: 0.2}[lr] if task != "CartPoleNoVelocity" else lr
+                )
+                name, result = _result(suite, task, agent, lr, 1, final)
+                results[name] = result
+    runs, waiting = suite.table_runs(results)
+    assert waiting == []
+    assert len(runs) == len(suite.TABLE_TASKS) * 4 * 3
+    by_task = {(r.task, r.agent): r.lr for r in runs}
+    assert by_task[("RepeatPreviousHard", "gru")] == 3e-3  # the POPGym tasks' best mean
+    assert by_task[("PendulumNoVelocity", "xl")] == 1e-2  # CartPole's pick
+    assert by_task[("CartPoleNoVelocity", "mlp")] == 1e-2
+
+
+def test_the_pick_breaks_ties_by_the_whole_run_then_the_smaller_rate(suite):
+    task = "RepeatPreviousEasy"
+    results = dict(
+        [
+            _result(suite, task, "gru", 3e-4, 1, 0.5, curve=(0.0, 0.1)),
+            _result(suite, task, "gru", 1e-3, 1, 1.0, curve=(0.0, 0.2)),
+            _result(suite, task, "gru", 3e-3, 1, 1.0, curve=(0.0, 0.6)),
+            _result(suite, task, "gru", 1e-2, 1, 1.0, curve=(0.0, 0.6)),
+        ]
+    )
+    assert suite.best_lr(results, "gru", (task,)) == 3e-3
+    results[suite.Run(task, "gru", 1e-2, 1).name]["final_return"] = None  # no episode ended: last
+    assert suite.best_lr(results, "gru", (task,)) == 3e-3
+    del results[suite.Run(task, "gru", 3e-4, 1).name]
+    assert suite.best_lr(results, "gru", (task,)) is None  # one rate not run yet
+
+
+def test_the_drawn_table_shows_the_mean_and_each_seed(suite):
+    results = {}
+    for task in suite.SWEEP_TASKS:
+        for agent in suite.AGENTS:
+            for lr in suite.LRS:
+                name, result = _result(suite, task, agent, lr, 1, 0.5 if lr == 1e-3 else 0.0)
+                results[name] = result
+    for seed, final in ((2, 0.75), (3, 1.0)):
+        name, result = _result(suite, "RepeatPreviousEasy", "xl", 1e-3, seed, final)
+        results[name] = result
+    table = suite.main_table(results)
+    row = next(line for line in table.splitlines() if line.startswith("| RepeatPreviousEasy |"))
+    assert row.split(" | ")[1] == "**0.75** (0.50 / 0.75 / 1.00; lr 0.001)"
+    sweep = suite.sweep_table(results)
+    assert "| RepeatPreviousEasy | xl | 0.00 | **0.50** | 0.00 | 0.00 |" in sweep
