@@ -237,6 +237,10 @@ def run_suite(args: argparse.Namespace) -> int:
         todo = [r for r in todo if r.name not in failed]
         todo.sort(key=lambda r: _order(r, steps))
         elapsed = time.monotonic() - start
+        for run in [r for r in todo if (runs_dir / r.name / "summary.json").is_file()]:
+            write_result(run, runs_dir / run.name, Path(args.results), args.jobs, os.getloadavg()[0])
+            todo.remove(run)  # finished while no runner watched it
+        todo = [r for r in todo if not _busy(runs_dir / r.name)]
         while todo and len(running) < args.jobs and (args.deadline is None or elapsed < args.deadline):
             run = todo.pop(0)
             running[run.name] = (run, _launch(run, runs_dir, args.steps), os.getloadavg()[0])
@@ -266,12 +270,24 @@ def run_suite(args: argparse.Namespace) -> int:
             return 1
 
 
+def _busy(folder: Path) -> bool:
+    """Whether a process of this host still trains in the run folder (its lock names a live pid)."""
+    try:
+        pid = json.loads((folder / ".lock").read_text())["pid"]
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def _order(run: Run, steps: dict[str, int]) -> tuple[int, int, int, float]:
-    """The queue's order: the swept tasks one after the other (each one's sweep, then its other seeds), then
-    the other tasks seed by seed; the costliest run first within each group."""
+    """The queue's order: the sweeps of the POPGym tasks, then their other seeds, then CartPole's sweep and
+    seeds, then the other tasks seed by seed; the costliest run first within each group."""
     rank = (SWEEP_TASKS + TABLE_TASKS).index(run.task)
     cost = -COST[run.agent] * steps[run.task]
-    return (0, rank, run.seed, cost) if run.task in SWEEP_TASKS else (1, run.seed, rank, cost)
+    if run.task in POPGYM_SWEPT:
+        return (0, int(run.seed > 1), rank, cost)
+    return (1, rank, run.seed, cost) if run.task in SWEEP_TASKS else (2, run.seed, rank, cost)
 
 
 def _preset_steps(task: str) -> int:
@@ -334,9 +350,11 @@ def main_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def cost_table(results: dict[str, dict[str, Any]]) -> str:
-    """Env steps per second (median over the agent's runs of a task) and state bytes per environment."""
+    """Env steps per CPU-second of a whole run (collection and updates; median over the agent's runs of a task)
+    and state bytes per environment."""
     lines = [
-        "| agent | parameters | state bytes / env | env steps/s, RepeatPreviousEasy | env steps/s, CartPoleNoVelocity |",
+        "| agent | parameters | state bytes / env | env steps per CPU-second, RepeatPreviousEasy | "
+        "env steps per CPU-second, CartPoleNoVelocity |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for agent in AGENTS:
@@ -346,8 +364,8 @@ def cost_table(results: dict[str, dict[str, Any]]) -> str:
             continue
         speed = []
         for task in ("RepeatPreviousEasy", "CartPoleNoVelocity"):
-            s = sorted(r["steps_per_s"] for r in mine if r["task"] == task and r["steps_per_s"])
-            speed.append(_fmt(s[len(s) // 2], 0) if s else "–")
+            s = sorted(r["env_steps"] / r["cpu_s"] for r in mine if r["task"] == task and r["cpu_s"])
+            speed.append(f"{s[len(s) // 2]:,.0f}" if s else "–")
         popgym = [r for r in mine if r["task"] == "RepeatPreviousEasy"] or mine
         lines.append(
             f"| {agent} | {popgym[0]['params']:,} | {popgym[0]['state_bytes_per_env']:,.0f} | "
