@@ -266,14 +266,15 @@ def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, caps
 
 
 def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
-    message = f"SIGTERM at step 12: checkpoint saved; continue with 'txl train --resume {tmp_path}'"
+    message = f"SIGTERM at step 12: checkpoint saved; continue with resume ({tmp_path})"
 
     def interrupted(*args, **kwargs):
         raise trainer.Interrupted(message, signum=signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "train", interrupted)
     assert main(["train", "--config", "tiny", "--out", str(tmp_path), "--quiet"]) == 128 + signal.SIGTERM
-    assert capsys.readouterr().err == f"txl: note: {message}\n"
+    note = f"SIGTERM at step 12: checkpoint saved; continue with --resume ({tmp_path})"
+    assert capsys.readouterr().err == f"txl: note: {note}\n"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -376,7 +377,8 @@ def test_eval_refuses_a_batch_that_cannot_fit_with_one_line(trained_run, capsys,
     evaluate.check_eval_fits(config, asked, **sizes)
     monkeypatch.setattr(txl.limits, "available_bytes", lambda device="cpu": 291_199)
     with pytest.raises(
-        txl.errors.TxlError, match=r"--batch-size 12 \(10 rows filled\) --tgt-len 20 --mem-len 10"
+        txl.errors.TxlError,
+        match=r"^batch_size 12 \(10 rows filled\) tgt_len 20 mem_len 10: .*lower batch_size",
     ):
         evaluate.check_eval_fits(config, asked, **sizes)
     monkeypatch.setattr(txl.limits, "available_bytes", lambda device="cpu": 2**20)

@@ -195,9 +195,10 @@ def check_eval_fits(
     filled = "" if rows == settings.batch_size else f" ({rows} rows filled)"
     check_fits(
         need,
-        setting=f"--batch-size {settings.batch_size}{filled} --tgt-len {settings.tgt_len} --mem-len {mem_len}",
+        setting=f"batch_size {settings.batch_size}{filled} tgt_len {settings.tgt_len} mem_len {mem_len}",
         what=f"the memory and attention of {config.n_layer} layers, d_model {config.d_model}",
-        lower="--batch-size, --tgt-len or --mem-len",
+        lower="batch_size, tgt_len or mem_len",
+        fields=("batch_size", "tgt_len", "mem_len"),
         device="cpu" if settings.device is None else settings.device,
     )
 
@@ -707,10 +708,12 @@ def evaluate_run(
     else:
         lengths = EvalLengths(eval_lengths(config, tgt_len=settings.tgt_len).tgt_len, settings.span)
     if documents is not None and documents not in ("continue", "reset"):
-        raise ConfigError(f"--documents: must be 'continue' or 'reset', got {documents!r}")
+        raise ConfigError(
+            f"documents: must be 'continue' or 'reset', got {documents!r}", fields=("documents",)
+        )
     documents = first_set(documents, config.data.documents)
     data = prepare_data(config.data, vocab=run.vocab, splits=(split,))
-    check_documents(data.corpus, documents, name="--documents")
+    check_documents(data.corpus, documents, name="documents")
     tokens = data.splits[split]
     used = replace(
         settings,

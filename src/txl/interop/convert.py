@@ -32,8 +32,8 @@ __all__ = ["ConvertSettings", "Source", "convert", "detect_source"]
 Source = Literal["original", "hf"]
 
 EXPECTED = (
-    "--from hf takes a Hugging Face TransfoXL folder (config.json, pytorch_model.bin or model.safetensors, "
-    "vocab.pkl), --from original a state_dict file of the authors' code"
+    "source hf takes a Hugging Face TransfoXL folder (config.json, pytorch_model.bin or model.safetensors, "
+    "vocab.pkl), source original a state_dict file of the authors' code"
 )
 """What ``txl convert`` reads, said whenever a source is not that."""
 
@@ -78,7 +78,8 @@ def _refuse_txl_run(src: Path) -> None:
     if (folder / "config.json").is_file() and (folder / "checkpoints").is_dir():
         raise CheckpointError(
             f"{src} is a txl run folder, which txl eval and txl generate read as it is; "
-            f"convert expects another checkpoint: {EXPECTED}"
+            f"convert expects another checkpoint: {EXPECTED}",
+            fields=("source",),
         )
 
 
@@ -89,7 +90,9 @@ def detect_source(src: Path) -> Source:
         return "hf"
     if src.is_file():
         return "original"
-    raise CheckpointError(f"{src}: neither a Hugging Face folder (with config.json) nor a file; {EXPECTED}")
+    raise CheckpointError(
+        f"{src}: neither a Hugging Face folder (with config.json) nor a file; {EXPECTED}", fields=("source",)
+    )
 
 
 def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
@@ -98,7 +101,9 @@ def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
     folder = src if src.is_dir() else src.parent
     if any((folder / n).is_file() for n in ("vocab.pkl", "vocab.txt", "vocab.json")):
         return load_hf_vocab(folder)
-    raise CheckpointError(f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass --vocab PATH")
+    raise CheckpointError(
+        f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass vocab PATH", fields=("vocab",)
+    )
 
 
 def convert(
@@ -115,7 +120,9 @@ def convert(
     source = s.source or detect_source(src)
     paths = check_new_run_dir(dst, overwrite=overwrite, resumable=False)
     if source == "original" and mem_len is None:
-        raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
+        raise CheckpointError(
+            "source original needs mem_len (the state_dict does not store it)", fields=("source", "mem_len")
+        )
     try:
         words = _load_vocab(src, None if s.vocab is None else Path(s.vocab).expanduser())
         if source == "hf":
@@ -137,7 +144,8 @@ def convert(
     except (TypeError, KeyError, AttributeError, IndexError, ValueError, OSError) as exc:
         what = "folder" if src.is_dir() else "file"
         raise CheckpointError(
-            f"{src}: cannot read this {what} as --from {source} ({type(exc).__name__}: {exc}); {EXPECTED}"
+            f"{src}: cannot read this {what} as source {source} ({type(exc).__name__}: {exc}); {EXPECTED}",
+            fields=("source",),
         ) from None
     model = model.float()
     if len(words) != model.config.vocab_size:

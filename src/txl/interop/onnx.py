@@ -119,9 +119,10 @@ def check_export_fits(config: TransformerXLConfig, lengths: EvalLengths) -> None
     (:data:`EXAMPLE_BATCH` rows) cannot fit in the memory available, naming the lengths."""
     check_fits(
         segment_bytes(config, batch=EXAMPLE_BATCH, tgt_len=lengths.tgt_len, mem_len=lengths.span.mem_len),
-        setting=f"--tgt-len {lengths.tgt_len} --mem-len {lengths.span.mem_len}",
+        setting=f"tgt_len {lengths.tgt_len} mem_len {lengths.span.mem_len}",
         what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.n_layer} layers)",
-        lower="--tgt-len or --mem-len",
+        lower="tgt_len or mem_len",
+        fields=("tgt_len", "mem_len"),
     )
 
 
@@ -147,7 +148,10 @@ def export_model(
             "only the Transformer-XL (relative attention) exports with memory; the vanilla baseline has none"
         )
     if mem_len <= 0 or tgt_len <= 0:
-        raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
+        raise ExportError(
+            f"mem_len and tgt_len must be positive, got {mem_len} and {tgt_len}",
+            fields=("mem_len", "tgt_len"),
+        )
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
     check_export_fits(cfg, EvalLengths(tgt_len, span))  # the buffers of the example below
@@ -224,7 +228,8 @@ def onnxruntime_session(path: str | Path) -> Any:
         import onnxruntime
     except ImportError:
         raise ExportError(
-            "checking the export needs onnxruntime: pip install 'transformer-xl[export]' (or pass --no-check)"
+            "checking the export needs onnxruntime: pip install 'transformer-xl[export]' (or pass check=False)",
+            fields=("check=False",),
         ) from None
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
@@ -317,7 +322,9 @@ def export_onnx(
     )
     tgt_len, span = lengths.tgt_len, lengths.span
     if span.mem_len <= 0:
-        raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
+        raise ExportError(
+            f"mem_len must be positive, got {span.mem_len} (the export carries a memory)", fields=("mem_len",)
+        )
     check_export_fits(config.model, lengths)
     say(f"loading {run_dir} (checkpoint {s.checkpoint})")
     run = load_run(Path(run_dir), checkpoint=s.checkpoint)

@@ -81,7 +81,7 @@ class Interrupted(RunError):
     """SIGINT or SIGTERM: a checkpoint was saved and the run can be resumed."""
 
     def __init__(self, message: str, *, signum: int) -> None:
-        super().__init__(message)
+        super().__init__(message, fields=("resume",))
         self.signum = signum
 
 
@@ -93,7 +93,7 @@ def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
     def handler(signum, _frame):
         raise Interrupted(
             f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
-            f"checkpoint continues with 'txl train --resume {paths.root}'",
+            f"checkpoint continues with resume ({paths.root})",
             signum=signum,
         )
 
@@ -429,7 +429,7 @@ class Trainer:
                         name = signal.Signals(signum).name
                         raise Interrupted(
                             f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                            f"'txl train --resume {self.run.root}'",
+                            f"resume ({self.run.root})",
                             signum=signum,
                         )
         finally:
@@ -716,7 +716,8 @@ def resume(
         if paths.summary.exists() and done >= config.train.steps:
             raise RunError(
                 f"{paths.root} already finished {done} steps; to train longer resume with "
-                f"--set train.steps=N (N > {done})"
+                f"train.steps=N (N > {done})",
+                fields=("train.steps",),
             )
         if not paths.vocab.is_file():
             raise RunError(f"{paths.root} has no vocab.json")
