@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.analysis.context import StreamSettings, stream_losses
+from txl.analysis.context import stream_losses
 from txl.config import EvalLengths
 from txl.evaluation import EvalSettings, evaluate, segment_losses
 from txl.model import eval_mode
@@ -70,7 +70,7 @@ def test_readers_of_the_protocol_agree():
     )
     scored = score_tokens(model, tokens, EvalLengths(4, span)).losses
     streamed = torch.from_numpy(
-        stream_losses(model, tokens, StreamSettings(tgt_len=4, span=span, batch_size=1))
+        stream_losses(model, tokens, EvalSettings(tgt_len=4, span=span, batch_size=1))
     )
     mean = evaluate(model, tokens, EvalSettings(batch_size=1, tgt_len=4, span=span)).loss
     torch.testing.assert_close(scored, per_token[0, :49], atol=0, rtol=0)

@@ -382,6 +382,8 @@ class LoadedRun:
     model: TransformerXL
     checkpoint: Path
     step: int
+    root: Path = Path(".")
+    """The run folder it was loaded from."""
 
 
 def save_run_config(run_dir: Path, config: RunConfig) -> None:
@@ -554,4 +556,4 @@ def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") ->
             if attempt == 1:
                 raise
     model.to(resolve_device(device)).eval()
-    return LoadedRun(config, vocab, model, checkpoint=folder, step=document["state"]["step"])
+    return LoadedRun(config, vocab, model, checkpoint=folder, step=document["state"]["step"], root=paths.root)

@@ -523,7 +523,6 @@ class Trainer:
             batch_size=self.config.eval.batch_size,
             tgt_len=lengths.tgt_len,
             span=lengths.span,
-            device=self.device,
             precision=self.config.train.precision,
             max_tokens=max_tokens,
             progress=self.progress,
