@@ -22,7 +22,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from ..interop.convert import ConvertSettings, convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
-    settings = settings_from(ConvertSettings, args, cutoffs=cutoffs)
+    from ..config import EvalConfig
+
+    lengths = settings_from(EvalConfig, args, batch_size=EvalConfig().batch_size)
+    settings = settings_from(ConvertSettings, args, lengths=lengths, cutoffs=cutoffs)
     folder = convert(Path(args.src), Path(args.dst), settings, overwrite=args.overwrite)
     print(folder)
     return 0

@@ -20,7 +20,6 @@ from ..config import (
     TransformerXLConfig,
     config_to_dict,
     has_memory,
-    positive_int,
 )
 from ..data.vocab import Vocab
 from ..errors import CheckpointError, TxlError
@@ -42,7 +41,8 @@ EXPECTED = (
 class ConvertSettings:
     """What :func:`convert` reads and the lengths it gives the run. The original's state_dict stores no
     ``mem_len``, ``clamp_len``, ``same_length``, ``pre_norm`` or div_val-1 ``cutoffs``: they are given here
-    (``mem_len`` is required for it); for a Hugging Face folder the lengths given override its config."""
+    (``lengths.mem_len`` is required for it); for a Hugging Face folder the lengths given override its
+    config."""
 
     source: Source | None = None
     """``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file); None: detected."""
@@ -50,26 +50,19 @@ class ConvertSettings:
     """The vocabulary file or folder; None: the vocab.pkl / vocab.txt / vocab.json next to the source."""
     corpus: str = "wikitext-103"
     """What ``txl eval`` evaluates the run on (its ``data.corpus``)."""
-    tgt_len: int | None = None
-    """The run's evaluation segment length; None: the Hugging Face config's ``tgt_len``, else 128."""
-    mem_len: int | None = None
-    """The memory length; None: the Hugging Face config's (required for ``original``)."""
-    clamp_len: int | None = None
-    """The relative distance clamp; None: the source's (none for ``original``)."""
-    same_length: bool | None = None
-    """Same-length attention; None: the source's (off for ``original``)."""
+    lengths: EvalConfig = EvalConfig()
+    """The lengths the run is given, as an ``[eval]`` section holds them (its ``batch_size`` is not used):
+    ``tgt_len``, the evaluation segment (None: the Hugging Face config's ``tgt_len``, else 128); ``mem_len``
+    (None: the Hugging Face config's; required for ``original``), ``clamp_len`` and ``same_length`` (None: the
+    source's; none and off for ``original``)."""
     pre_norm: bool = False
     """The original's layer norm placement: before each sub-layer (True) or after it (the authors')."""
     cutoffs: tuple[int, ...] | None = None
     """The adaptive softmax cutoffs of a div_val-1 original; None: read from the state_dict."""
 
     def __post_init__(self) -> None:
-        for name in ("tgt_len", "clamp_len"):
-            value = getattr(self, name)
-            if value is not None:
-                positive_int(value, name)
-        if self.mem_len is not None and (isinstance(self.mem_len, bool) or self.mem_len < 0):
-            raise ConfigError(f"mem_len: must be a non-negative integer, got {self.mem_len!r}")
+        if not isinstance(self.lengths, EvalConfig):
+            raise ConfigError(f"lengths: must be an EvalConfig, got {type(self.lengths).__name__}")
 
 
 def _refuse_txl_run(src: Path) -> None:
@@ -112,7 +105,7 @@ def convert(
     """Write the checkpoint ``src`` as a run folder ``dst`` (replacing a run there with ``overwrite``) and
     return it. The vocabulary's ids are kept; ``settings`` says what to read and the lengths to give."""
     s = settings or ConvertSettings()
-    mem_len, tgt_len = s.mem_len, s.tgt_len
+    mem_len, tgt_len = s.lengths.mem_len, s.lengths.tgt_len
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
     if not src.exists():
         raise CheckpointError(f"checkpoint not found: {src}")
@@ -133,8 +126,8 @@ def convert(
             lengths = OriginalSettings(
                 mem_len=mem_len,
                 pre_norm=s.pre_norm,
-                same_length=bool(s.same_length),
-                clamp_len=s.clamp_len,
+                same_length=bool(s.lengths.same_length),
+                clamp_len=s.lengths.clamp_len,
                 cutoffs=s.cutoffs,
             )
             model = load_original(src, lengths)
@@ -174,7 +167,7 @@ def convert(
 def _with_span(config: TransformerXLConfig, settings: ConvertSettings) -> TransformerXLConfig:
     """The config with the default lengths that were given changed (they are not architecture: the weights
     stay as they are); same_length is dropped with no memory."""
-    lengths = {n: getattr(settings, n) for n in ("mem_len", "clamp_len", "same_length")}
+    lengths = {n: getattr(settings.lengths, n) for n in ("mem_len", "clamp_len", "same_length")}
     changes = {k: v for k, v in lengths.items() if v is not None}
     try:
         config = dataclasses.replace(config, **changes)
