@@ -49,7 +49,7 @@ from ..runs import (
     recover_run,
     truncate_metrics,
 )
-from ..train.trainer import Interrupted, _catch_signals
+from ..train.trainer import Interrupted, catch_signals
 from .agent import Agent
 from .config import RESUME_FIELDS, RLConfig, apply_rl_overrides, rl_config_from_dict, rl_config_to_dict
 from .ppo import Collector, check_vector_env, collect, refresh_memory, update
@@ -248,7 +248,7 @@ class _Loop:
         )
         try:
             signals: AbstractContextManager[dict[str, int]] = (
-                _catch_signals() if self.paths is not None else nullcontext({})
+                catch_signals() if self.paths is not None else nullcontext({})
             )
             with signals as received:
                 while self.done < cfg.updates:

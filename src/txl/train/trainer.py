@@ -66,6 +66,7 @@ __all__ = [
     "Interrupted",
     "TrainerParts",
     "TrainerOptions",
+    "catch_signals",
 ]
 
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "schedule")
@@ -88,7 +89,7 @@ class Interrupted(RunError):
 @contextmanager
 def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
     """Outside the training loop (loading data, the final evaluation) SIGTERM raises Interrupted, so that the
-    lock is released and a failed start cleaned up; inside the loop ``_catch_signals`` takes over."""
+    lock is released and a failed start cleaned up; inside the loop ``catch_signals`` takes over."""
 
     def handler(signum, _frame):
         raise Interrupted(
@@ -109,8 +110,10 @@ def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
 
 
 @contextmanager
-def _catch_signals() -> Iterator[dict[str, int]]:
-    """Turn SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
+def catch_signals() -> Iterator[dict[str, int]]:
+    """Turn SIGINT and SIGTERM into a flag checked between steps (main thread only; elsewhere signals are left
+    alone): the block gets a dict whose ``"signum"`` is set when one arrives. The trainers of language models
+    and of agents (:mod:`txl.rl.run`) stop at the next step boundary with it."""
     received: dict[str, int] = {}
     previous = {}
 
@@ -416,7 +419,7 @@ class Trainer:
         batches = self.stream.batches()
         status = None
         try:
-            with _catch_signals() as received:
+            with catch_signals() as received:
                 while status is None and self.state.step < self.config.train.steps:
                     loss, lr = self.train_step(next(batches))
                     self._log_train(loss, lr)
