@@ -23,7 +23,7 @@ def metrics():
     del sys.modules[spec.name]
 
 
-LIBRARY = '''
+LIBRARY = """
 from dataclasses import dataclass
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ def check(n):
         raise ValueError("mem_len: must be >= 0 (x--y names no flag)")
     message = "--batch-size"
     raise ValueError(message)  # the text is elsewhere: not counted
-'''
+"""
 
-CLI = '''
+CLI = """
 def fail():
     raise ValueError("--mem-len must be positive")
-'''
+"""
 
 
 def test_settings_values_and_their_flat_fields_are_counted(tmp_path, metrics):
