@@ -532,3 +532,15 @@ def test_every_flag_of_the_table_is_a_flag_of_some_command():
 
     walk(build_parser())
     assert {flag.split()[0] for flag in FIELD_FLAGS.values()} <= flags
+
+
+def test_a_length_given_is_named_as_given(trained_run, tmp_path, capsys):
+    """A memory length given to eval_span is refused naming it (``mem_len`` to a Python caller, not the
+    ``eval.mem_len`` of a config file), and ``--mem-len`` on the command line of an analysis."""
+    from txl.config import ConfigError, eval_span
+    from txl.runs import load_run_config
+
+    with pytest.raises(ConfigError, match=r"^mem_len: must be an integer >= 0, got -1$"):
+        eval_span(load_run_config(trained_run), mem_len=-1)
+    argv = ["analyze", "attention", str(trained_run), "--mem-len", "-1", "--out", str(tmp_path / "out")]
+    assert _one_line(capsys, argv) == "txl: error: --mem-len: must be an integer >= 0, got -1"

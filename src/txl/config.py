@@ -629,6 +629,9 @@ def eval_span(
                 "only (this run is the vanilla baseline: no memory, no relative positions)"
             )
         return model.span
+    for name, value, low in (("mem_len", mem_len, 0), ("clamp_len", clamp_len, 1)):  # given: named as given
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}", fields=(name,))
     try:
         return span_of(
             mem_len=first_set(mem_len, ev.mem_len, model.mem_len),
