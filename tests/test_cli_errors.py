@@ -266,14 +266,14 @@ def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, caps
 
 
 def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
-    message = f"SIGTERM at step 12: checkpoint saved; continue with resume ({tmp_path})"
+    message = f"SIGTERM at step 12: checkpoint saved; continue with 'resume {tmp_path}'"
 
     def interrupted(*args, **kwargs):
         raise trainer.Interrupted(message, signum=signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "train", interrupted)
     assert main(["train", "--config", "tiny", "--out", str(tmp_path), "--quiet"]) == 128 + signal.SIGTERM
-    note = f"SIGTERM at step 12: checkpoint saved; continue with --resume ({tmp_path})"
+    note = f"SIGTERM at step 12: checkpoint saved; continue with 'txl train --resume {tmp_path}'"
     assert capsys.readouterr().err == f"txl: note: {note}\n"
 
 

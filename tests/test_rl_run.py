@@ -70,7 +70,7 @@ def test_a_run_folder_holds_its_config_rows_checkpoints_and_summary(tmp_path):
     ended = [(r["return_mean"], r["episodes"]) for r in rows if r["episodes"]]  # all 8 rows: 512 <= 20,480
     assert summary["final_return"] == pytest.approx(sum(m * n for m, n in ended) / sum(n for _, n in ended))
     assert summary["updates"] == 8 and summary["env_steps"] == 512
-    with pytest.raises(RunError, match="already holds a run; use resume to continue it"):
+    with pytest.raises(RunError, match="already holds a run; use 'resume .*' to continue it"):
         train(config, run, progress=False)
 
 

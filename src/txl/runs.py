@@ -123,7 +123,7 @@ def check_new_run_dir(out: Path, *, overwrite: bool, resumable: bool = True) -> 
     if paths.root.exists() and not paths.root.is_dir():
         raise RunError(f"{paths.root} exists and is not a folder")
     if paths.holds_run() and not overwrite:
-        resume = "use resume to continue it or " if resumable else "give "
+        resume = f"use 'resume {paths.root}' to continue it or " if resumable else "give "
         other = "" if resumable else "another folder, or "
         raise RunError(
             f"{paths.root} already holds a run; {resume}{other}overwrite to replace it",

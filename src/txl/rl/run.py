@@ -265,7 +265,7 @@ class _Loop:
                     if signum:
                         raise Interrupted(
                             f"{signal.Signals(signum).name} at update {self.done}: checkpoint saved; continue "
-                            f"with resume ({self.paths.root})",
+                            f"with 'resume {self.paths.root}'",
                             signum=signum,
                         )
         finally:

@@ -75,7 +75,9 @@ class ServeSettings:
             raise ConfigError("api_key must not start or end with spaces (a header's value cannot)")
         if self.sessions_dir is not None:
             if not isinstance(self.sessions_dir, (str, os.PathLike)) or not str(self.sessions_dir):
-                raise ConfigError(f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}")
+                raise ConfigError(
+                    f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}"
+                )
             object.__setattr__(self, "sessions_dir", Path(self.sessions_dir))
 
 

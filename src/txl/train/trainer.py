@@ -94,7 +94,7 @@ def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
     def handler(signum, _frame):
         raise Interrupted(
             f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
-            f"checkpoint continues with resume ({paths.root})",
+            f"checkpoint continues with 'resume {paths.root}'",
             signum=signum,
         )
 
@@ -432,7 +432,7 @@ class Trainer:
                         name = signal.Signals(signum).name
                         raise Interrupted(
                             f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                            f"resume ({self.run.root})",
+                            f"'resume {self.run.root}'",
                             signum=signum,
                         )
         finally:
