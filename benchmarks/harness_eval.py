@@ -31,7 +31,7 @@ from pathlib import Path
 from txl.data.corpora import load_corpus
 from txl.evaluation import EvalSettings, evaluate_run, perplexity
 from txl.harness import HarnessSettings, TxlLM, run_tasks
-from txl.runs import load_run_config
+from txl.runs import load_run, load_run_config
 
 
 def _pieces(text: str, n: int) -> list[str]:
@@ -89,7 +89,7 @@ def main() -> None:
     )
 
     start = time.perf_counter()
-    own = evaluate_run(args.run_dir, EvalSettings(batch_size=1), split=args.split)
+    own = evaluate_run(load_run(Path(args.run_dir)), EvalSettings(batch_size=1), split=args.split)
     seconds = time.perf_counter() - start
     nats = own["loss"] * own["tokens"]
     print(

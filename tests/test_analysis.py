@@ -17,7 +17,6 @@ from txl import Span, TransformerXL, TransformerXLConfig
 from txl.analysis import (
     AttentionResult,
     SpeedSettings,
-    StreamSettings,
     SweepSettings,
     WindowSettings,
     attention_statistics,
@@ -162,7 +161,7 @@ def test_sliding_refuses_the_transformer_xl_and_bad_strides(tiny_config, vanilla
 def test_stream_losses_are_evaluate_token_by_token(tiny_config, rows):
     model = TransformerXL(tiny_config).double()
     x = torch.randint(0, 37, (203,))
-    losses = stream_losses(model, x, StreamSettings(tgt_len=5, batch_size=rows))
+    losses = stream_losses(model, x, EvalSettings(tgt_len=5, batch_size=rows))
     result = evaluate(model, x, EvalSettings(batch_size=rows, tgt_len=5))
     assert losses.shape == (202,) and result.tokens == 202
     assert losses.mean() == pytest.approx(result.loss, abs=1e-12)
@@ -174,7 +173,7 @@ def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny
     model = TransformerXL(dataclasses.replace(tiny_config, n_layer=1)).double().eval()
     x, c = torch.randint(0, 37, (90,)), 6
     got = stream_losses(
-        model, x, StreamSettings(tgt_len=4, span=Span(mem_len=c, same_length=True), batch_size=3), first=c
+        model, x, EvalSettings(tgt_len=4, span=Span(mem_len=c, same_length=True), batch_size=3), first=c
     )
     expected = [
         model(x[t - c : t][None], targets=x[t - c + 1 : t + 1][None]).loss[0, -1].item() for t in range(c, 90)
@@ -185,7 +184,7 @@ def test_stream_with_same_length_memory_c_gives_exactly_c_tokens_of_context(tiny
 def test_stream_predictions_are_the_argmax_of_one_long_pass(tiny_config):
     model = TransformerXL(dataclasses.replace(tiny_config, mem_len=64)).double().eval()
     x = torch.randint(0, 37, (50,))
-    got = stream_predictions(model, x, StreamSettings(tgt_len=7, batch_size=1), first=3)
+    got = stream_predictions(model, x, EvalSettings(tgt_len=7, batch_size=1), first=3)
     expected = model(x[None, :-1]).log_probs[0].argmax(-1)[2:]  # targets 3..49 are positions 2..48
     assert got.tolist() == expected.tolist()
 
@@ -350,7 +349,7 @@ def test_attention_probabilities_are_what_each_layer_attends_with(tiny_config):
         captured.append((module, args[0], kwargs.get("memory"), kwargs["context"], output))
 
     handle = model.layers[1].attn.register_forward_hook(keep, with_kwargs=True)
-    stats = attention_statistics(model, x, tgt_len=4, batch_size=3)
+    stats = attention_statistics(model, x, EvalSettings(tgt_len=4, batch_size=3))
     handle.remove()
     module, h, memory, context, output = captured[-1]
     probs = torch.softmax(module.scores(h, memory=memory, context=context), dim=-1)  # (B, H, T, K)
@@ -383,7 +382,7 @@ def test_attention_statistics_of_uniform_attention_are_exact(tiny_config):
     mean probability at distance d: over the queries that see d, of 1 / (9 + i)."""
     model = _uniform_attention(TransformerXL(dataclasses.replace(tiny_config, mem_len=8)).double())
     x = np.random.default_rng(0).integers(0, 37, 3 * 40)
-    stats = attention_statistics(model, x, tgt_len=4, batch_size=3)
+    stats = attention_statistics(model, x, EvalSettings(tgt_len=4, batch_size=3))
     queries = range(4)
     np.testing.assert_allclose(stats.memory_share, np.mean([8 / (9 + i) for i in queries]), rtol=1e-12)
     np.testing.assert_allclose(stats.mean_distance, np.mean([(8 + i) / 2 for i in queries]), rtol=1e-12)
@@ -404,7 +403,9 @@ def test_attention_statistics_of_uniform_attention_are_exact(tiny_config):
 
 def test_attention_statistics_refuse_the_vanilla_model(vanilla_model):
     with pytest.raises(ValueError, match="Transformer-XL"):
-        attention_statistics(vanilla_model, np.zeros(100, dtype=np.int64), tgt_len=4)
+        attention_statistics(
+            vanilla_model, np.zeros(100, dtype=np.int64), EvalSettings(tgt_len=4, batch_size=4)
+        )
 
 
 @pytest.mark.parametrize(("same_length", "clamp_len"), [(False, None), (True, None), (True, 20)])
@@ -417,7 +418,12 @@ def test_memory_sweep_rows_are_evaluations_with_that_memory(tiny_config, same_le
     rows = memory_sweep(
         model,
         x,
-        SweepSettings(lengths=lengths, tgt_len=8, batch_size=2, same_length=same_length, clamp_len=clamp_len),
+        SweepSettings(
+            lengths=lengths,
+            reading=EvalSettings(
+                tgt_len=8, batch_size=2, span=Span(1, clamp_len=clamp_len, same_length=same_length)
+            ),
+        ),
     )
     assert [r.mem_len for r in rows] == lengths
     for row in rows:

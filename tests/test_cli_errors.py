@@ -266,14 +266,15 @@ def test_no_memory_turns_same_length_off_with_a_note(tmp_path, text_corpus, caps
 
 
 def test_interrupted_run_is_reported_as_a_note(tmp_path, monkeypatch, capsys):
-    message = f"SIGTERM at step 12: checkpoint saved; continue with 'txl train --resume {tmp_path}'"
+    message = f"SIGTERM at step 12: checkpoint saved; continue with 'resume {tmp_path}'"
 
     def interrupted(*args, **kwargs):
         raise trainer.Interrupted(message, signum=signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "train", interrupted)
     assert main(["train", "--config", "tiny", "--out", str(tmp_path), "--quiet"]) == 128 + signal.SIGTERM
-    assert capsys.readouterr().err == f"txl: note: {message}\n"
+    note = f"SIGTERM at step 12: checkpoint saved; continue with 'txl train --resume {tmp_path}'"
+    assert capsys.readouterr().err == f"txl: note: {note}\n"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -369,16 +370,18 @@ def test_eval_refuses_a_batch_that_cannot_fit_with_one_line(trained_run, capsys,
     import txl.evaluation as evaluate
 
     config = txl.TransformerXLConfig(vocab_size=100, n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=32)
+    model = txl.TransformerXL(config)
     # 2 x 10 x 30 x (16 + 32) + 2 x 10 x 2 x 20 x 30 + 10 x 20 x 100 floats = 72,800 floats = 291,200 bytes
     sizes = dict(rows=10, steps=20, mem_len=10, cached=False)
     asked = evaluate.EvalSettings(batch_size=12, tgt_len=20)
     monkeypatch.setattr(txl.limits, "available_bytes", lambda device="cpu": 291_200)
-    evaluate.check_eval_fits(config, asked, **sizes)
+    evaluate.check_eval_fits(model, asked, **sizes)
     monkeypatch.setattr(txl.limits, "available_bytes", lambda device="cpu": 291_199)
     with pytest.raises(
-        txl.errors.TxlError, match=r"--batch-size 12 \(10 rows filled\) --tgt-len 20 --mem-len 10"
+        txl.errors.TxlError,
+        match=r"^batch_size 12 \(10 rows filled\) tgt_len 20 mem_len 10: .*lower batch_size",
     ):
-        evaluate.check_eval_fits(config, asked, **sizes)
+        evaluate.check_eval_fits(model, asked, **sizes)
     monkeypatch.setattr(txl.limits, "available_bytes", lambda device="cpu": 2**20)
     before = snapshot(trained_run)
     line = _fails(capsys, ["eval", str(trained_run), "--batch-size", "1000000", "--quiet"], "--batch-size")

@@ -46,7 +46,10 @@ def test_convert_onto_a_run_does_not_advise_training(trained_run, tmp_path, caps
     corpus = write_text_corpus(tmp_path / "c.txt")
     flags = ["--set", f"data.corpus={json.dumps(str(corpus))}", "--quiet"]
     line = _error(capsys, ["train", "--config", "tiny", "--out", str(target), *flags])
-    assert f"txl train --resume {target}" in line
+    assert (
+        f"{target} already holds a run; use 'txl train --resume {target}' to continue it or --overwrite"
+        in line
+    )
 
 
 def test_cutoffs_are_checked_against_the_vocabulary_the_data_gives(tmp_path, capsys):

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import STDLIB, run_config, shared_data_dirs, train_losses, write_documents_corpus
-from txl.analysis.context import StreamSettings
 from txl.analysis.documents import token_losses
 from txl.cli import main
 from txl.config import (
@@ -424,7 +423,7 @@ def test_reset_evaluation_reads_each_document_alone_in_any_number_of_streams(reu
         )  # fmt: skip
         assert abs(result.loss - reference.mean()) < 1e-12 and result.tokens == len(tokens) - 1, rows
         losses = token_losses(
-            model, tokens, StreamSettings(tgt_len=12, span=Span(mem_len=80), batch_size=rows), starts=starts
+            model, tokens, EvalSettings(tgt_len=12, span=Span(mem_len=80), batch_size=rows), starts=starts
         )
         assert np.abs(losses - reference).max() < 1e-12, rows
     short = [

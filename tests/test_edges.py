@@ -475,3 +475,72 @@ def test_debug_flag_states_its_default(capsys):
     with pytest.raises(SystemExit):
         txl.cli.main(["--help"])
     assert "(default: off; TXL_DEBUG=1 does the same)" in " ".join(capsys.readouterr().out.split())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The library names fields, the command line its flags
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_python_caller_and_a_cli_user_each_get_the_name_they_typed(trained_run, capsys, little_memory):
+    """The same refusal (10^9 tokens x 8 bytes of one sample): ``max_new_tokens`` to a Python caller of
+    generate_from_run, ``--max-new-tokens`` to a user of ``txl generate``."""
+    from txl.errors import SizeError
+    from txl.inference import SamplingParams
+    from txl.inference.text import generate_from_run
+    from txl.runs import load_run
+
+    with pytest.raises(SizeError) as caught:
+        generate_from_run(load_run(trained_run), "ROMEO:", SamplingParams(max_new_tokens=10**9))
+    message = str(caught.value)
+    assert message.startswith("max_new_tokens 1000000000: ") and "lower max_new_tokens" in message, message
+    assert "--" not in message and caught.value.fields == ("max_new_tokens",)
+    line = _one_line(capsys, ["generate", str(trained_run), "--max-new-tokens", "1000000000"])
+    assert line == f"txl: error: {txl.cli.with_flags(message, ('max_new_tokens',))}"
+    assert "--max-new-tokens 1000000000: " in line and "lower --max-new-tokens" in line
+    assert "max_new_tokens" not in line
+
+
+def test_with_flags_rewrites_the_fields_named_and_nothing_else():
+    from txl.cli import FIELD_FLAGS, with_flags
+
+    text = "mem_len 8 (eval.mem_len 4, the model's mem_len 2, runs/mem_len/x): lower mem_len."
+    assert with_flags(text, ("mem_len",)) == (
+        "--mem-len 8 (eval.mem_len 4, the model's --mem-len 2, runs/mem_len/x): lower --mem-len."
+    )
+    assert with_flags(text, ()) == text  # only the fields the error says it names
+    assert with_flags("resume with train.steps=N", ("train.steps",)) == "resume with --set train.steps=N"
+    assert with_flags("pass check=False", ("check=False",)) == "pass --no-check"
+    assert with_flags("prompts 'x': no tokens", ("prompts",)) == "--prompt 'x': no tokens"
+    assert all(flag.startswith("--") for flag in FIELD_FLAGS.values())
+
+
+def test_every_flag_of_the_table_is_a_flag_of_some_command():
+    """The table names no flag that no command has (a flag renamed in one place only)."""
+    import argparse
+
+    from txl.cli import FIELD_FLAGS, build_parser
+
+    flags: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            flags.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+
+    walk(build_parser())
+    assert {flag.split()[0] for flag in FIELD_FLAGS.values()} <= flags
+
+
+def test_a_length_given_is_named_as_given(trained_run, tmp_path, capsys):
+    """A memory length given to eval_span is refused naming it (``mem_len`` to a Python caller, not the
+    ``eval.mem_len`` of a config file), and ``--mem-len`` on the command line of an analysis."""
+    from txl.config import ConfigError, eval_span
+    from txl.runs import load_run_config
+
+    with pytest.raises(ConfigError, match=r"^mem_len: must be an integer >= 0, got -1$"):
+        eval_span(load_run_config(trained_run), mem_len=-1)
+    argv = ["analyze", "attention", str(trained_run), "--mem-len", "-1", "--out", str(tmp_path / "out")]
+    assert _one_line(capsys, argv) == "txl: error: --mem-len: must be an integer >= 0, got -1"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl import Span, TransformerXL, TransformerXLConfig
-from txl.analysis.context import StreamSettings, stream_losses
+from txl.analysis.context import stream_losses
 from txl.config import EvalLengths
 from txl.evaluation import EvalSettings, evaluate, segment_losses
 from txl.model import eval_mode
@@ -70,7 +70,7 @@ def test_readers_of_the_protocol_agree():
     )
     scored = score_tokens(model, tokens, EvalLengths(4, span)).losses
     streamed = torch.from_numpy(
-        stream_losses(model, tokens, StreamSettings(tgt_len=4, span=span, batch_size=1))
+        stream_losses(model, tokens, EvalSettings(tgt_len=4, span=span, batch_size=1))
     )
     mean = evaluate(model, tokens, EvalSettings(batch_size=1, tgt_len=4, span=span)).loss
     torch.testing.assert_close(scored, per_token[0, :49], atol=0, rtol=0)
@@ -90,3 +90,36 @@ def test_eval_mode_restores_every_flag_even_on_errors_and_early_stops():
     calls = iter([False, False, True])
     score_tokens(model, tokens, EvalLengths(4, Span(mem_len=5)), should_stop=lambda: next(calls))
     assert {name: m.training for name, m in model.named_modules()} == before
+
+
+def test_txl_eval_lays_the_lengths_given_over_the_runs_and_reads_as_evaluate(trained_run, capsys):
+    """``txl eval --mem-len 3 --clamp-len 5`` is evaluate() with the span built here by hand from the run's
+    config (the lengths not given are its [eval] ones, else its model's), and evaluate_run on the loaded run
+    with that span says the same."""
+    import json
+
+    from txl.cli import main
+    from txl.config import Span, eval_span
+    from txl.data import prepare_data
+    from txl.evaluation import evaluate_run
+    from txl.runs import load_run
+
+    assert main(["eval", str(trained_run), "--mem-len", "3", "--clamp-len", "5", "--max-tokens", "300"]
+                + ["--json", "--quiet"]) == 0  # fmt: skip
+    record = json.loads(capsys.readouterr().out)
+    run = load_run(trained_run)
+    config = run.config
+    same = config.eval.same_length if config.eval.same_length is not None else config.model.same_length
+    span = Span(3, clamp_len=5, same_length=same)
+    tgt_len = config.eval.tgt_len or config.train.tgt_len
+    tokens = prepare_data(config.data, vocab=run.vocab, splits=("valid",)).splits["valid"][:301]
+    expected = evaluate(
+        run.model, tokens, EvalSettings(tgt_len=tgt_len, batch_size=config.eval.batch_size, span=span)
+    )
+    assert (record["mem_len"], record["clamp_len"], record["same_length"]) == (3, 5, same)
+    assert (
+        record["loss"] == pytest.approx(expected.loss, rel=1e-6)
+        and record["tokens"] == expected.tokens == 300
+    )
+    settings = EvalSettings(span=eval_span(config, mem_len=3, clamp_len=5), max_tokens=300)
+    assert evaluate_run(run, settings)["loss"] == pytest.approx(expected.loss, rel=1e-6)

@@ -70,7 +70,7 @@ def test_a_run_folder_holds_its_config_rows_checkpoints_and_summary(tmp_path):
     ended = [(r["return_mean"], r["episodes"]) for r in rows if r["episodes"]]  # all 8 rows: 512 <= 20,480
     assert summary["final_return"] == pytest.approx(sum(m * n for m, n in ended) / sum(n for _, n in ended))
     assert summary["updates"] == 8 and summary["env_steps"] == 512
-    with pytest.raises(RunError, match="txl rl train --resume"):
+    with pytest.raises(RunError, match="already holds a run; use 'resume .*' to continue it"):
         train(config, run, progress=False)
 
 
@@ -191,7 +191,7 @@ def test_resume_refuses_other_settings_and_a_finished_run(tmp_path):
     train(_config(), tmp_path / "run", progress=False)
     with pytest.raises(ConfigError, match=r"core.mem_len cannot change when a run resumes \(only steps"):
         resume(tmp_path / "run", overrides=["core.mem_len=8", "steps=1024"], progress=False)
-    with pytest.raises(RunError, match="already finished 8 updates .* resume with --steps N"):
+    with pytest.raises(RunError, match="already finished 8 updates .* resume with steps N"):
         resume(tmp_path / "run", progress=False)
     with pytest.raises(RunError, match="not a reinforcement-learning run"):
         (tmp_path / "lm").mkdir()

@@ -477,7 +477,7 @@ def test_session_errors_bounds_and_expiry(run_dir):
         assert c.delete("/v1/sessions/nope").status_code == 404
         a, b = (c.post("/v1/sessions").json()["id"] for _ in range(2))
         full = c.post("/v1/sessions")
-        assert full.status_code == 429 and "--max-sessions" in full.json()["error"]["message"]
+        assert full.status_code == 429 and "max_sessions" in full.json()["error"]["message"]
         huge = c.post(f"/v1/sessions/{a}/score", content=b'{"text": "' + b"x" * 500_000 + b'"}')
         assert huge.status_code == 413
         assert c.post(f"/v1/sessions/{a}/score", json={"text": "x" * 101}).json()["error"]["param"] == "text"

@@ -1,6 +1,7 @@
 """Floor-plan figures of a source tree, read with the AST: module and function sizes, wide signatures, relays.
 
-Usage: ``python tools/code_metrics.py [SRC] [--json] [--list]`` (SRC defaults to ``src/txl``).
+Usage: ``python tools/code_metrics.py [SRC] [--json] [--list] [--rules] [--settings]`` (SRC defaults to
+``src/txl``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Metrics", "measure", "rules", "RULES", "main"]
+__all__ = ["Metrics", "measure", "rules", "RULES", "settings", "flag_raises", "main"]
 
 WIDE = 6  # a function taking more parameters than this is "wide"
 LONG = 100  # a function longer than this many lines is "long"
@@ -212,6 +213,90 @@ def rules(src: Path) -> dict[str, list[str]]:
     return found
 
 
+SETTINGS_SUFFIXES = ("Settings", "Config", "Args", "Lengths", "Params", "Options")
+"""A frozen dataclass whose name ends with one of these (or is ``Span``) is a settings value."""
+
+UNITS = ("Span", "EvalLengths")
+"""The values that the lengths travel in: their own fields are the lengths, not flat copies of them."""
+
+TRACKED = (
+    "mem_len",
+    "clamp_len",
+    "same_length",
+    "tgt_len",
+    "batch_size",
+    "checkpoint",
+    "device",
+    "progress",
+    "seed",
+)
+"""The fields whose flat copies ``--settings`` always reports."""
+
+
+def _frozen_dataclass(node: ast.ClassDef) -> bool:
+    for d in node.decorator_list:
+        if isinstance(d, ast.Call) and any(
+            k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in d.keywords
+        ):
+            return True
+    return False
+
+
+def settings(src: Path) -> dict[str, object]:
+    """The settings values under `src` (``path:Name``) and, for each field name that two or more of them hold
+    flat (outside `UNITS`), the values that hold it."""
+    values: list[str] = []
+    holders: dict[str, list[str]] = {}
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef) or not _frozen_dataclass(node):
+                continue
+            if not (node.name == "Span" or node.name.endswith(SETTINGS_SUFFIXES)):
+                continue
+            values.append(f"{rel}:{node.name}")
+            if node.name in UNITS:
+                continue
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    holders.setdefault(stmt.target.id, []).append(node.name)
+    repeated = {
+        name: sorted(owners) for name, owners in holders.items() if len(owners) > 1 or name in TRACKED
+    }
+    for name in TRACKED:
+        repeated.setdefault(name, [])
+    return {"values": values, "fields": dict(sorted(repeated.items(), key=lambda kv: (-len(kv[1]), kv[0])))}
+
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """The literal text in `node`: its string constants and the constant parts of its f-strings."""
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def flag_raises(src: Path, *, skip: tuple[str, ...] = ("cli/", "demo.py")) -> list[str]:
+    """Every ``raise`` outside the command line (`skip`, relative to `src`) whose message names a ``--flag``:
+    one ``path:line`` each."""
+    found: list[str] = []
+    for path in sorted(src.rglob("*.py")):
+        inner = path.relative_to(src).as_posix()
+        if any(inner.startswith(s) for s in skip):
+            continue
+        rel = path.relative_to(src.parent).as_posix()
+        lines = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Raise)
+            and node.exc is not None
+            and any(_FLAG.search(text) for text in _strings(node.exc))
+        ]
+        found.extend(f"{rel}:{line}" for line in sorted(lines))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the figures of a tree (JSON with ``--json``; the offenders with ``--list``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -219,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON record")
     parser.add_argument("--list", action="store_true", help="also list long and wide functions")
     parser.add_argument("--rules", action="store_true", help="also say where each rule is written out")
+    parser.add_argument(
+        "--settings",
+        action="store_true",
+        help="also count the settings values, the fields they repeat and the library's errors naming a --flag",
+    )
     args = parser.parse_args(argv)
     m = measure(args.src)
     record = m.summary()
@@ -227,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         record["wide"] = [f"{w} ({n})" for w, n in sorted(m.wide_functions, key=lambda x: -x[1])]
     if args.rules:
         record["rules"] = {name: places for name, places in rules(args.src).items()}
+    if args.settings:
+        family = settings(args.src)
+        flags = flag_raises(args.src)
+        fields = family["fields"]
+        assert isinstance(fields, dict)
+        record["settings_values"] = len(family["values"])  # type: ignore[arg-type]
+        record["settings_fields"] = {name: owners for name, owners in fields.items()}
+        record["flag_raises_outside_cli"] = len(flags)
+        record["flag_raises"] = flags
     if args.json:
         print(json.dumps(record, indent=2))
     else:

@@ -43,6 +43,13 @@ __all__ = [
     "apply_overrides",
     "config_to_dict",
     "config_from_dict",
+    "check_field",
+    "check_positive_int",
+    "check_non_negative_int",
+    "check_one_of",
+    "coerce_value",
+    "build_section",
+    "parse_value",
 ]
 
 
@@ -50,18 +57,22 @@ class ConfigError(TxlError):
     """An invalid configuration value, unknown field or unknown preset."""
 
 
-def _check(cond: bool, name: str, message: str) -> None:
+def check_field(cond: bool, name: str, message: str) -> None:
+    """Refuse (:class:`ConfigError`, ``name: message``) a settings field unless ``cond``: the one way a
+    settings value names the field it refuses."""
     if not cond:
         raise ConfigError(f"{name}: {message}")
 
 
-def _positive_int(obj: Any, name: str) -> None:
+def check_positive_int(obj: Any, name: str) -> None:
+    """Refuse the field ``name`` of the settings value ``obj`` unless it is a positive integer."""
     positive_int(getattr(obj, name), name)
 
 
-def _non_negative_int(obj: Any, name: str) -> None:
+def check_non_negative_int(obj: Any, name: str) -> None:
+    """Refuse the field ``name`` of the settings value ``obj`` unless it is an integer >= 0."""
     value = getattr(obj, name)
-    _check(
+    check_field(
         isinstance(value, int) and not isinstance(value, bool) and value >= 0,
         name,
         f"must be a non-negative integer, got {value!r}",
@@ -70,7 +81,9 @@ def _non_negative_int(obj: Any, name: str) -> None:
 
 def _probability(obj: Any, name: str) -> None:
     value = getattr(obj, name)
-    _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}")
+    check_field(
+        isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"must be in [0, 1), got {value!r}"
+    )
 
 
 _SAME_LENGTH_NEEDS_MEMORY = (
@@ -79,9 +92,10 @@ _SAME_LENGTH_NEEDS_MEMORY = (
 """The one same-length rule, for every config that has both fields (Span, the model, the [eval] section)."""
 
 
-def _one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+def check_one_of(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    """Refuse the field ``name`` of the settings value ``obj`` unless it is one of ``choices``."""
     value = getattr(obj, name)
-    _check(value in choices, name, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    check_field(value in choices, name, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 # The allowed values of each choice, written once (``typing.get_args`` gives them to validation and the CLI).
@@ -118,15 +132,15 @@ class Span:
     """Every query attends to the same number of keys (the paper's evaluation setting); needs mem_len > 0."""
 
     def __post_init__(self) -> None:
-        _non_negative_int(self, "mem_len")
+        check_non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
-            _positive_int(self, "clamp_len")
-        _check(
+            check_positive_int(self, "clamp_len")
+        check_field(
             isinstance(self.same_length, bool),
             "same_length",
             f"must be true or false, got {self.same_length!r}",
         )
-        _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
+        check_field(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
 
 
 class SameLengthOff(TxlWarning):
@@ -217,53 +231,57 @@ class TransformerXLConfig:
         if isinstance(self.cutoffs, list):
             object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
         for name in ("vocab_size", "n_layer", "n_head", "d_head", "d_model", "d_inner", "div_val"):
-            _positive_int(self, name)
-        _check(
+            check_positive_int(self, name)
+        check_field(
             self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}"
         )
         if self.d_embed is not None:
-            _positive_int(self, "d_embed")
+            check_positive_int(self, "d_embed")
         _probability(self, "dropout")
         _probability(self, "dropatt")
-        _one_of(self, "attention", typing.get_args(Attention))
-        _non_negative_int(self, "mem_len")
+        check_one_of(self, "attention", typing.get_args(Attention))
+        check_non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
-            _positive_int(self, "clamp_len")
+            check_positive_int(self, "clamp_len")
         for name in ("same_length", "pre_norm", "final_norm", "tie_weights", "share_rel_bias", "tie_projs"):
-            _check(
+            check_field(
                 isinstance(getattr(self, name), bool),
                 name,
                 f"must be true or false, got {getattr(self, name)!r}",
             )
         if self.attention == "relative":  # the baseline ignores mem_len and same_length
-            _check(not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
+            check_field(
+                not (self.same_length and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY
+            )
         cut = self.cutoffs
-        _check(
+        check_field(
             all(isinstance(c, int) and not isinstance(c, bool) for c in cut), "cutoffs", "must be integers"
         )
-        _check(
+        check_field(
             all(a < b for a, b in zip(cut, cut[1:], strict=False)),
             "cutoffs",
             f"must increase strictly, got {cut}",
         )
-        _check(
+        check_field(
             all(0 < c < self.vocab_size for c in cut),
             "cutoffs",
             f"must lie strictly between 0 and vocab_size={self.vocab_size}, got {cut}",
         )
         if self.div_val > 1:
-            _check(
+            check_field(
                 bool(cut),
                 "div_val",
                 "needs cutoffs (div_val > 1 shrinks the embeddings of adaptive clusters)",
             )
             smallest = self.embed_dim // self.div_val ** len(cut)
-            _check(
+            check_field(
                 smallest > 0, "div_val", f"d_embed // div_val**{len(cut)} must be positive, got {smallest}"
             )
         for name in ("init_std", "proj_init_std"):
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and value > 0, name, f"must be positive, got {value!r}")
+            check_field(
+                isinstance(value, (int, float)) and value > 0, name, f"must be positive, got {value!r}"
+            )
 
     @property
     def embed_dim(self) -> int:
@@ -322,14 +340,16 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_head", "d_model", "d_inner"):
-            _positive_int(self, name)
-        _check(
+            check_positive_int(self, name)
+        check_field(
             self.d_model % 2 == 0, "d_model", f"must be even for the sinusoidal positions, got {self.d_model}"
         )
         _probability(self, "dropout")
         _probability(self, "dropatt")
-        _one_of(self, "attention", typing.get_args(Attention))
-        _check(isinstance(self.pre_norm, bool), "pre_norm", f"must be true or false, got {self.pre_norm!r}")
+        check_one_of(self, "attention", typing.get_args(Attention))
+        check_field(
+            isinstance(self.pre_norm, bool), "pre_norm", f"must be true or false, got {self.pre_norm!r}"
+        )
 
 
 def architecture_fields() -> tuple[str, ...]:
@@ -374,23 +394,25 @@ class DataConfig:
     "reset" needs a corpus with document boundaries."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path")
-        _check(
+        check_field(
+            isinstance(self.corpus, str) and bool(self.corpus.strip()), "corpus", "must be a name or path"
+        )
+        check_field(
             isinstance(self.text_field, str) and bool(self.text_field), "text_field", "must be a column name"
         )
         if self.vocab is not None:
-            _one_of(self, "vocab", typing.get_args(VocabKind))
-        _positive_int(self, "min_freq")
+            check_one_of(self, "vocab", typing.get_args(VocabKind))
+        check_positive_int(self, "min_freq")
         if self.max_size is not None:
-            _positive_int(self, "max_size")
-        _check(
+            check_positive_int(self, "max_size")
+        check_field(
             isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260,
             "bpe_vocab_size",
             f"must be an integer >= 260, got {self.bpe_vocab_size!r}",
         )
         if self.tokenizer is not None:
-            _one_of(self, "tokenizer", typing.get_args(Tokenizer))
-        _one_of(self, "documents", typing.get_args(Documents))
+            check_one_of(self, "tokenizer", typing.get_args(Tokenizer))
+        check_one_of(self, "documents", typing.get_args(Documents))
 
 
 @dataclass(frozen=True)
@@ -448,17 +470,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "tgt_len", "accum_steps", "log_every", "keep_last"):
-            _positive_int(self, name)
+            check_positive_int(self, name)
         for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
-            _non_negative_int(self, name)
-        _check(isinstance(self.lr, (int, float)) and self.lr > 0, "lr", f"must be positive, got {self.lr!r}")
-        _check(
+            check_non_negative_int(self, name)
+        check_field(
+            isinstance(self.lr, (int, float)) and self.lr > 0, "lr", f"must be positive, got {self.lr!r}"
+        )
+        check_field(
             isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr,
             "min_lr",
             f"must be in [0, lr], got {self.min_lr!r}",
         )
-        _one_of(self, "schedule", typing.get_args(Schedule))
-        _check(
+        check_one_of(self, "schedule", typing.get_args(Schedule))
+        check_field(
             isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0,
             "weight_decay",
             "must be >= 0",
@@ -466,19 +490,21 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             _probability(self, name)
         if self.clip is not None:
-            _check(isinstance(self.clip, (int, float)) and self.clip > 0, "clip", "must be positive or null")
-        _one_of(self, "precision", typing.get_args(Precision))
-        _check(
+            check_field(
+                isinstance(self.clip, (int, float)) and self.clip > 0, "clip", "must be positive or null"
+            )
+        check_one_of(self, "precision", typing.get_args(Precision))
+        check_field(
             self.batch_size % self.accum_steps == 0,
             "accum_steps",
             f"must divide batch_size={self.batch_size}, got {self.accum_steps}",
         )
         if self.eval_tokens is not None:
-            _positive_int(self, "eval_tokens")
+            check_positive_int(self, "eval_tokens")
         if self.patience is not None:
-            _positive_int(self, "patience")
+            check_positive_int(self, "patience")
         if self.time_limit is not None:
-            _check(
+            check_field(
                 isinstance(self.time_limit, (int, float)) and self.time_limit > 0,
                 "time_limit",
                 f"must be a positive number of minutes, got {self.time_limit!r}",
@@ -501,20 +527,22 @@ class EvalConfig:
     """Every query sees the same number of keys; None: the model's setting."""
 
     def __post_init__(self) -> None:
-        _positive_int(self, "batch_size")
+        check_positive_int(self, "batch_size")
         if self.tgt_len is not None:
-            _positive_int(self, "tgt_len")
+            check_positive_int(self, "tgt_len")
         if self.mem_len is not None:
-            _non_negative_int(self, "mem_len")
+            check_non_negative_int(self, "mem_len")
         if self.clamp_len is not None:
-            _positive_int(self, "clamp_len")
+            check_positive_int(self, "clamp_len")
         if self.same_length is not None:
-            _check(
+            check_field(
                 isinstance(self.same_length, bool),
                 "same_length",
                 f"must be true or false, got {self.same_length!r}",
             )
-        _check(not (self.same_length is True and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY)
+        check_field(
+            not (self.same_length is True and self.mem_len == 0), "same_length", _SAME_LENGTH_NEEDS_MEMORY
+        )
 
 
 @dataclass(frozen=True)
@@ -534,9 +562,9 @@ class GenerateConfig:
     the first line of the corpus's training text for the page)."""
 
     def __post_init__(self) -> None:
-        _positive_int(self, "max_new_tokens")
+        check_positive_int(self, "max_new_tokens")
         check_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-        _check(
+        check_field(
             self.prompt is None or isinstance(self.prompt, str),
             "prompt",
             f"must be text, got {self.prompt!r}",
@@ -601,6 +629,9 @@ def eval_span(
                 "only (this run is the vanilla baseline: no memory, no relative positions)"
             )
         return model.span
+    for name, value, low in (("mem_len", mem_len, 0), ("clamp_len", clamp_len, 1)):  # given: named as given
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ConfigError(f"{name}: must be an integer >= {low}, got {value!r}", fields=(name,))
     try:
         return span_of(
             mem_len=first_set(mem_len, ev.mem_len, model.mem_len),
@@ -686,8 +717,9 @@ _SECTIONS: dict[str, type] = {
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _coerce(value: Any, hint: Any, name: str) -> Any:
-    """Convert a TOML/JSON value to the field's declared type (lists to tuples, ints to floats)."""
+def coerce_value(value: Any, hint: Any, name: str) -> Any:
+    """Convert a TOML/JSON value to the field's declared type ``hint`` (lists to tuples, ints to floats); a
+    value of another type is a :class:`ConfigError` naming ``name``."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
@@ -698,7 +730,7 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, name)
+                return coerce_value(value, arg, name)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"{name}: invalid value {value!r}")
@@ -711,7 +743,7 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name}: must be a list, got {value!r}")
         (item,) = typing.get_args(hint)[:1]
-        return tuple(_coerce(v, item, name) for v in value)
+        return tuple(coerce_value(v, item, name) for v in value)
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{name}: must be true or false, got {value!r}")
@@ -735,14 +767,16 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     return value
 
 
-def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
+def build_section(cls: type, values: dict[str, Any], section: str) -> Any:
+    """The settings value ``cls`` of one TOML section's ``values``, each converted (:func:`coerce_value`); an
+    unknown field or an invalid value is a :class:`ConfigError` naming ``section.field``."""
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"{section}.{key}: unknown field (known: {', '.join(sorted(known))})")
-        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
+        kwargs[key] = coerce_value(value, hints[key], f"{section}.{key}")
     try:
         return cls(**kwargs)
     except ConfigError as exc:
@@ -760,7 +794,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
             raise ConfigError(f"{key}: unknown config section (known: {', '.join(_SECTIONS)})")
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: must be a table of fields")
-        sections[key] = _build_section(_SECTIONS[key], value, key)
+        sections[key] = build_section(_SECTIONS[key], value, key)
     return RunConfig(**sections)
 
 
@@ -811,7 +845,7 @@ def load_config(name_or_path: str | Path) -> RunConfig:
     return config_from_dict(read_preset(name_or_path, _presets_dir()))
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """A TOML value (``3``, ``1e-3``, ``true``, ``[1, 2]``, ``"x"``); a bare word is a string."""
     if text.strip().lower() in ("none", "null"):
         return None
@@ -833,7 +867,7 @@ def apply_overrides(config: RunConfig, overrides: list[str] | tuple[str, ...]) -
             raise ConfigError(f"{key.strip()}: unknown config section (known: {', '.join(_SECTIONS)})")
         if name not in {f.name for f in dataclasses.fields(_SECTIONS[section])}:
             raise ConfigError(f"{key.strip()}: unknown field")
-        data[section][name] = _parse_value(raw.strip())
+        data[section][name] = parse_value(raw.strip())
     return config_from_dict(data)
 
 

@@ -1,7 +1,10 @@
 """Errors shared across txl. Each is a ValueError whose message is one line that says what is wrong and
-what to do; the CLI prints it and exits with a non-zero status."""
+what to do, naming the settings' fields (``max_new_tokens``, ``eval.mem_len``); the CLI prints it with its flags
+in their place and exits with a non-zero status."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 __all__ = [
     "TxlError",
@@ -15,7 +18,14 @@ __all__ = [
 
 
 class TxlError(ValueError):
-    """Base of txl's user-facing errors."""
+    """Base of txl's user-facing errors. ``fields``: the settings fields its message names (as a Python caller
+    spells them, ``max_new_tokens``); the command line shows its own flag for each (``--max-new-tokens``)."""
+
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, *args: object, fields: Iterable[str] = ()) -> None:
+        super().__init__(*args)
+        self.fields = tuple(fields)
 
 
 class CheckpointError(TxlError):
@@ -32,7 +42,7 @@ class RunError(TxlError):
 
 class OutputPathError(TxlError):
     """An output path that cannot be written: under a file, on a read-only file system, not permitted, on a
-    full disk, a folder where a file is wanted. The message names the flag and the path."""
+    full disk, a folder where a file is wanted. The message names the field (or flag) and the path."""
 
 
 class SizeError(TxlError):

@@ -9,7 +9,6 @@ import math
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,6 @@ from .config import (
     ConfigError,
     EvalLengths,
     Span,
-    TransformerXLConfig,
     eval_lengths,
     first_set,
     has_memory,
@@ -33,7 +31,7 @@ from .distributed import SINGLE, Distributed
 from .errors import TxlError
 from .limits import cache_bytes, check_fits
 from .model import KVCache, Memory, TransformerXL, eval_mode
-from .runs import load_run
+from .runs import LoadedRun
 
 __all__ = [
     "EvalResult",
@@ -109,29 +107,22 @@ def eval_rows(n_tokens: int, batch_size: int, *, world_size: int = 1) -> int:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How a token array or a run is evaluated (:func:`segment_losses`, :func:`evaluate`,
-    :func:`evaluate_run`); derive others with ``dataclasses.replace``."""
+    """How a token array or a run is read and evaluated (:func:`segment_losses`, :func:`evaluate`,
+    :func:`evaluate_run`, the analyses): the lengths (``tgt_len`` and ``span``, an
+    :class:`~txl.config.EvalLengths` in two parts, each None for the run's), the streams and what to show.
+    Everything is computed on the model's device. Derive others with ``dataclasses.replace``."""
 
     tgt_len: int | None = None
-    """T, the targets per segment. :func:`segment_losses` and :func:`evaluate` need it; for
-    :func:`evaluate_run` None is the run's (:func:`~txl.config.eval_lengths`)."""
+    """T, the targets per segment. :func:`segment_losses` and :func:`evaluate` need it; for a run
+    (:func:`evaluate_run`, the analyses) None is the run's (:func:`~txl.config.eval_lengths`)."""
     batch_size: int | None = None
-    """B, the streams read side by side. :func:`segment_losses` and :func:`evaluate` need it; for
-    :func:`evaluate_run` None is the run's ``eval.batch_size``."""
+    """B, the streams read side by side. :func:`segment_losses` and :func:`evaluate` need it; for a run None is
+    the run's ``eval.batch_size``."""
     span: Span | None = None
-    """The memory length, clamp and same-length attention (None: the model's; for :func:`evaluate_run`, the
-    run's evaluation span)."""
-    mem_len: int | None = None
-    """For :func:`evaluate_run` only: the memory length (None: the run's ``[eval]``, else the model's), as
-    :func:`~txl.config.eval_lengths` resolves it (a memory of 0 turns off same-length attention not given)."""
-    clamp_len: int | None = None
-    """For :func:`evaluate_run` only: the clamp (None: the run's, as ``mem_len``)."""
-    same_length: bool | None = None
-    """For :func:`evaluate_run` only: same-length attention (None: the run's, as ``mem_len``)."""
+    """The memory length, clamp and same-length attention (None: the model's; for a run, the run's evaluation
+    span, :func:`~txl.config.eval_span`, which also overrides the run's lengths one by one)."""
     max_tokens: int | None = None
     """Evaluate only this many targets (a prefix of the tokens); None: all of them."""
-    device: torch.device | str | None = None
-    """Where to compute (None: the model's device; for :func:`evaluate_run`, "cpu")."""
     precision: str = "fp32"
     """"fp32", or "bf16" (autocast)."""
     reuse_keys: bool = True
@@ -147,30 +138,21 @@ class EvalSettings:
     :func:`evaluate`, the split for :func:`evaluate_run`)."""
 
     def __post_init__(self) -> None:
-        for field in ("tgt_len", "batch_size"):
+        for field in ("tgt_len", "batch_size", "max_tokens"):
             if getattr(self, field) is not None:
                 positive_int(getattr(self, field), field)
-        if self.span is not None and self.given_lengths():
-            raise ConfigError("span: give a whole span or mem_len, clamp_len and same_length, not both")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision: must be 'fp32' or 'bf16', got {self.precision!r}")
 
-    def given_lengths(self) -> dict[str, Any]:
-        """The lengths given one by one (mem_len, clamp_len, same_length), by name."""
-        lengths = {"mem_len": self.mem_len, "clamp_len": self.clamp_len, "same_length": self.same_length}
-        return {k: v for k, v in lengths.items() if v is not None}
-
     def resolved(self, model: TransformerXL) -> tuple[int, int, Span]:
-        """T, B and the span to read with: ``span`` else the model's (lengths one by one need a run)."""
+        """T, B and the span to read with: ``span`` else the model's."""
         if self.tgt_len is None or self.batch_size is None:
-            raise ValueError("tgt_len and batch_size must be given to evaluate a token array")
-        if self.given_lengths():
-            raise ValueError("mem_len, clamp_len and same_length apply to a run (evaluate_run); give a span")
+            raise ConfigError("tgt_len and batch_size must be given to evaluate a token array")
         return self.tgt_len, self.batch_size, model.config.span if self.span is None else self.span
 
 
 def check_eval_fits(
-    config: TransformerXLConfig,
+    model: TransformerXL,
     settings: EvalSettings,
     *,
     rows: int,
@@ -179,13 +161,14 @@ def check_eval_fits(
     cached: bool,
 ) -> None:
     """Refuse (:class:`~txl.errors.SizeError`, one line) an evaluation whose largest buffers cannot fit on
-    ``settings.device``, before any is allocated: B ``rows`` (of the ``settings.batch_size`` asked for, those
+    the model's device, before any is allocated: B ``rows`` (of the ``settings.batch_size`` asked for, those
     the data fills), segments of T ``steps`` attending to K keys (the whole memory ``mem_len`` from the start
     when ``cached``, a memory that grows with the stream otherwise), the hidden states and keys and values of
     every layer, N x (B, K, D + 2 H Dh), one layer's attention scores and probabilities, 2 x (B, H, T, K), and
     the log-probabilities (B, T, V), in float32; with a cache at least what the cache allocates
     (:func:`txl.limits.cache_bytes`). A lower bound: what it refuses would fail. The message names
     ``settings.tgt_len``."""
+    config = model.config
     keys = mem_len + steps
     width = config.d_model + 2 * config.n_head * config.d_head
     floats = config.n_layer * rows * keys * width + 2 * rows * config.n_head * steps * keys
@@ -195,10 +178,11 @@ def check_eval_fits(
     filled = "" if rows == settings.batch_size else f" ({rows} rows filled)"
     check_fits(
         need,
-        setting=f"--batch-size {settings.batch_size}{filled} --tgt-len {settings.tgt_len} --mem-len {mem_len}",
+        setting=f"batch_size {settings.batch_size}{filled} tgt_len {settings.tgt_len} mem_len {mem_len}",
         what=f"the memory and attention of {config.n_layer} layers, d_model {config.d_model}",
-        lower="--batch-size, --tgt-len or --mem-len",
-        device="cpu" if settings.device is None else settings.device,
+        lower="batch_size, tgt_len or mem_len",
+        fields=("batch_size", "tgt_len", "mem_len"),
+        device=next(model.parameters()).device,
     )
 
 
@@ -239,8 +223,8 @@ def segment_losses(
     ``row[1:]``. Each segment of ``settings.tgt_len`` attends over the memory of the previous ones with
     ``settings.span`` (default: the model's), starting from ``memory`` (default: none). ``rows``: only these
     streams (a data-parallel rank's share). See :class:`EvalSettings` for ``reuse_keys`` (a key/value cache,
-    as generation uses), ``log_probs`` (also the log-probabilities and the memory), ``precision`` and
-    ``device``.
+    as generation uses), ``log_probs`` (also the log-probabilities and the memory) and ``precision``; the
+    model's device computes.
 
     ``starts``: the token indices of the (N,) array where documents begin (:attr:`PreparedData.starts`): each
     segment's ``Batch.starts`` are passed to the model, so that a document attends to nothing before it (a
@@ -249,7 +233,7 @@ def segment_losses(
     every document is read whole in one stream and the losses do not depend on the batch size (to rounding).
     None: read across them. Runs in evaluation mode (restored after) without gradients."""
     tgt_len, batch_size, span = settings.resolved(model)
-    device = torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
+    device = next(model.parameters()).device
     batches: Iterable[Batch]
     if isinstance(tokens, Tensor) and tokens.dim() == 2:
         if starts is not None:
@@ -652,16 +636,14 @@ def evaluate(
             tokens = tokens[: settings.max_tokens + 1]
             if starts is not None:
                 starts = starts[starts < len(tokens)]
-        device = (
-            torch.device(settings.device) if settings.device is not None else next(model.parameters()).device
-        )
-        settings = replace(settings, span=span, device=device, name=settings.name or "eval")
+        device = next(model.parameters()).device
+        settings = replace(settings, span=span, name=settings.name or "eval")
         batch_size = eval_rows(len(tokens), asked, world_size=group.world_size)
         cached = settings.reuse_keys and has_memory(model.config, span) and settings.precision == "fp32"
         if len(tokens) >= 2:
             row_len = -(-(len(tokens) - 1) // batch_size)  # targets per stream
             check_eval_fits(
-                model.config,
+                model,
                 settings,
                 rows=batch_size,
                 steps=min(tgt_len, row_len),
@@ -686,41 +668,35 @@ def evaluate(
 
 
 def evaluate_run(
-    run_dir: Path,
+    run: LoadedRun,
     settings: EvalSettings = EvalSettings(),
     *,
     split: str = "valid",
-    checkpoint: str = "best",
     documents: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a trained run over a whole split (its first ``settings.max_tokens``) and return one record: the
-    run, split, checkpoint and step, the figures of :class:`EvalResult`, and the settings used. ``checkpoint``
-    is named as :func:`txl.runs.find_checkpoint` takes them. Settings left as None are the run's own: its
-    ``[eval]`` section, else its training segment (``tgt_len``) or its model's lengths (see
-    :func:`~txl.config.eval_lengths`, which also says what a memory of 0 does to same-length attention).
-    ``documents``: "continue" or "reset" (see ``data.documents``; None: the run's own)."""
-    device = "cpu" if settings.device is None else str(settings.device)
-    run = load_run(Path(run_dir), checkpoint=checkpoint, device=device)
+    """Evaluate a loaded run (:func:`txl.runs.load_run`) over a whole split (its first ``settings.max_tokens``)
+    and return one record: the run, split, checkpoint and step, the figures of :class:`EvalResult`, and the
+    settings used. Settings left as None are the run's own: its ``[eval]`` section, else its training segment
+    (``tgt_len``) or its model's lengths (:func:`~txl.config.eval_lengths`; to override its lengths one by
+    one, give ``span=eval_span(run.config, mem_len=...)``). ``documents``: "continue" or "reset" (see
+    ``data.documents``; None: the run's own)."""
     config = run.config
-    if settings.span is None:
-        lengths = eval_lengths(config, tgt_len=settings.tgt_len, **settings.given_lengths())
-    else:
-        lengths = EvalLengths(eval_lengths(config, tgt_len=settings.tgt_len).tgt_len, settings.span)
+    lengths = eval_lengths(config, tgt_len=settings.tgt_len)
+    if settings.span is not None:
+        lengths = EvalLengths(lengths.tgt_len, settings.span)
     if documents is not None and documents not in ("continue", "reset"):
-        raise ConfigError(f"--documents: must be 'continue' or 'reset', got {documents!r}")
+        raise ConfigError(
+            f"documents: must be 'continue' or 'reset', got {documents!r}", fields=("documents",)
+        )
     documents = first_set(documents, config.data.documents)
     data = prepare_data(config.data, vocab=run.vocab, splits=(split,))
-    check_documents(data.corpus, documents, name="--documents")
+    check_documents(data.corpus, documents, name="documents")
     tokens = data.splits[split]
     used = replace(
         settings,
         tgt_len=lengths.tgt_len,
         batch_size=first_set(settings.batch_size, config.eval.batch_size),
         span=lengths.span,
-        mem_len=None,
-        clamp_len=None,
-        same_length=None,
-        device=None,  # the model's, where it was loaded
         name=settings.name or split,
     )
     result = evaluate(
@@ -728,7 +704,7 @@ def evaluate_run(
     )
     span = lengths.span
     return {
-        "run": str(run_dir),
+        "run": str(run.root),
         "split": split,
         "checkpoint": run.checkpoint.name,
         "step": run.step,

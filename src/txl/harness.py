@@ -13,21 +13,21 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import ConfigError, eval_lengths, first_set, positive_int
+from .config import ConfigError, Span, eval_lengths, eval_span, first_set, positive_int
 from .data.vocab import start_token
 from .errors import TxlError
-from .evaluation import RaggedSettings, score_rows
+from .evaluation import EvalSettings, RaggedSettings, score_rows
 from .harness_tasks import check_task_names
 from .inference import DecodeSettings, Engine, SamplingParams
 from .inference.text import TextStream, UnknownTokensWarning, describe_unknown
 from .model import eval_mode
-from .runs import load_run
+from .runs import load_run, load_run_config
 
 
 class HarnessMissing(TxlError, ImportError):
@@ -46,6 +46,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 __all__ = [
     "TxlLM",
     "ModelArgs",
+    "MODEL_ARGS",
     "HarnessMissing",
     "HarnessSettings",
     "run_tasks",
@@ -102,54 +103,53 @@ def _bool_arg(name: str, value: Any) -> bool | None:
     raise ConfigError(f"model_args {name}: must be true or false, got {value!r}")
 
 
+MODEL_ARGS = ("checkpoint", "device", "batch_size", "mem_len", "tgt_len", "clamp_len", "same_length", "seed")
+"""The keywords of lm-eval's ``model_args`` that :class:`TxlLM` takes (:meth:`ModelArgs.parse`)."""
+
+
 @dataclass(frozen=True)
 class ModelArgs:
-    """How :class:`TxlLM` reads a run: lm-eval's ``model_args``."""
+    """How :class:`TxlLM` reads a run (lm-eval's ``model_args``, parsed by :meth:`parse`)."""
 
     checkpoint: str = "best"
     """As :func:`txl.runs.find_checkpoint` names them."""
     device: str = "cpu"
     """Where the model runs."""
-    batch_size: int | None = None
-    """Requests read together (None: the run's ``eval.batch_size``)."""
-    mem_len: int | None = None
-    """The memory length (None: the run's evaluation lengths, :func:`~txl.config.eval_lengths`); 0 reads
+    reading: EvalSettings = EvalSettings()
+    """``batch_size``: the requests read together; ``tgt_len`` and ``span``: the lengths to read with (each
+    None: the run's, as ``txl eval`` reads it, :func:`~txl.config.eval_lengths`); a span of memory 0 reads
     without memory, the harness's way for a fixed-context model."""
-    tgt_len: int | None = None
-    """The segment length (None: the run's, as ``mem_len``)."""
-    clamp_len: int | None = None
-    """The clamp (None: the run's, as ``mem_len``)."""
-    same_length: bool | None = None
-    """Same-length attention (None: the run's, as ``mem_len``)."""
     seed: int = 1234
     """The seed of sampled generations (each request's is derived from it and the request's text)."""
 
     def __post_init__(self) -> None:
-        for name, low in (("batch_size", 1), ("mem_len", 0), ("tgt_len", 1), ("clamp_len", 1), ("seed", 0)):
-            _int_arg(name, getattr(self, name), low)
-        _bool_arg("same_length", self.same_length)
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
+        _int_arg("seed", self.seed, 0)
 
     @classmethod
-    def parse(cls, model_args: dict[str, Any]) -> ModelArgs:
-        """The fields given as keywords, values as given or as text (``--model_args mem_len=0``);
-        ``max_batch_size`` (which ``simple_evaluate`` passes) is dropped: batches here have the given size."""
+    def parse(cls, model_args: dict[str, Any], run: str | Path) -> ModelArgs:
+        """The keywords of :data:`MODEL_ARGS`, values as given or as text (``--model_args mem_len=0``), for
+        the run folder ``run``: the lengths given one by one replace the run's own (:func:`txl.config.eval_span`
+        reads its config). ``max_batch_size`` (which ``simple_evaluate`` passes) is dropped: batches here have
+        the given size."""
         args = {k: v for k, v in model_args.items() if k != "max_batch_size" and v is not None}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
+        unknown = sorted(set(args) - set(MODEL_ARGS))
         if unknown:
-            raise ConfigError(f"model_args {unknown[0]}: unknown (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"model_args {unknown[0]}: unknown (known: {', '.join(sorted(MODEL_ARGS))})")
         if str(args.get("batch_size")).startswith("auto"):
             raise ConfigError("model_args batch_size: 'auto' is not supported; give a number of requests")
         ints = {"batch_size": 1, "mem_len": 0, "tgt_len": 1, "clamp_len": 1, "seed": 0}
         parsed: dict[str, Any] = {k: _int_arg(k, v, ints[k]) if k in ints else v for k, v in args.items()}
         if "same_length" in parsed:
             parsed["same_length"] = _bool_arg("same_length", parsed["same_length"])
+        lengths = {k: parsed.pop(k) for k in ("mem_len", "clamp_len", "same_length") if k in parsed}
+        span = eval_span(load_run_config(Path(run)), **lengths) if lengths else None
+        reading = EvalSettings(
+            tgt_len=parsed.pop("tgt_len", None), batch_size=parsed.pop("batch_size", None), span=span
+        )
         typed: dict[str, Any] = {k: str(v) if k in ("checkpoint", "device") else v for k, v in parsed.items()}
-        return cls(**typed)
-
-    def lengths(self) -> dict[str, Any]:
-        """The lengths to read with, as :func:`~txl.config.eval_lengths` takes them."""
-        return {k: getattr(self, k) for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}
+        return cls(**typed, reading=reading)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -164,8 +164,8 @@ class TxlLM(TemplateLM):
 
     ``run``: the run folder; ``checkpoint``: as :func:`txl.runs.find_checkpoint` names them; ``device``.
     ``batch_size``: requests read together (default: the run's ``eval.batch_size``). ``mem_len``,
-    ``tgt_len``, ``clamp_len``, ``same_length``: the lengths to read with, by default the run's evaluation
-    settings (as ``txl eval``); ``mem_len=0`` reads without memory, the harness's way for a fixed-context
+    ``tgt_len``, ``clamp_len``, ``same_length``: the lengths to read with (:class:`ModelArgs`), by default the
+    run's evaluation settings (as ``txl eval``); ``mem_len=0`` reads without memory, the harness's way for a fixed-context
     model: windows of ``tgt_len`` tokens, each alone. Arguments given as text (``--model_args``) are parsed.
 
     - ``loglikelihood``: context and continuation are read as one row, segment by segment of ``tgt_len`` with
@@ -196,15 +196,16 @@ class TxlLM(TemplateLM):
         super().__init__()
         if settings is not None and model_args:
             raise ConfigError("model_args: give a ModelArgs or keywords, not both")
-        asked = ModelArgs.parse(model_args) if settings is None else settings
+        asked = ModelArgs.parse(model_args, run) if settings is None else settings
         loaded = load_run(Path(run), checkpoint=asked.checkpoint, device=asked.device)
-        config = loaded.config
+        config, reading = loaded.config, asked.reading
         self.run = loaded
         self.model = loaded.model.eval()
         self.vocab = loaded.vocab
-        lengths = eval_lengths(config, **asked.lengths())
-        self.span, self.tgt_len = lengths.span, lengths.tgt_len
-        self.batch_size = first_set(asked.batch_size, config.eval.batch_size)
+        lengths = eval_lengths(config, tgt_len=reading.tgt_len)
+        self.span: Span = first_set(reading.span, lengths.span)
+        self.tgt_len = lengths.tgt_len
+        self.batch_size: int = first_set(reading.batch_size, config.eval.batch_size)
         self.seed = asked.seed
         self.start = start_token(self.vocab)
         self.unknown: dict[str, None] = {}

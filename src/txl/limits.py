@@ -77,15 +77,25 @@ def human_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_fits(need: int, *, setting: str, what: str, lower: str, device: torch.device | str = "cpu") -> None:
-    """Refuse ``setting`` (``"--mem-len 100000000"``) when ``need`` bytes (of ``what``, the buffers it
+def check_fits(
+    need: int,
+    *,
+    setting: str,
+    what: str,
+    lower: str,
+    device: torch.device | str = "cpu",
+    fields: tuple[str, ...] = (),
+) -> None:
+    """Refuse ``setting`` (``"mem_len 100000000"``) when ``need`` bytes (of ``what``, the buffers it
     sizes) exceed the memory available on ``device``: a :class:`~txl.errors.SizeError` that names the
-    setting, the bytes needed and available, and what to ``lower``. Nothing is refused where the available
-    memory cannot be known."""
+    setting, the bytes needed and available, and what to ``lower``; ``fields`` are the settings fields
+    these name (:attr:`txl.errors.TxlError.fields`). Nothing is refused where the available memory cannot be
+    known."""
     free = available_bytes(device)
     if free is None or need <= free:
         return
     raise SizeError(
         f"{setting}: {what} would need at least {human_bytes(need)}, and {human_bytes(free)} is available "
-        f"on {torch.device(device)}; lower {lower}"
+        f"on {torch.device(device)}; lower {lower}",
+        fields=fields,
     )

@@ -115,20 +115,20 @@ class RunPaths:
         return self.config.exists() or self.checkpoints.exists() or self.metrics.exists()
 
 
-def check_new_run_dir(
-    out: Path, *, overwrite: bool, resumable: bool = True, resume_with: str = "txl train --resume"
-) -> RunPaths:
+def check_new_run_dir(out: Path, *, overwrite: bool, resumable: bool = True) -> RunPaths:
     """Refuse a run folder that is not a folder, or that already holds a run unless ``overwrite``. Writes
     nothing: the run's files are cleared (:func:`clear_run`) only once its data has been checked.
-    ``resumable``: the refusal may advise resuming the run there (training does; a conversion does not),
-    with the command ``resume_with``."""
+    ``resumable``: the refusal may advise resuming the run there (training does; a conversion does not)."""
     paths = RunPaths(Path(out))
     if paths.root.exists() and not paths.root.is_dir():
         raise RunError(f"{paths.root} exists and is not a folder")
     if paths.holds_run() and not overwrite:
-        resume = f"use '{resume_with} {paths.root}' to continue it or " if resumable else "give "
+        resume = f"use 'resume {paths.root}' to continue it or " if resumable else "give "
         other = "" if resumable else "another folder, or "
-        raise RunError(f"{paths.root} already holds a run; {resume}{other}--overwrite to replace it")
+        raise RunError(
+            f"{paths.root} already holds a run; {resume}{other}overwrite to replace it",
+            fields=("resume", "overwrite") if resumable else ("overwrite",),
+        )
     return paths
 
 
@@ -321,18 +321,16 @@ def _missing_folders(path: Path) -> list[Path]:
 
 
 @contextmanager
-def new_run_folder(
-    paths: RunPaths, *, overwrite: bool, resume_with: str = "txl train --resume"
-) -> Iterator[None]:
+def new_run_folder(paths: RunPaths, *, overwrite: bool) -> Iterator[None]:
     """Create the run folder (clearing an old run with ``overwrite``) and hold its lock for the block. If the
     block fails before a checkpoint exists, remove what was written and the folders made, so that the same
-    command can run again. ``resume_with``: the command a refusal names (:func:`check_new_run_dir`)."""
+    command can run again."""
     created = _missing_folders(paths.root)
     paths.root.mkdir(parents=True, exist_ok=True)
     try:
         with lock_run(paths.root):
             # again, now that no one else can start one
-            check_new_run_dir(paths.root, overwrite=overwrite, resume_with=resume_with)
+            check_new_run_dir(paths.root, overwrite=overwrite)
             clear_run(paths)
             try:
                 yield
@@ -384,6 +382,8 @@ class LoadedRun:
     model: TransformerXL
     checkpoint: Path
     step: int
+    root: Path = Path(".")
+    """The run folder it was loaded from."""
 
 
 def save_run_config(run_dir: Path, config: RunConfig) -> None:
@@ -484,7 +484,9 @@ def newest_intact_checkpoint(run_dir: Path) -> Path:
         except DamagedCheckpoint as exc:
             damaged.append(str(exc))
     if not ranked and not damaged:
-        raise RunError(f"{root} has no checkpoint to resume from; start it again with --overwrite")
+        raise RunError(
+            f"{root} has no checkpoint to resume from; start it again with overwrite", fields=("overwrite",)
+        )
     for step, _, folder in sorted(ranked, key=lambda r: r[:2], reverse=True):
         try:
             verify_checkpoint(folder)
@@ -554,4 +556,4 @@ def load_run(run_dir: Path, *, checkpoint: str = "best", device: str = "cpu") ->
             if attempt == 1:
                 raise
     model.to(resolve_device(device)).eval()
-    return LoadedRun(config, vocab, model, checkpoint=folder, step=document["state"]["step"])
+    return LoadedRun(config, vocab, model, checkpoint=folder, step=document["state"]["step"], root=paths.root)

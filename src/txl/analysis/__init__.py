@@ -5,7 +5,6 @@ function taking a frozen settings value and returning a result with its JSON, ta
 from .attention import AttentionResult, AttentionSettings, analyze_attention, attention_statistics
 from .compare import CompareResult, CompareSettings, compare
 from .context import (
-    StreamSettings,
     WindowSettings,
     sliding_losses,
     sliding_predictions,
@@ -51,7 +50,6 @@ __all__ = [
     "stream_predictions",
     "sliding_losses",
     "sliding_predictions",
-    "StreamSettings",
     "WindowSettings",
     "write_report",
     "PlotsUnavailable",

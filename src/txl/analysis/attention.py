@@ -8,7 +8,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,11 +16,12 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 # Dimensions: B rows, T segment length, M memory length, K = M + T keys, H heads, N layers.
-from ..config import ConfigError, Span, eval_lengths, positive_int
+from ..config import ConfigError, eval_lengths, first_set
 from ..errors import TxlError
+from ..evaluation import EvalSettings
 from ..model import TransformerXL, eval_mode
 from ..model.attention import RelativeContext, RelativeMultiHeadAttention
-from ..runs import load_run
+from ..runs import LoadedRun
 from .common import split_tokens
 from .report import format_table, new_figure, run_label
 
@@ -75,28 +75,14 @@ class AttentionSettings:
 
     split: str = "valid"
     """The split sampled."""
-    max_tokens: int = 8192
-    """Tokens of the sample (the first of the split)."""
-    mem_len: int | None = None
-    """Memory length (None: the run's evaluation memory)."""
-    tgt_len: int | None = None
-    """Segment length (None: the run's evaluation segment)."""
-    batch_size: int = 4
-    """Rows of the sample read in parallel."""
-    checkpoint: str = "best"
-    """Which checkpoint: best, latest, or a checkpoint folder."""
-    device: str = "cpu"
-    """Where the model runs."""
-    progress: bool = True
-    """Show a progress bar."""
+    reading: EvalSettings = EvalSettings(batch_size=4, max_tokens=8192, progress=True)
+    """How the sample is read: its first ``max_tokens`` tokens in ``batch_size`` rows, in segments of
+    ``tgt_len`` with the memory of ``span`` (each None: the run's, as ``txl eval`` reads it), and whether a
+    progress bar shows."""
 
     def __post_init__(self) -> None:
-        positive_int(self.max_tokens, "max_tokens")
-        positive_int(self.batch_size, "batch_size")
-        if self.tgt_len is not None:
-            positive_int(self.tgt_len, "tgt_len")
-        if self.mem_len is not None and (isinstance(self.mem_len, bool) or self.mem_len < 0):
-            raise ConfigError(f"mem_len: must be an integer >= 0, got {self.mem_len!r}")
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
 
 
 class _Collector:
@@ -153,17 +139,9 @@ class _Collector:
 
 
 @torch.no_grad()
-def attention_statistics(
-    model: TransformerXL,
-    tokens: np.ndarray,
-    *,
-    tgt_len: int,
-    span: Span | None = None,
-    batch_size: int = 4,
-    progress: bool = False,
-) -> AttentionStats:
-    """Attention statistics of ``model`` over ``tokens`` cut into ``batch_size`` rows read in segments of
-    ``tgt_len`` with memory (``span``: the model's by default). Segments are counted once the memory is
+def attention_statistics(model: TransformerXL, tokens: np.ndarray, settings: EvalSettings) -> AttentionStats:
+    """Attention statistics of ``model`` over ``tokens`` cut into ``settings.batch_size`` rows read in segments
+    of ``settings.tgt_len`` with memory (``settings.span``: the model's by default). Segments are counted once the memory is
     full (the first ceil(M / T) are a warm-up), so every query sees the whole memory.
 
     The probabilities are recomputed from the model's public pieces, without modifying it: a forward
@@ -175,7 +153,8 @@ def attention_statistics(
             "the attention analysis needs a Transformer-XL run (relative attention over a memory); "
             "this run is the vanilla baseline"
         )
-    span = span or model.config.span
+    tgt_len, batch_size, span = settings.resolved(model)
+    progress = settings.progress
     length = len(tokens) // batch_size
     warm = math.ceil(span.mem_len / tgt_len)
     if length < (warm + 1) * tgt_len:
@@ -309,27 +288,19 @@ class AttentionResult:
         return fig
 
 
-def analyze_attention(run_dir: Path, settings: AttentionSettings = AttentionSettings()) -> AttentionResult:
-    """Load a run and measure its attention (:func:`attention_statistics`) on the first
-    ``settings.max_tokens`` tokens of the split, with the run's evaluation lengths (``txl eval``'s:
-    :func:`txl.config.eval_lengths`) unless ``settings`` gives the memory or the segment length."""
-    run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
-    config = run.config
-    lengths = eval_lengths(config, tgt_len=settings.tgt_len)
-    span = lengths.span
-    if settings.mem_len is not None:
-        span = dataclasses.replace(span, mem_len=settings.mem_len)
-    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=settings.max_tokens)
-    stats = attention_statistics(
-        run.model,
-        tokens,
-        tgt_len=lengths.tgt_len,
-        span=span,
-        batch_size=settings.batch_size,
-        progress=settings.progress,
-    )
+def analyze_attention(run: LoadedRun, settings: AttentionSettings = AttentionSettings()) -> AttentionResult:
+    """Measure the attention of a loaded run (:func:`attention_statistics`) on the first
+    ``settings.reading.max_tokens`` tokens of the split, with the run's evaluation lengths (``txl eval``'s:
+    :func:`txl.config.eval_lengths`) unless ``settings.reading`` gives the span or the segment length."""
+    config, reading = run.config, settings.reading
+    lengths = eval_lengths(config, tgt_len=reading.tgt_len)
+    span = lengths.span if reading.span is None else reading.span
+    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=reading.max_tokens)
+    batch_size = first_set(reading.batch_size, AttentionSettings().reading.batch_size)
+    read = dataclasses.replace(reading, tgt_len=lengths.tgt_len, span=span, batch_size=batch_size)
+    stats = attention_statistics(run.model, tokens, read)
     return AttentionResult(
-        run=str(run_dir),
+        run=str(run.root),
         split=settings.split,
         tgt_len=lengths.tgt_len,
         mem_len=span.mem_len,

@@ -55,8 +55,8 @@ def train_or_reuse(
         saved = None
     if saved is None or not _same_recipe(saved, config):
         raise RunError(
-            f"{paths.root} holds a run of another config; pass --overwrite to replace it or choose "
-            "another --out"
+            f"{paths.root} holds a run of another config; pass overwrite to replace it or choose another out",
+            fields=("overwrite", "out"),
         )
     latest = latest_checkpoint(paths.root)
     if latest is None:

@@ -383,7 +383,9 @@ def compare(config: RunConfig, out: Path, settings: CompareSettings = CompareSet
     window = config.train.tgt_len
     stride = default_stride(window) if settings.stride is None else settings.stride
     if not 1 <= stride <= window:
-        raise ConfigError(f"compare: --stride must be in 1..{window} (the training segment), got {stride}")
+        raise ConfigError(
+            f"compare: stride must be in 1..{window} (the training segment), got {stride}", fields=("stride",)
+        )
     out = Path(out)
     summaries, actions = _train_both(config, out, settings)
     xl, vanilla = load_run(out / "xl", checkpoint="latest"), load_run(out / "vanilla", checkpoint="latest")
@@ -505,9 +507,11 @@ def _prompt_ids(run: LoadedRun, prompts: Sequence[str] | None) -> list[np.ndarra
             try:
                 encoded = np.asarray(run.vocab.encode(text, strict=True), dtype=np.int64)
             except ValueError as exc:
-                raise ConfigError(f"--prompt {text!r}: {exc}") from None
+                raise ConfigError(f"prompts {text!r}: {exc}", fields=("prompts",)) from None
             if not len(encoded):
-                raise ConfigError(f"--prompt {text!r}: no tokens; give some text to continue")
+                raise ConfigError(
+                    f"prompts {text!r}: no tokens; give some text to continue", fields=("prompts",)
+                )
             ids.append(encoded)
         return ids
     try:

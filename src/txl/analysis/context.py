@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, Span, positive_int
+from ..config import ConfigError, positive_int
 from ..evaluation import EvalSettings, SegmentLosses, segment_losses
 from ..model import TransformerXL, eval_mode
 
@@ -22,7 +22,6 @@ from ..model import TransformerXL, eval_mode
 # D model size, V vocabulary.
 
 __all__ = [
-    "StreamSettings",
     "WindowSettings",
     "absolute_hidden",
     "stream_losses",
@@ -30,28 +29,6 @@ __all__ = [
     "sliding_losses",
     "sliding_predictions",
 ]
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """How a token array is read as a stream (the protocol of ``txl eval``): cut into ``batch_size``
-    contiguous rows, each read in segments of ``tgt_len`` tokens carrying memory (the Transformer-XL; the
-    vanilla model then reads disjoint segments), every target predicted once."""
-
-    tgt_len: int
-    """Tokens per segment (T)."""
-    span: Span | None = None
-    """Memory, clamp and same-length attention of the reading (None: the model's)."""
-    batch_size: int = 8
-    """Rows read in parallel (B; fewer when the array has fewer targets)."""
-    progress: bool = False
-    """Show a progress bar."""
-    desc: str = "stream"
-    """The progress bar's label."""
-
-    def __post_init__(self) -> None:
-        positive_int(self.tgt_len, "tgt_len")
-        positive_int(self.batch_size, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -111,7 +88,7 @@ def _check_first(first: int, n: int) -> None:
 def _stream(
     model: TransformerXL,
     tokens: np.ndarray | Tensor,
-    settings: StreamSettings,
+    settings: EvalSettings,
     first: int,
     read: Callable[[SegmentLosses], Tensor],
     with_targets: bool,
@@ -122,7 +99,8 @@ def _stream(
     ids = _as_tensor(tokens, device)
     n = ids.numel()
     _check_first(first, n)
-    rows = min(settings.batch_size, n - first)
+    tgt_len, batch_size, span = settings.resolved(model)
+    rows = min(batch_size, n - first)
     per_row = math.ceil((n - first) / rows)  # counted targets per row (C)
     length = first - 1 + per_row  # inputs per row (L): first - 1 warm-up targets, then C counted ones
     # (B, L+1)
@@ -131,14 +109,13 @@ def _stream(
         + torch.arange(length + 1, device=device)[None, :]
     )
     padded = ids[index.clamp(max=n - 1)].masked_fill(index >= n, 0)  # (B, L+1), zeros past the end
-    evaluation = EvalSettings(
-        tgt_len=settings.tgt_len, span=settings.span, batch_size=rows, log_probs=not with_targets
-    )
+    evaluation = replace(settings, span=span, batch_size=rows, log_probs=not with_targets, max_tokens=None)
     segments = segment_losses(model, padded, evaluation)
     pieces = []
     with torch.inference_mode():
-        steps = math.ceil(length / settings.tgt_len)
-        bar = tqdm(segments, total=steps, desc=settings.desc, disable=not settings.progress, leave=False)
+        steps = math.ceil(length / tgt_len)
+        desc = settings.name or "stream"
+        bar = tqdm(segments, total=steps, desc=desc, disable=not settings.progress, leave=False)
         for segment in bar:
             pieces.append(read(segment).double().cpu())  # (B, T)
     values = torch.cat(pieces, dim=1)[:, first - 1 :]  # (B, C): the counted targets, row after row
@@ -146,10 +123,13 @@ def _stream(
 
 
 def stream_losses(
-    model: TransformerXL, tokens: np.ndarray | Tensor, settings: StreamSettings, *, first: int = 1
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: EvalSettings, *, first: int = 1
 ) -> np.ndarray:
     """Loss in nats (float64) of every target ``first .. N-1`` (target t is ``tokens[t]`` given the tokens
-    before it), reading the array as a stream. Each row starts ``first - 1`` tokens before its first counted
+    before it), reading the array as a stream as ``settings`` says (the protocol of ``txl eval``): cut into
+    ``batch_size`` contiguous rows (fewer when the array has fewer targets), each read in segments of
+    ``tgt_len`` tokens carrying the memory of ``span`` (the model's when None), every target predicted once;
+    ``name`` labels the progress bar. Each row starts ``first - 1`` tokens before its first counted
     target, so that every counted target has at least ``first`` tokens before it in its row. With
     ``first = 1`` this is the protocol of :func:`txl.evaluation.evaluate` (same rows, same segments, the same
     mean). Evaluation and inference mode; the model's training flag is restored."""
@@ -157,7 +137,7 @@ def stream_losses(
 
 
 def stream_predictions(
-    model: TransformerXL, tokens: np.ndarray | Tensor, settings: StreamSettings, *, first: int = 1
+    model: TransformerXL, tokens: np.ndarray | Tensor, settings: EvalSettings, *, first: int = 1
 ) -> np.ndarray:
     """The most likely next token (int64) for every target ``first .. N-1``, as :func:`stream_losses`."""
 

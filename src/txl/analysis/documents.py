@@ -6,19 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, eval_lengths, first_set, positive_int
+from ..config import ConfigError, Span, eval_lengths, first_set
 from ..data import BatchSettings, SegmentStream, check_documents, prepare_data
 from ..evaluation import EvalSettings, eval_rows, metrics_from_loss, segment_losses
 from ..model import TransformerXL
-from ..runs import load_run
-from .context import StreamSettings
+from ..runs import LoadedRun
 from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
@@ -44,33 +41,21 @@ _SPLITS = ("train", "valid", "test")
 
 @dataclass(frozen=True)
 class DocumentsSettings:
-    """What :func:`analyze_documents` evaluates and how; lengths not given are those ``txl eval`` takes from
-    the run (:func:`txl.config.eval_lengths`)."""
+    """What :func:`analyze_documents` evaluates and how."""
 
     splits: tuple[str, ...] = ("valid", "test")
     """The splits evaluated (each must exist)."""
-    max_tokens: int | None = None
-    """Only the first N targets of each split (None: all)."""
-    tgt_len: int | None = None
-    """Segment length (None: the run's evaluation segment)."""
-    batch_size: int | None = None
-    """Parallel streams (None: the run's ``eval.batch_size``)."""
-    mem_len: int | None = None
-    """Memory length (None: the run's evaluation memory)."""
-    checkpoint: str = "best"
-    """Which checkpoint of each run: best, latest, or a checkpoint folder."""
-    device: str = "cpu"
-    """Where the models run."""
-    progress: bool = True
-    """Show progress bars."""
+    reading: EvalSettings = EvalSettings(progress=True)
+    """How each split is read: its first ``max_tokens`` targets (None: all), the lengths (``tgt_len``,
+    ``span``) and ``batch_size`` (each None: the run's, as ``txl eval`` takes them,
+    :func:`txl.config.eval_lengths`), and whether progress bars show."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", tuple(self.splits))
         if not self.splits or any(s not in _SPLITS for s in self.splits):
             raise ConfigError(f"splits: expected some of {', '.join(_SPLITS)}, got {list(self.splits)}")
-        for name in ("max_tokens", "tgt_len", "batch_size"):
-            if getattr(self, name) is not None:
-                positive_int(getattr(self, name), name)
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
 
 
 @dataclass(frozen=True)
@@ -192,29 +177,23 @@ class DocumentsResult:
 
 
 def token_losses(
-    model: TransformerXL,
-    tokens: np.ndarray,
-    settings: StreamSettings,
-    *,
-    starts: np.ndarray | None,
-    device: torch.device | str | None = None,
+    model: TransformerXL, tokens: np.ndarray, settings: EvalSettings, *, starts: np.ndarray | None
 ) -> np.ndarray:
     """The loss of every target of ``tokens`` (N,), in token order: (N - 1,) float64, entry i the loss of
     token i + 1 given what came before it in its stream, read as :func:`~txl.evaluation.evaluate` reads it
-    (the rows the data fills, memory carried, with ``starts`` each document alone)."""
+    with ``settings`` (the rows the data fills, memory carried, with ``starts`` each document alone)."""
     n = len(tokens)
-    rows = eval_rows(n, settings.batch_size)
+    tgt_len, batch_size, _ = settings.resolved(model)
+    rows = eval_rows(n, batch_size)
     where = SegmentStream(
-        tokens, BatchSettings(batch_size=rows, tgt_len=settings.tgt_len, drop_last=False), starts=starts
+        tokens, BatchSettings(batch_size=rows, tgt_len=tgt_len, drop_last=False), starts=starts
     ).target_indices()  # (B, L) the token index of each target of the streams segment_losses reads
     out = np.zeros(n - 1, dtype=np.float64)
     position = 0
-    evaluation = EvalSettings(
-        tgt_len=settings.tgt_len, span=settings.span, batch_size=rows, device=device, name=settings.desc
-    )
-    segments = segment_losses(model, tokens, evaluation, starts=starts)
-    steps = -(-where.shape[1] // settings.tgt_len)
-    bar = tqdm(segments, total=steps, desc=settings.desc, disable=not settings.progress, leave=False)
+    desc = settings.name or "stream"
+    segments = segment_losses(model, tokens, replace(settings, batch_size=rows, name=desc), starts=starts)
+    steps = -(-where.shape[1] // tgt_len)
+    bar = tqdm(segments, total=steps, desc=desc, disable=not settings.progress, leave=False)
     for segment in bar:
         t = segment.loss.shape[1]
         index = where[:, position : position + t]  # (B, T)
@@ -246,16 +225,11 @@ def _split(
     tokens: np.ndarray,
     starts: np.ndarray,
     split: str,
-    stream: StreamSettings,
-    device: str,
+    stream: EvalSettings,
 ) -> DocumentSplit:
     losses = {
         mode: token_losses(
-            model,
-            tokens,
-            replace(stream, desc=f"{split} {mode}"),
-            starts=starts if mode == "reset" else None,
-            device=device,
+            model, tokens, replace(stream, name=f"{split} {mode}"), starts=starts if mode == "reset" else None
         )
         for mode in DOCUMENT_MODES
     }
@@ -287,9 +261,9 @@ def _split(
 
 
 def analyze_documents(
-    run_dirs: Sequence[Path], settings: DocumentsSettings = DocumentsSettings()
+    runs: Sequence[LoadedRun], settings: DocumentsSettings = DocumentsSettings()
 ) -> DocumentsResult:
-    """Evaluate each run on the splits reading across documents and starting each anew, overall and by
+    """Evaluate each loaded run (:func:`txl.runs.load_run`) on the splits reading across documents and starting each anew, overall and by
     position within a document. The corpus must say where its documents begin (a ConfigError naming
     ``data.documents`` otherwise).
 
@@ -298,35 +272,32 @@ def analyze_documents(
     each target's position is its distance from the last document start at or before it. A target at
     position 0 is a document's first token, predicted from the end of the previous document (the start is
     marked on the input, so that token itself is read with what came before in either way)."""
-    runs = []
-    for run_dir in run_dirs:
-        run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
+    done = []
+    reading = settings.reading
+    for run in runs:
         config = run.config
-        lengths = eval_lengths(config, tgt_len=settings.tgt_len, mem_len=settings.mem_len)
-        stream = StreamSettings(
-            lengths.tgt_len,
-            span=lengths.span,
-            batch_size=first_set(settings.batch_size, config.eval.batch_size),
-            progress=settings.progress,
-        )
+        lengths = eval_lengths(config, tgt_len=reading.tgt_len)
+        span: Span = first_set(reading.span, lengths.span)
+        batch_size: int = first_set(reading.batch_size, config.eval.batch_size)
+        stream = replace(reading, tgt_len=lengths.tgt_len, span=span, batch_size=batch_size)
         data = prepare_data(config.data, vocab=run.vocab, splits=settings.splits)
         check_documents(data.corpus, "reset", name="txl analyze documents")
         results = []
         for split in settings.splits:
             tokens, starts = data.splits[split], data.starts[split]
-            if settings.max_tokens is not None:
-                tokens = tokens[: settings.max_tokens + 1]
+            if reading.max_tokens is not None:
+                tokens = tokens[: reading.max_tokens + 1]
                 starts = starts[starts < len(tokens)]
-            results.append(_split(run.model, tokens, starts, split, stream, settings.device))
-        runs.append(
+            results.append(_split(run.model, tokens, starts, split, replace(stream, max_tokens=None)))
+        done.append(
             DocumentRun(
-                run=str(run_dir),
+                run=str(run.root),
                 trained=config.data.documents,
                 step=run.step,
-                tgt_len=stream.tgt_len,
-                batch_size=stream.batch_size,
-                mem_len=lengths.span.mem_len,
+                tgt_len=lengths.tgt_len,
+                batch_size=batch_size,
+                mem_len=span.mem_len,
                 splits=tuple(results),
             )
         )
-    return DocumentsResult(runs=tuple(runs))
+    return DocumentsResult(runs=tuple(done))

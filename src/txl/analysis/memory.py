@@ -7,7 +7,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +16,7 @@ from ..config import ConfigError, SameLengthOff, Span, eval_lengths, first_set, 
 from ..errors import TxlError
 from ..evaluation import EvalResult, EvalSettings, evaluate
 from ..model import TransformerXL
-from ..runs import load_run
+from ..runs import LoadedRun
 from .common import split_tokens
 from .report import format_table, new_figure, run_label
 
@@ -52,30 +51,18 @@ class MemorySettings:
 
     lengths: tuple[int, ...] | None = None
     """Evaluation memory lengths (None: :func:`default_memory_lengths` of the training memory)."""
-    clamp_len: int | None = None
-    """Clamp of the relative distances (None: the run's)."""
-    same_length: bool | None = None
-    """Same-length attention (None: the run's; off at memory 0)."""
     split: str = "valid"
     """The split evaluated."""
-    max_tokens: int | None = None
-    """Only the first N targets of the split (None: all)."""
-    tgt_len: int | None = None
-    """Segment length (None: the run's evaluation segment)."""
-    batch_size: int | None = None
-    """Parallel streams (None: the run's ``eval.batch_size``)."""
-    checkpoint: str = "best"
-    """Which checkpoint: best, latest, or a checkpoint folder."""
-    device: str = "cpu"
-    """Where the model runs."""
-    progress: bool = True
-    """Show progress bars."""
+    reading: EvalSettings = EvalSettings(progress=True)
+    """How the split is read: its first ``max_tokens`` targets (None: all), ``tgt_len`` and ``batch_size``
+    (None: the run's), the clamp and same-length attention of ``span`` at every length (None: the run's;
+    its ``mem_len`` is replaced by each of ``lengths``; same-length attention is off at memory 0), and
+    whether progress bars show."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", _lengths(self.lengths, "lengths") or None)
-        for name in ("clamp_len", "max_tokens", "tgt_len", "batch_size"):
-            if getattr(self, name) is not None:
-                positive_int(getattr(self, name), name)
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
 
 
 @dataclass(frozen=True)
@@ -85,26 +72,21 @@ class SweepSettings:
 
     lengths: tuple[int, ...]
     """Evaluation memory lengths."""
-    tgt_len: int
-    """Segment length."""
-    batch_size: int
-    """Parallel streams."""
-    clamp_len: int | None = None
-    """Clamp of the relative distances (None: none)."""
-    same_length: bool = False
-    """Same-length attention (off at memory 0, which leaves it nothing to act on)."""
+    reading: EvalSettings
+    """How each length reads: ``tgt_len`` and ``batch_size`` (both needed), the clamp and same-length
+    attention of ``span`` (None: no clamp, no same-length; its ``mem_len`` is replaced by each length, and
+    same-length attention is off at memory 0, which leaves it nothing to act on), the progress bars."""
     train_attention_len: int | None = None
     """Clamp of the second evaluation (None: the model's mem_len + ``tgt_len``)."""
-    progress: bool = False
-    """Show progress bars."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", _lengths(self.lengths, "lengths"))
-        positive_int(self.tgt_len, "tgt_len")
-        positive_int(self.batch_size, "batch_size")
-        for name in ("clamp_len", "train_attention_len"):
-            if getattr(self, name) is not None:
-                positive_int(getattr(self, name), name)
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
+        positive_int(self.reading.tgt_len, "tgt_len")
+        positive_int(self.reading.batch_size, "batch_size")
+        if self.train_attention_len is not None:
+            positive_int(self.train_attention_len, "train_attention_len")
 
 
 @dataclass(frozen=True)
@@ -210,21 +192,22 @@ def memory_sweep(model: TransformerXL, tokens: np.ndarray, settings: SweepSettin
             "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
             "which has no memory)"
         )
-    tgt_len, clamp_len = settings.tgt_len, settings.clamp_len
+    reading = settings.reading
+    tgt_len = reading.tgt_len
+    assert tgt_len is not None  # checked by SweepSettings
+    clamp_len = None if reading.span is None else reading.span.clamp_len
+    same_length = reading.span is not None and reading.span.same_length
     attention_len = settings.train_attention_len or model.config.mem_len + tgt_len
 
     def run(span: Span) -> EvalResult:
         desc = f"mem_len {span.mem_len}, clamp_len {span.clamp_len}"
-        evaluation = EvalSettings(
-            batch_size=settings.batch_size, tgt_len=tgt_len, span=span, progress=settings.progress, name=desc
-        )
-        return evaluate(model, tokens, evaluation)
+        return evaluate(model, tokens, replace(reading, span=span, name=desc))
 
     rows = []
-    for mem_len in tqdm(settings.lengths, desc="memory lengths", disable=not settings.progress, leave=False):
+    for mem_len in tqdm(settings.lengths, desc="memory lengths", disable=not reading.progress, leave=False):
         with warnings.catch_warnings():  # the sweep says itself that memory 0 turns same-length off
             warnings.simplefilter("ignore", SameLengthOff)
-            span = span_of(mem_len=mem_len, clamp_len=settings.clamp_len, same_length=settings.same_length)
+            span = span_of(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
         result = run(span)
         # distances reach mem_len + tgt_len - 1: a clamp at or above that changes nothing
         reach = mem_len + tgt_len - 1
@@ -245,44 +228,35 @@ def memory_sweep(model: TransformerXL, tokens: np.ndarray, settings: SweepSettin
     return tuple(rows)
 
 
-def analyze_memory(run_dir: Path, settings: MemorySettings = MemorySettings()) -> MemoryResult:
-    """Load a run and sweep its evaluation memory (:func:`memory_sweep`; the paper evaluates with a longer
+def analyze_memory(run: LoadedRun, settings: MemorySettings = MemorySettings()) -> MemoryResult:
+    """Sweep the evaluation memory of a loaded run (:func:`memory_sweep`; the paper evaluates with a longer
     memory than it trains with). Everything not given starts where ``txl eval`` starts on the run, and each
     length is also evaluated with ``clamp_len`` at the training attention length (training memory +
     training segment)."""
-    run = load_run(Path(run_dir), checkpoint=settings.checkpoint, device=settings.device)
-    config = run.config
+    config, reading = run.config, settings.reading
     if config.model.attention != "relative":
         raise TxlError(
             "the memory analysis needs a Transformer-XL run (this run is the vanilla baseline, "
             "which has no memory)"
         )
-    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=settings.max_tokens)
+    tokens = split_tokens(config, run.vocab, settings.split, max_tokens=reading.max_tokens)
     train_mem = config.model.mem_len
-    lengths = eval_lengths(
-        config,
-        tgt_len=settings.tgt_len,
-        mem_len=max(1, train_mem),
-        clamp_len=settings.clamp_len,
-        same_length=settings.same_length,
-    )
-    span, attention_len = lengths.span, train_mem + config.train.tgt_len
+    lengths = eval_lengths(config, tgt_len=reading.tgt_len, mem_len=max(1, train_mem))
+    span = lengths.span if reading.span is None else reading.span
+    attention_len = train_mem + config.train.tgt_len
+    batch_size = first_set(reading.batch_size, config.eval.batch_size)
     sweep = SweepSettings(
         lengths=settings.lengths or default_memory_lengths(train_mem),
-        tgt_len=lengths.tgt_len,
-        batch_size=first_set(settings.batch_size, config.eval.batch_size),
-        clamp_len=span.clamp_len,
-        same_length=span.same_length,
+        reading=replace(reading, tgt_len=lengths.tgt_len, batch_size=batch_size, span=span, max_tokens=None),
         train_attention_len=attention_len,
-        progress=settings.progress,
     )
     return MemoryResult(
-        run=str(run_dir),
+        run=str(run.root),
         split=settings.split,
         step=run.step,
         train_mem_len=train_mem,
-        tgt_len=sweep.tgt_len,
-        batch_size=sweep.batch_size,
+        tgt_len=lengths.tgt_len,
+        batch_size=batch_size,
         clamp_len=span.clamp_len,
         same_length=span.same_length,
         train_attention_len=attention_len,

@@ -23,10 +23,11 @@ from ..config import (
     vanilla_baseline,
 )
 from ..data.corpora import RECALL_ALPHABET, load_corpus, recall_positions
+from ..evaluation import EvalSettings
 from ..runs import LoadedRun, load_run, read_metrics
 from ..train.trainer import Interrupted
 from .common import split_tokens, train_or_reuse
-from .context import StreamSettings, WindowSettings, sliding_predictions, stream_predictions
+from .context import WindowSettings, sliding_predictions, stream_predictions
 from .report import format_table, new_figure
 
 if TYPE_CHECKING:
@@ -187,12 +188,12 @@ def recall_accuracy(
     config = run.config
     if config.model.attention == "relative":
         lengths = eval_lengths(config)
-        stream = StreamSettings(
+        stream = EvalSettings(
             lengths.tgt_len,
             span=lengths.span,
             batch_size=config.eval.batch_size,
             progress=progress,
-            desc="recall xl",
+            name="recall xl",
         )
         predictions = stream_predictions(run.model, tokens, stream, first=distance)[positions - distance]
     else:

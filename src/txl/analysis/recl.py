@@ -7,18 +7,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..config import ConfigError, RunConfig, Span, eval_lengths, positive_int
+from ..config import ConfigError, RunConfig, Span, eval_lengths, first_set, positive_int
 from ..errors import TxlError
+from ..evaluation import EvalSettings
 from ..model import TransformerXL
-from ..runs import LoadedRun, load_run
+from ..runs import LoadedRun
 from .common import split_tokens
-from .context import StreamSettings, WindowSettings, sliding_losses, stream_losses
+from .context import WindowSettings, sliding_losses, stream_losses
 from .report import format_table, new_figure, run_label
 
 if TYPE_CHECKING:
@@ -115,17 +115,21 @@ def context_losses(
     rows the Transformer-XL reads in parallel and the progress bar."""
     if first < context:
         raise ValueError(f"first ({first}) must be at least the context ({context})")
-    settings = settings or ReclSettings()
+    reading = (settings or ReclSettings()).reading
     desc = f"context {context}"
     if config.model.attention == "relative":
         lengths = eval_lengths(config)
         span = Span(mem_len=context, clamp_len=lengths.span.clamp_len, same_length=True)
-        stream = StreamSettings(
-            lengths.tgt_len, span=span, batch_size=settings.batch_size, progress=settings.progress, desc=desc
+        stream = EvalSettings(
+            lengths.tgt_len,
+            span=span,
+            batch_size=first_set(reading.batch_size, ReclSettings().reading.batch_size),
+            progress=reading.progress,
+            name=desc,
         )
         return stream_losses(model, tokens, stream, first=first)
     window = min(context, config.train.tgt_len)
-    windows = WindowSettings(window, batch_size=max(1, 8192 // window), progress=settings.progress, desc=desc)
+    windows = WindowSettings(window, batch_size=max(1, 8192 // window), progress=reading.progress, desc=desc)
     return sliding_losses(model, tokens, windows, first=first)
 
 
@@ -148,16 +152,10 @@ class ReclSettings:
     """The least relative gain g(c, c + delta) that counts as still gaining."""
     split: str = "valid"
     """The split whose targets are scored."""
-    max_tokens: int | None = 20_000
-    """Targets scored (None: the whole split), after a warm-up of the longest context."""
-    batch_size: int = 8
-    """Rows the Transformer-XL reads in parallel."""
-    checkpoint: str = "best"
-    """Which checkpoint of each run: best, latest, or a checkpoint folder."""
-    device: str = "cpu"
-    """Where the models run."""
-    progress: bool = True
-    """Show progress bars."""
+    reading: EvalSettings = EvalSettings(batch_size=8, max_tokens=20_000, progress=True)
+    """``max_tokens``: the targets scored (None: the whole split), after a warm-up of the longest context;
+    ``batch_size``: the rows the Transformer-XL reads in parallel; ``progress``: show progress bars (its
+    lengths are the analysis's own)."""
 
     def __post_init__(self) -> None:
         if self.lengths is not None:
@@ -169,9 +167,8 @@ class ReclSettings:
         object.__setattr__(self, "r", tuple(self.r))
         if not self.r or any(not 0 < v <= 1 for v in self.r):
             raise ConfigError(f"r: must be fractions of the targets in (0, 1], got {list(self.r)}")
-        if self.max_tokens is not None:
-            positive_int(self.max_tokens, "max_tokens")
-        positive_int(self.batch_size, "batch_size")
+        if not isinstance(self.reading, EvalSettings):
+            raise ConfigError(f"reading: must be an EvalSettings, got {type(self.reading).__name__}")
 
 
 @dataclass(frozen=True)
@@ -263,9 +260,9 @@ def default_recl_lengths(train_len: int) -> tuple[int, tuple[int, ...]]:
     return delta, tuple(range(delta, 8 * train_len + 1, delta))
 
 
-def analyze_recl(run_dirs: Sequence[Path], settings: ReclSettings | None = None) -> ReclResult:
-    """RECL of the group of runs in ``run_dirs`` (same corpus and vocabulary) on the first
-    ``settings.max_tokens`` targets of the split after a warm-up of max(c) tokens, for each ratio r. The
+def analyze_recl(runs: Sequence[LoadedRun], settings: ReclSettings | None = None) -> ReclResult:
+    """RECL of the group of loaded runs (:func:`txl.runs.load_run`; same corpus and vocabulary) on the first
+    ``settings.reading.max_tokens`` targets of the split after a warm-up of max(c) tokens, for each ratio r. The
     losses are measured at every context c and at c + delta; the steps of the thresholding walk through all
     of them. Defaults: :func:`default_recl_lengths`.
 
@@ -298,16 +295,15 @@ def analyze_recl(run_dirs: Sequence[Path], settings: ReclSettings | None = None)
     Every model scores the same targets, and each of them has at least max(c) tokens before it.
     """
     settings = settings or ReclSettings()
-    if len(run_dirs) < 1:
+    if len(runs) < 1:
         raise TxlError("recl needs at least one run (the paper compares a group of models)")
-    runs = [load_run(Path(d), checkpoint=settings.checkpoint, device=settings.device) for d in run_dirs]
-    _check_group(run_dirs, runs)
+    _check_group(runs)
     default_delta, default_contexts = default_recl_lengths(min(run.config.train.tgt_len for run in runs))
     delta = settings.delta or default_delta
     contexts = tuple(sorted(set(settings.lengths))) if settings.lengths else default_contexts
     grid = tuple(sorted(set(contexts) | {c + delta for c in contexts}))
     first = grid[-1]
-    max_tokens = settings.max_tokens
+    max_tokens = settings.reading.max_tokens
     tokens = split_tokens(
         runs[0].config,
         runs[0].vocab,
@@ -328,14 +324,14 @@ def analyze_recl(run_dirs: Sequence[Path], settings: ReclSettings | None = None)
     recls = {v: recl_from_gains(*gains[v], delta=delta, threshold=settings.threshold) for v in r}
     models = tuple(
         ReclModel(
-            run=str(d),
+            run=str(run.root),
             attention=run.config.model.attention,
             recl={v: recls[v][i][0] for v in r},
             at_least={v: recls[v][i][1] for v in r},
             gains={v: {c: float(g) for c, g in zip(gains[v][0], gains[v][1][i], strict=True)} for v in r},
             mean_loss={c: float(losses[i, k].mean()) for k, c in enumerate(grid)},
         )
-        for i, (d, run) in enumerate(zip(run_dirs, runs, strict=True))
+        for i, run in enumerate(runs)
     )
     return ReclResult(
         split=settings.split,
@@ -348,15 +344,15 @@ def analyze_recl(run_dirs: Sequence[Path], settings: ReclSettings | None = None)
     )
 
 
-def _check_group(run_dirs: Sequence[Path], runs: Sequence[LoadedRun]) -> None:
+def _check_group(runs: Sequence[LoadedRun]) -> None:
     """Every run reads the corpus and vocabulary of the first: RECL compares models on the same targets."""
-    for d, run in zip(run_dirs, runs, strict=True):
+    for run in runs:
         if (
             run.vocab.fingerprint != runs[0].vocab.fingerprint
             or run.config.data.corpus != runs[0].config.data.corpus
         ):
             raise TxlError(
-                f"{d} uses another corpus or vocabulary than {run_dirs[0]}: RECL compares models on "
+                f"{run.root} uses another corpus or vocabulary than {runs[0].root}: RECL compares models on "
                 "the same targets"
             )
 
@@ -368,7 +364,7 @@ def _group_losses(
     relative = run.config.model.attention == "relative"
     done: dict[int, np.ndarray] = {}  # vanilla: every c >= T is the same window
     rows = []
-    for c in tqdm(grid, desc=label, disable=not settings.progress, leave=False):
+    for c in tqdm(grid, desc=label, disable=not settings.reading.progress, leave=False):
         key = c if relative else min(c, run.config.train.tgt_len)
         if key not in done:
             done[key] = context_losses(

@@ -58,7 +58,8 @@ def new_figure(*, width: float = 6.4, height: float = 4.0) -> Figure:
     except ImportError:
         raise PlotsUnavailable(
             f"figures need matplotlib, which is not installed: {PLOTS_HINT} "
-            "(results.json was written; --no-plots skips the figures)"
+            "(results.json was written; plots=False skips the figures)",
+            fields=("plots=False",),
         ) from None
     return Figure(figsize=(width, height), layout="constrained")
 

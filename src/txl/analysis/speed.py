@@ -57,8 +57,6 @@ class SpeedSettings:
     """Timed runs per measurement; the fastest counts."""
     seed: int = 0
     """Seed of the random weights and tokens."""
-    device: str = "cpu"
-    """Where the models run."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -244,8 +242,8 @@ def time_xl(
     return seconds / (timed * segment)
 
 
-def speed_benchmark(settings: SpeedSettings = SpeedSettings()) -> SpeedResult:
-    """Time both models at every attention length L; the ratios are vanilla over Transformer-XL time per
+def speed_benchmark(settings: SpeedSettings = SpeedSettings(), *, device: str = "cpu") -> SpeedResult:
+    """Time both models, on ``device``, at every attention length L; the ratios are vanilla over Transformer-XL time per
     token, and each time is the fastest of ``settings.repeats`` runs (a shared machine adds noise, it never
     removes any).
 
@@ -265,12 +263,7 @@ def speed_benchmark(settings: SpeedSettings = SpeedSettings()) -> SpeedResult:
     sizes = dataclasses.replace(
         sizes, dropout=0.0, dropatt=0.0, attention="relative", clamp_len=None, same_length=False
     )
-    segment, tokens, xl_tokens, device = (
-        settings.segment,
-        settings.tokens,
-        settings.xl_tokens,
-        settings.device,
-    )
+    segment, tokens, xl_tokens = settings.segment, settings.tokens, settings.xl_tokens
     generator = torch.Generator().manual_seed(settings.seed)
     rows = []
     for length in tqdm(

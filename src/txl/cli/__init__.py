@@ -12,7 +12,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO, cast
 
 from .. import __version__
@@ -21,7 +21,51 @@ from ..files import check_output
 from ..threads import at_launch
 from .command import Command
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "FIELD_FLAGS", "with_flags"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The library names settings fields; the command line names its flags (one table)
+# ---------------------------------------------------------------------------------------------------------
+
+FIELD_FLAGS: dict[str, str] = {
+    "batch_size": "--batch-size",
+    "check=False": "--no-check",
+    "clamp_len": "--clamp-len",
+    "documents": "--documents",
+    "host": "--host",
+    "include_path": "--include-path",
+    "max_new_tokens": "--max-new-tokens",
+    "mem_len": "--mem-len",
+    "out": "--out",
+    "overwrite": "--overwrite",
+    "plots=False": "--no-plots",
+    "port": "--port",
+    "prompts": "--prompt",
+    "resume": "--resume",
+    "same_length": "--same-length",
+    "sessions_max_bytes": "--sessions-max-bytes",
+    "source": "--from",
+    "steps": "--steps",
+    "stride": "--stride",
+    "tasks": "--tasks",
+    "tgt_len": "--tgt-len",
+    "train.steps": "--set train.steps",
+    "vocab": "--vocab",
+}
+"""Each settings field that the library's messages name (:attr:`txl.errors.TxlError.fields`, the field of
+:class:`txl.config.SameLengthOff`) and the flag that sets it on the command line."""
+
+
+def with_flags(message: str, fields: Sequence[str], flags: Mapping[str, str] = FIELD_FLAGS) -> str:
+    """``message`` with each of ``fields`` that it names (a whole word, not part of a dotted name or a path)
+    written as its flag (``flags``, by default :data:`FIELD_FLAGS`): what the library says to a Python caller,
+    said to a command line user."""
+    for name in fields:
+        flag = flags.get(name)
+        if flag is not None:
+            message = re.sub(rf"(?<![\w./-]){re.escape(name)}(?![\w/-]|\.\w)", flag, message)
+    return message
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,6 +248,14 @@ def _os_error_line(exc: OSError) -> str:
     return f"{names}: {(exc.strerror or str(exc)).lower()}"
 
 
+def _resume_command(command: Command, args: argparse.Namespace) -> str:
+    """How a run is resumed from this command line (``txl train --resume``, ``txl rl train --resume``): what
+    the library's ``resume`` is called in its messages (a command without ``--resume``: ``txl train``'s)."""
+    if not hasattr(args, "resume"):
+        return "txl train --resume"
+    return " ".join(["txl", *([command.parent] if command.parent else []), command.name, "--resume"])
+
+
 def _handler(command: Command, rank: int | None) -> Callable[[argparse.Namespace], int]:
     """The command's handler; under torchrun wrapped in torch's ``record``, so that a process that fails with
     an exception has its rank and traceback reported by torchrun."""
@@ -240,11 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TxlError as exc:
         from ..train.trainer import Interrupted
 
+        flags = {**FIELD_FLAGS, "resume": _resume_command(command, args)}
         if isinstance(exc, Interrupted):  # the checkpoint is saved: the run can go on, this is no error
             if not rank:
-                _note(str(exc))
+                _note(with_flags(str(exc), exc.fields, flags))
             return _stopped_status(128 + exc.signum)
-        print(f"txl: error: {where}{exc}", file=sys.stderr)
+        print(f"txl: error: {where}{with_flags(str(exc), exc.fields, flags)}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         if debug:

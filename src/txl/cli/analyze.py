@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ConfigError, apply_overrides, load_config, preset_names
 from . import _positive_int
 from .command import Command, Group
-from .options import RESULTS, add_output_options, add_run_options, settings_from
+from .options import RESULTS, add_output_options, add_run_options, loaded_run, reading_from, settings_from
 
 __all__ = ["ANALYZE", "COMPARE", "ANALYSES"]
 
@@ -53,25 +53,28 @@ def _cmd_analyze_memory(args: argparse.Namespace) -> int:
     from ..analysis.common import parse_ints
     from ..analysis.memory import MemorySettings, analyze_memory
 
-    settings = settings_from(
-        MemorySettings,
-        args,
-        lengths=parse_ints(args.lengths, name="--lengths") if args.lengths else None,
-        progress=not args.quiet,
-    )
-    return _report(args, analyze_memory(Path(args.run_dir), settings))
+    lengths = parse_ints(args.lengths, name="--lengths") if args.lengths else None
+    run = loaded_run(args)
+    # the clamp and same-length attention asked for, over the run's, at a memory (each length replaces it)
+    reading = reading_from(args, run.config, mem_len=max(1, run.config.model.mem_len))
+    settings = MemorySettings(lengths=lengths, split=args.split, reading=reading)
+    return _report(args, analyze_memory(run, settings))
 
 
 def _cmd_analyze_documents(args: argparse.Namespace) -> int:
-    from ..analysis.documents import DocumentsSettings, analyze_documents
+    from ..analysis.documents import DocumentsResult, DocumentsSettings, analyze_documents
 
     splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
     if not splits or any(s not in ("train", "valid", "test") for s in splits):
         raise ConfigError(
             f"--splits: expected a comma-separated list of train, valid, test, got {args.splits!r}"
         )
-    settings = settings_from(DocumentsSettings, args, splits=splits, progress=not args.quiet)
-    return _report(args, analyze_documents([Path(r) for r in args.run_dir], settings))
+    runs = [loaded_run(args, run_dir) for run_dir in args.run_dir]
+    parts = [
+        analyze_documents([run], DocumentsSettings(splits=splits, reading=reading_from(args, run.config)))
+        for run in runs
+    ]  # one by one: a memory asked for replaces each run's own, with its other lengths
+    return _report(args, DocumentsResult(runs=tuple(part for result in parts for part in result.runs)))
 
 
 def _cmd_analyze_speed(args: argparse.Namespace) -> int:
@@ -86,7 +89,7 @@ def _cmd_analyze_speed(args: argparse.Namespace) -> int:
         model=settings_from(TransformerXLConfig, args),  # the sizes: --n-layer, --d-model, ...
         progress=not args.quiet,
     )
-    return _report(args, speed_benchmark(settings))
+    return _report(args, speed_benchmark(settings, device=args.device))
 
 
 def _cmd_analyze_recl(args: argparse.Namespace) -> int:
@@ -101,9 +104,9 @@ def _cmd_analyze_recl(args: argparse.Namespace) -> int:
         args,
         lengths=parse_ints(args.lengths, name="--lengths", minimum=1) if args.lengths else None,
         r=fractions,
-        progress=not args.quiet,
+        reading=reading_from(args),
     )
-    return _report(args, analyze_recl([Path(d) for d in args.run_dirs], settings))
+    return _report(args, analyze_recl([loaded_run(args, run_dir) for run_dir in args.run_dirs], settings))
 
 
 def _cmd_analyze_recall(args: argparse.Namespace) -> int:
@@ -116,8 +119,9 @@ def _cmd_analyze_recall(args: argparse.Namespace) -> int:
 def _cmd_analyze_attention(args: argparse.Namespace) -> int:
     from ..analysis.attention import AttentionSettings, analyze_attention
 
-    settings = settings_from(AttentionSettings, args, progress=not args.quiet)
-    return _report(args, analyze_attention(Path(args.run_dir), settings))
+    run = loaded_run(args)
+    settings = AttentionSettings(split=args.split, reading=reading_from(args, run.config))
+    return _report(args, analyze_attention(run, settings))
 
 
 _COMPARE_HELP = """\

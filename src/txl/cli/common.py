@@ -55,7 +55,9 @@ def library_warnings(args: argparse.Namespace) -> Iterator[None]:
             continue
         said.add(message)
         if isinstance(warning.message, SameLengthOff):
-            flag = "--" + warning.message.field.replace("_", "-")
+            from . import FIELD_FLAGS
+
+            flag = FIELD_FLAGS[warning.message.field]
             _note(warning.message.named(flag) if getattr(args, warning.message.field, None) == 0 else message)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)

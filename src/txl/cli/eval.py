@@ -9,7 +9,7 @@ from typing import Any
 from . import _positive_int
 from .command import Command
 from .common import check_device, check_same_length, figures, library_warnings
-from .options import CHECKPOINT_HELP, add_span_flags, given, settings_from
+from .options import CHECKPOINT_HELP, add_span_flags, eval_lengths_from, given, loaded_run, settings_from
 
 __all__ = ["EVAL"]
 
@@ -20,8 +20,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_same_length(args)
     with library_warnings(args):
-        settings = settings_from(EvalSettings, args, progress=not args.quiet)
-        record = evaluate_run(args.run_dir, settings, **given(args, "split", "checkpoint", "documents"))
+        run = loaded_run(args)
+        lengths = eval_lengths_from(args, run.config)
+        settings = settings_from(
+            EvalSettings, args, tgt_len=lengths.tgt_len, span=lengths.span, progress=not args.quiet
+        )
+        record = evaluate_run(run, settings, **given(args, "split", "documents"))
     print(json.dumps(record) if args.json else _eval_summary(record))
     return 0
 

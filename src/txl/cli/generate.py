@@ -16,8 +16,8 @@ from ..config import ConfigError
 from ..errors import TxlError
 from . import _non_negative_int, _positive_int, _temperature, _top_p
 from .command import Command
-from .common import check_device, library_warnings
-from .options import CHECKPOINT_HELP, given
+from .common import library_warnings
+from .options import CHECKPOINT_HELP, given, loaded_run
 
 __all__ = ["GENERATE"]
 
@@ -79,14 +79,12 @@ class _PromptFlag(argparse.Action):
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ..inference import SamplingParams
     from ..inference.text import generate_from_run, prompt_text, run_settings
-    from ..runs import load_run
     from ..serve.card import default_prompt
 
     prompts = _generate_prompts(args)
     if args.greedy and args.temperature not in (None, 0):
         raise ConfigError(f"--greedy decoding has temperature 0, not {args.temperature}")
-    check_device(args.device)
-    run = load_run(Path(args.run_dir), checkpoint=args.checkpoint, device=args.device)
+    run = loaded_run(args)
     if not prompts:
         prompts = [default_prompt(run)]
     rows = len(prompts) * args.num_samples

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..config import ConfigError
 from . import _non_negative_int, _positive_int
 from .command import Command
 from .common import check_device, check_same_length, library_warnings
-from .options import settings_from
+from .options import reading_from, settings_from
 
 __all__ = ["HARNESS"]
 
@@ -25,6 +26,7 @@ def _cmd_harness(args: argparse.Namespace) -> int:
     if lm_eval_tasks_dir() is not None:  # the names first, before torch and lm-eval load (else: the extra)
         check_task_names(tasks, args.include_path)
     from ..harness import HarnessSettings, ModelArgs, TxlLM, run_tasks
+    from ..runs import load_run_config
 
     check_device(args.device)
     metadata = None
@@ -36,7 +38,8 @@ def _cmd_harness(args: argparse.Namespace) -> int:
         if not isinstance(metadata, dict):
             raise ConfigError(f"--metadata must be a JSON object, got {args.metadata!r}")
     with library_warnings(args):
-        lm = TxlLM(args.run_dir, settings_from(ModelArgs, args))
+        reading = reading_from(args, load_run_config(Path(args.run_dir)))
+        lm = TxlLM(args.run_dir, ModelArgs(args.checkpoint, args.device, reading, args.seed))
         asked = {"tasks": tasks, "include_path": tuple(args.include_path), "metadata": metadata}
         results = run_tasks(lm, settings_from(HarnessSettings, args, **asked))
     record = {

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import sys
 from pathlib import Path
 
 from ..errors import OutputPathError
 from . import _non_negative_int, _positive_int
 from .command import Command, Output
 from .common import check_device
-from .options import add_span_flags, settings_from
+from .options import add_span_flags, eval_lengths_from, loaded_run, settings_from
 
 __all__ = ["CONVERT", "EXPORT"]
 
@@ -21,19 +22,32 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from ..interop.convert import ConvertSettings, convert
 
     cutoffs = tuple(parse_ints(args.cutoffs, name="--cutoffs", minimum=1)) if args.cutoffs else None
-    settings = settings_from(ConvertSettings, args, cutoffs=cutoffs)
+    from ..config import EvalConfig
+
+    lengths = settings_from(EvalConfig, args, batch_size=EvalConfig().batch_size)
+    settings = settings_from(ConvertSettings, args, lengths=lengths, cutoffs=cutoffs)
     folder = convert(Path(args.src), Path(args.dst), settings, overwrite=args.overwrite)
     print(folder)
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..interop.onnx import ExportSettings, export_onnx
+    from ..interop.onnx import ExportSettings, check_export_fits, export_onnx
+    from ..runs import load_run_config
 
     check_device(args.device)
+    config = load_run_config(Path(args.run_dir))  # the lengths are resolved and sized before the model loads
+    lengths = eval_lengths_from(args, config)
+    check_export_fits(config.model, lengths)
+    print(
+        f"txl export: loading {args.run_dir} (checkpoint {args.checkpoint}) (0 s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    run = loaded_run(args)
     try:
-        settings = settings_from(ExportSettings, args, check=not args.no_check)
-        result = export_onnx(Path(args.run_dir), Path(args.out), settings, progress=True)
+        settings = ExportSettings(lengths=lengths, opset=args.opset, check=not args.no_check)
+        result = export_onnx(run, Path(args.out), settings, progress=True)
     except OSError as exc:  # writing the file failed (a full disk): one line naming the flag
         if exc.filename != str(Path(args.out)):
             raise

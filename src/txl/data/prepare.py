@@ -40,7 +40,8 @@ def check_documents(corpus: Corpus, documents: str, *, name: str = "data.documen
         raise ConfigError(
             f"{name}: 'reset' needs a corpus with document boundaries, and corpus '{corpus.name}' has none "
             "(a single text file is one document); use 'continue', or a corpus of documents (books, "
-            "python-stdlib, WikiText, a folder of files, a .jsonl file)"
+            "python-stdlib, WikiText, a folder of files, a .jsonl file)",
+            fields=(name,),
         )
 
 

@@ -66,8 +66,8 @@ class BatchSettings:
     """True (training): equal streams, the tail dropped; False (evaluation): every target read once."""
 
     def __post_init__(self) -> None:
-        positive_int(self.batch_size, "batch_size", error=ValueError, field=False)
-        positive_int(self.tgt_len, "tgt_len", error=ValueError, field=False)
+        positive_int(self.batch_size, "batch_size", field=False)
+        positive_int(self.tgt_len, "tgt_len", field=False)
 
 
 @dataclass(frozen=True)

@@ -120,14 +120,14 @@ def task_names(include_path: Sequence[str | Path] = ()) -> TaskNames:
 
 
 def check_task_names(
-    tasks: Sequence[str], include_path: Sequence[str | Path] = (), *, flag: str = "--tasks"
+    tasks: Sequence[str], include_path: Sequence[str | Path] = (), *, field: str = "tasks"
 ) -> TaskNames:
     """The names known (:func:`task_names`), after checking that every one of ``tasks`` is among them: else a
     one-line :class:`~txl.errors.TxlError` naming the unknown ones, the known names closest to each, txl's
     own tasks and ``--include-path``. A folder of ``include_path`` that does not exist is an error too."""
     for folder in include_path:
         if not Path(folder).is_dir():
-            raise TxlError(f"--include-path: {folder} is not a folder")
+            raise TxlError(f"include_path: {folder} is not a folder", fields=("include_path",))
     names = task_names(include_path)
     unknown = [name for name in tasks if name not in names.all]
     if unknown:
@@ -135,7 +135,8 @@ def check_task_names(
         hint = f"close: {', '.join(close)}; " if close else ""
         own = ", ".join(sorted(_scan([_HERE])[0]))
         raise TxlError(
-            f"{flag}: unknown task {', '.join(unknown)} ({hint}txl's own: {own}; "
-            "add a folder of task YAML files with --include-path)"
+            f"{field}: unknown task {', '.join(unknown)} ({hint}txl's own: {own}; "
+            "add a folder of task YAML files with include_path)",
+            fields=(field, "include_path"),
         )
     return names

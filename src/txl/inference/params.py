@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import GenerateConfig, Span, check_sampling, positive_int
+from ..config import ConfigError, GenerateConfig, Span, check_sampling, positive_int
 
 __all__ = [
     "SamplingParams",
@@ -167,7 +167,7 @@ class DecodeSettings:
 
     def __post_init__(self) -> None:
         if self.span is not None and not isinstance(self.span, Span):
-            raise ValueError(f"span must be a txl Span, got {type(self.span).__name__}")
-        positive_int(self.context, "context", error=ValueError, optional=True, field=False)
-        positive_int(self.prompt_chunk, "prompt_chunk", error=ValueError, optional=True, field=False)
-        positive_int(self.rows, "rows", error=ValueError, optional=True, field=False)
+            raise ConfigError(f"span must be a txl Span, got {type(self.span).__name__}")
+        positive_int(self.context, "context", optional=True, field=False)
+        positive_int(self.prompt_chunk, "prompt_chunk", optional=True, field=False)
+        positive_int(self.rows, "rows", optional=True, field=False)

@@ -331,17 +331,19 @@ def _check_fits(run: LoadedRun, params: SamplingParams, settings: DecodeSettings
         m = span.mem_len
         check_fits(
             cache_bytes(model, batch=1, mem_len=m, dtype_bytes=param.element_size()),
-            setting=f"the model's mem_len {m}" if settings.span is None else f"--mem-len {m}",
+            setting=f"model.mem_len {m}" if settings.span is None else f"mem_len {m}",
             what=f"the key/value cache of {model.n_layer} layers, d_model {model.d_model}",
-            lower="--mem-len",
+            lower="mem_len",
+            fields=("mem_len",),
             device=param.device,
         )
     new = params.max_new_tokens
     check_fits(
         new * TOKEN_BYTES,
-        setting=f"--max-new-tokens {new}",
+        setting=f"max_new_tokens {new}",
         what="the tokens of one sample",
-        lower="--max-new-tokens",
+        lower="max_new_tokens",
+        fields=("max_new_tokens",),
     )
 
 

@@ -20,7 +20,6 @@ from ..config import (
     TransformerXLConfig,
     config_to_dict,
     has_memory,
-    positive_int,
 )
 from ..data.vocab import Vocab
 from ..errors import CheckpointError, TxlError
@@ -32,8 +31,8 @@ __all__ = ["ConvertSettings", "Source", "convert", "detect_source"]
 Source = Literal["original", "hf"]
 
 EXPECTED = (
-    "--from hf takes a Hugging Face TransfoXL folder (config.json, pytorch_model.bin or model.safetensors, "
-    "vocab.pkl), --from original a state_dict file of the authors' code"
+    "source hf takes a Hugging Face TransfoXL folder (config.json, pytorch_model.bin or model.safetensors, "
+    "vocab.pkl), source original a state_dict file of the authors' code"
 )
 """What ``txl convert`` reads, said whenever a source is not that."""
 
@@ -42,7 +41,8 @@ EXPECTED = (
 class ConvertSettings:
     """What :func:`convert` reads and the lengths it gives the run. The original's state_dict stores no
     ``mem_len``, ``clamp_len``, ``same_length``, ``pre_norm`` or div_val-1 ``cutoffs``: they are given here
-    (``mem_len`` is required for it); for a Hugging Face folder the lengths given override its config."""
+    (``lengths.mem_len`` is required for it); for a Hugging Face folder the lengths given override its
+    config."""
 
     source: Source | None = None
     """``hf`` (a folder with config.json and weights) or ``original`` (a state_dict file); None: detected."""
@@ -50,26 +50,19 @@ class ConvertSettings:
     """The vocabulary file or folder; None: the vocab.pkl / vocab.txt / vocab.json next to the source."""
     corpus: str = "wikitext-103"
     """What ``txl eval`` evaluates the run on (its ``data.corpus``)."""
-    tgt_len: int | None = None
-    """The run's evaluation segment length; None: the Hugging Face config's ``tgt_len``, else 128."""
-    mem_len: int | None = None
-    """The memory length; None: the Hugging Face config's (required for ``original``)."""
-    clamp_len: int | None = None
-    """The relative distance clamp; None: the source's (none for ``original``)."""
-    same_length: bool | None = None
-    """Same-length attention; None: the source's (off for ``original``)."""
+    lengths: EvalConfig = EvalConfig()
+    """The lengths the run is given, as an ``[eval]`` section holds them (its ``batch_size`` is not used):
+    ``tgt_len``, the evaluation segment (None: the Hugging Face config's ``tgt_len``, else 128); ``mem_len``
+    (None: the Hugging Face config's; required for ``original``), ``clamp_len`` and ``same_length`` (None: the
+    source's; none and off for ``original``)."""
     pre_norm: bool = False
     """The original's layer norm placement: before each sub-layer (True) or after it (the authors')."""
     cutoffs: tuple[int, ...] | None = None
     """The adaptive softmax cutoffs of a div_val-1 original; None: read from the state_dict."""
 
     def __post_init__(self) -> None:
-        for name in ("tgt_len", "clamp_len"):
-            value = getattr(self, name)
-            if value is not None:
-                positive_int(value, name)
-        if self.mem_len is not None and (isinstance(self.mem_len, bool) or self.mem_len < 0):
-            raise ConfigError(f"mem_len: must be a non-negative integer, got {self.mem_len!r}")
+        if not isinstance(self.lengths, EvalConfig):
+            raise ConfigError(f"lengths: must be an EvalConfig, got {type(self.lengths).__name__}")
 
 
 def _refuse_txl_run(src: Path) -> None:
@@ -78,7 +71,8 @@ def _refuse_txl_run(src: Path) -> None:
     if (folder / "config.json").is_file() and (folder / "checkpoints").is_dir():
         raise CheckpointError(
             f"{src} is a txl run folder, which txl eval and txl generate read as it is; "
-            f"convert expects another checkpoint: {EXPECTED}"
+            f"convert expects another checkpoint: {EXPECTED}",
+            fields=("source",),
         )
 
 
@@ -89,7 +83,9 @@ def detect_source(src: Path) -> Source:
         return "hf"
     if src.is_file():
         return "original"
-    raise CheckpointError(f"{src}: neither a Hugging Face folder (with config.json) nor a file; {EXPECTED}")
+    raise CheckpointError(
+        f"{src}: neither a Hugging Face folder (with config.json) nor a file; {EXPECTED}", fields=("source",)
+    )
 
 
 def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
@@ -98,7 +94,9 @@ def _load_vocab(src: Path, vocab: Path | None) -> Vocab:
     folder = src if src.is_dir() else src.parent
     if any((folder / n).is_file() for n in ("vocab.pkl", "vocab.txt", "vocab.json")):
         return load_hf_vocab(folder)
-    raise CheckpointError(f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass --vocab PATH")
+    raise CheckpointError(
+        f"{folder}: no vocab.pkl, vocab.txt or vocab.json; pass vocab PATH", fields=("vocab",)
+    )
 
 
 def convert(
@@ -107,7 +105,7 @@ def convert(
     """Write the checkpoint ``src`` as a run folder ``dst`` (replacing a run there with ``overwrite``) and
     return it. The vocabulary's ids are kept; ``settings`` says what to read and the lengths to give."""
     s = settings or ConvertSettings()
-    mem_len, tgt_len = s.mem_len, s.tgt_len
+    mem_len, tgt_len = s.lengths.mem_len, s.lengths.tgt_len
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
     if not src.exists():
         raise CheckpointError(f"checkpoint not found: {src}")
@@ -115,7 +113,9 @@ def convert(
     source = s.source or detect_source(src)
     paths = check_new_run_dir(dst, overwrite=overwrite, resumable=False)
     if source == "original" and mem_len is None:
-        raise CheckpointError("--from original needs --mem-len (the state_dict does not store it)")
+        raise CheckpointError(
+            "source original needs mem_len (the state_dict does not store it)", fields=("source", "mem_len")
+        )
     try:
         words = _load_vocab(src, None if s.vocab is None else Path(s.vocab).expanduser())
         if source == "hf":
@@ -126,8 +126,8 @@ def convert(
             lengths = OriginalSettings(
                 mem_len=mem_len,
                 pre_norm=s.pre_norm,
-                same_length=bool(s.same_length),
-                clamp_len=s.clamp_len,
+                same_length=bool(s.lengths.same_length),
+                clamp_len=s.lengths.clamp_len,
                 cutoffs=s.cutoffs,
             )
             model = load_original(src, lengths)
@@ -137,7 +137,8 @@ def convert(
     except (TypeError, KeyError, AttributeError, IndexError, ValueError, OSError) as exc:
         what = "folder" if src.is_dir() else "file"
         raise CheckpointError(
-            f"{src}: cannot read this {what} as --from {source} ({type(exc).__name__}: {exc}); {EXPECTED}"
+            f"{src}: cannot read this {what} as source {source} ({type(exc).__name__}: {exc}); {EXPECTED}",
+            fields=("source",),
         ) from None
     model = model.float()
     if len(words) != model.config.vocab_size:
@@ -166,7 +167,7 @@ def convert(
 def _with_span(config: TransformerXLConfig, settings: ConvertSettings) -> TransformerXLConfig:
     """The config with the default lengths that were given changed (they are not architecture: the weights
     stay as they are); same_length is dropped with no memory."""
-    lengths = {n: getattr(settings, n) for n in ("mem_len", "clamp_len", "same_length")}
+    lengths = {n: getattr(settings.lengths, n) for n in ("mem_len", "clamp_len", "same_length")}
     changes = {k: v for k, v in lengths.items() if v is not None}
     try:
         config = dataclasses.replace(config, **changes)

@@ -15,17 +15,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import EvalLengths, Span, TransformerXLConfig, eval_lengths, positive_int
+from ..config import ConfigError, EvalLengths, Span, TransformerXLConfig, eval_lengths, positive_int
 from ..errors import TxlError
 from ..evaluation import EvalSettings, segment_losses
 from ..limits import check_fits, segment_bytes
 from ..model import Memory, TransformerXL, eval_mode
+
+if TYPE_CHECKING:
+    from ..runs import LoadedRun
 
 __all__ = [
     "ExportError",
@@ -50,29 +53,21 @@ class ExportError(TxlError):
 
 @dataclass(frozen=True)
 class ExportSettings:
-    """What :func:`export_onnx` exports. The lengths left as None start from the same place as ``txl eval``'s:
-    the run's ``[eval]`` section, else its training segment length and its model's lengths
-    (:func:`~txl.config.eval_lengths`)."""
+    """What :func:`export_onnx` exports."""
 
-    tgt_len: int | None = None
-    """Tokens of each segment the graph reads (T, fixed in the graph)."""
-    mem_len: int | None = None
-    """Positions of the memory the graph reads and returns (M, fixed in the graph; above 0)."""
-    clamp_len: int | None = None
-    """Relative distances beyond this use the embedding of this distance."""
-    same_length: bool | None = None
-    """Every position attends the same number of keys."""
-    checkpoint: str = "best"
-    """The run's checkpoint to export ("best", "last" or a step)."""
+    lengths: EvalLengths | None = None
+    """The segment the graph reads (T, fixed in the graph) and the span of its memory (M positions read and
+    returned, fixed in the graph, above 0; the clamp and same-length attention). None: the run's, as ``txl
+    eval`` starts (its ``[eval]`` section, else its training segment and its model's lengths,
+    :func:`~txl.config.eval_lengths`)."""
     opset: int = 18
     """The ONNX opset version of the graph."""
     check: bool = True
     """Run the file with onnxruntime over a few segments against txl (:func:`check_onnx`)."""
 
     def __post_init__(self) -> None:
-        for name in ("tgt_len", "clamp_len"):
-            if getattr(self, name) is not None:
-                positive_int(getattr(self, name), name)
+        if self.lengths is not None and not isinstance(self.lengths, EvalLengths):
+            raise ConfigError(f"lengths: must be an EvalLengths, got {type(self.lengths).__name__}")
         positive_int(self.opset, "opset")
 
 
@@ -115,13 +110,20 @@ def _names(n_layer: int) -> tuple[list[str], list[str]]:
 
 
 def check_export_fits(config: TransformerXLConfig, lengths: EvalLengths) -> None:
-    """Refuse (:class:`~txl.errors.SizeError`) a segment or memory whose buffers in the traced example
-    (:data:`EXAMPLE_BATCH` rows) cannot fit in the memory available, naming the lengths."""
+    """Refuse lengths that cannot be exported: no memory (:class:`ExportError`: the export carries one), or a
+    segment or memory whose buffers in the traced example (:data:`EXAMPLE_BATCH` rows) cannot fit in the
+    memory available (:class:`~txl.errors.SizeError`); each names the lengths."""
+    if lengths.span.mem_len <= 0:
+        raise ExportError(
+            f"mem_len must be positive, got {lengths.span.mem_len} (the export carries a memory)",
+            fields=("mem_len",),
+        )
     check_fits(
         segment_bytes(config, batch=EXAMPLE_BATCH, tgt_len=lengths.tgt_len, mem_len=lengths.span.mem_len),
-        setting=f"--tgt-len {lengths.tgt_len} --mem-len {lengths.span.mem_len}",
+        setting=f"tgt_len {lengths.tgt_len} mem_len {lengths.span.mem_len}",
         what=f"the traced segment (batch {EXAMPLE_BATCH}, {config.n_layer} layers)",
-        lower="--tgt-len or --mem-len",
+        lower="tgt_len or mem_len",
+        fields=("tgt_len", "mem_len"),
     )
 
 
@@ -147,7 +149,10 @@ def export_model(
             "only the Transformer-XL (relative attention) exports with memory; the vanilla baseline has none"
         )
     if mem_len <= 0 or tgt_len <= 0:
-        raise ExportError(f"--mem-len and --tgt-len must be positive, got {mem_len} and {tgt_len}")
+        raise ExportError(
+            f"mem_len and tgt_len must be positive, got {mem_len} and {tgt_len}",
+            fields=("mem_len", "tgt_len"),
+        )
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ExportError("export a float32 model (this one has other parameter types)")
     check_export_fits(cfg, EvalLengths(tgt_len, span))  # the buffers of the example below
@@ -224,7 +229,8 @@ def onnxruntime_session(path: str | Path) -> Any:
         import onnxruntime
     except ImportError:
         raise ExportError(
-            "checking the export needs onnxruntime: pip install 'transformer-xl[export]' (or pass --no-check)"
+            "checking the export needs onnxruntime: pip install 'transformer-xl[export]' (or pass check=False)",
+            fields=("check=False",),
         ) from None
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
@@ -294,14 +300,13 @@ def _span(model: TransformerXL, mem_len: int | None, span: Span | None) -> Span:
 
 
 def export_onnx(
-    run_dir: Path, out: Path, settings: ExportSettings | None = None, *, progress: bool = False
+    run: LoadedRun, out: Path, settings: ExportSettings | None = None, *, progress: bool = False
 ) -> dict[str, Any]:
-    """``txl export``: the run's model as ONNX in ``out``, checked with onnxruntime over 3 segments against
-    txl unless ``settings.check`` is off. Segments or a memory whose traced buffers cannot fit are refused
-    (SizeError) before tracing. ``progress``: say each stage on stderr (loading, tracing and writing,
-    checking) as it starts. Returns what was written (a JSON-able record)."""
-    from ..runs import load_run, load_run_config
-
+    """``txl export``: the model of a loaded run (:func:`txl.runs.load_run`) as ONNX in ``out``, checked with
+    onnxruntime over 3 segments against txl unless ``settings.check`` is off. Lengths without a memory, or
+    whose traced buffers cannot fit, are refused before tracing (:func:`check_export_fits`). ``progress``: say
+    each stage on stderr (tracing and writing, checking) as it starts. Returns what was written (a JSON-able
+    record)."""
     s = settings or ExportSettings()
     started = time.perf_counter()
 
@@ -311,16 +316,10 @@ def export_onnx(
                 f"txl export: {message} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True
             )
 
-    config = load_run_config(Path(run_dir))  # the lengths are resolved and sized before the model loads
-    lengths = eval_lengths(
-        config, tgt_len=s.tgt_len, mem_len=s.mem_len, clamp_len=s.clamp_len, same_length=s.same_length
-    )
+    config = run.config
+    lengths = eval_lengths(config) if s.lengths is None else s.lengths
     tgt_len, span = lengths.tgt_len, lengths.span
-    if span.mem_len <= 0:
-        raise ExportError(f"--mem-len must be positive, got {span.mem_len} (the export carries a memory)")
     check_export_fits(config.model, lengths)
-    say(f"loading {run_dir} (checkpoint {s.checkpoint})")
-    run = load_run(Path(run_dir), checkpoint=s.checkpoint)
     say(
         f"tracing the model (segments of {tgt_len} after a memory of {span.mem_len}) and writing {out}; "
         "tracing takes a while"

@@ -17,14 +17,14 @@ from ..config import (
     ConfigError,
     Span,
     StackConfig,
-    _build_section,
-    _check,
-    _coerce,
-    _non_negative_int,
-    _one_of,
-    _parse_value,
-    _positive_int,
+    build_section,
+    check_field,
+    check_non_negative_int,
+    check_one_of,
+    check_positive_int,
+    coerce_value,
     config_to_dict,
+    parse_value,
     read_preset,
 )
 
@@ -120,7 +120,7 @@ def _number(obj: Any, name: str, *, low: float, above: bool = False, high: float
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > low if above else value >= low) and (high is None or value <= high)
     bound = f"{'above' if above else 'at least'} {low:g}" + ("" if high is None else f" and at most {high:g}")
-    _check(ok, name, f"must be a finite number {bound}, got {value!r}")
+    check_field(ok, name, f"must be a finite number {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -163,12 +163,12 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_envs", "n_steps", "seq_len", "n_minibatches", "epochs"):
-            _positive_int(self, name)
-        _check(self.n_steps % self.seq_len == 0, "seq_len", f"must divide n_steps ({self.n_steps})")
+            check_positive_int(self, name)
+        check_field(self.n_steps % self.seq_len == 0, "seq_len", f"must divide n_steps ({self.n_steps})")
         windows = self.n_envs * self.n_steps // self.seq_len
-        _check(windows % self.n_minibatches == 0, "n_minibatches", f"must divide the {windows} windows")
+        check_field(windows % self.n_minibatches == 0, "n_minibatches", f"must divide the {windows} windows")
         _number(self, "lr", low=0, above=True)
-        _check(
+        check_field(
             isinstance(self.anneal_lr, bool), "anneal_lr", f"must be true or false, got {self.anneal_lr!r}"
         )
         for name in ("gamma", "gae_lambda"):
@@ -177,7 +177,7 @@ class PPOConfig:
             _number(self, name, low=0, above=True)
         for name in ("ent_coef", "vf_coef"):
             _number(self, name, low=0)
-        _one_of(self, "memory_after_update", typing.get_args(MemoryAfterUpdate))
+        check_one_of(self, "memory_after_update", typing.get_args(MemoryAfterUpdate))
 
 
 @dataclass(frozen=True)
@@ -203,17 +203,19 @@ class RLConfig:
     LSTM and the MLP."""
 
     def __post_init__(self) -> None:
-        _check(
+        check_field(
             isinstance(self.task, str) and self.task.strip() != "",
             "task",
             f"must name a task, got {self.task!r}",
         )
-        _one_of(self, "agent", typing.get_args(AgentKind))
-        _positive_int(self, "steps")
-        _non_negative_int(self, "seed")
-        _non_negative_int(self, "checkpoint_every")
-        _check(isinstance(self.ppo, PPOConfig), "ppo", f"must be a PPOConfig, got {type(self.ppo).__name__}")
-        _check(
+        check_one_of(self, "agent", typing.get_args(AgentKind))
+        check_positive_int(self, "steps")
+        check_non_negative_int(self, "seed")
+        check_non_negative_int(self, "checkpoint_every")
+        check_field(
+            isinstance(self.ppo, PPOConfig), "ppo", f"must be a PPOConfig, got {type(self.ppo).__name__}"
+        )
+        check_field(
             isinstance(self.core, CoreConfig), "core", f"must be a CoreConfig, got {type(self.core).__name__}"
         )
 
@@ -261,9 +263,9 @@ def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
         if key in _SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: must be a table of fields")
-            values[key] = _build_section(_SECTIONS[key], value, key)
+            values[key] = build_section(_SECTIONS[key], value, key)
         elif key in hints:
-            values[key] = _coerce(value, hints[key], key)
+            values[key] = coerce_value(value, hints[key], key)
         else:
             raise ConfigError(f"{key}: unknown field (known: {', '.join(_known(RLConfig))})")
     return RLConfig(**values)
@@ -289,9 +291,9 @@ def apply_rl_overrides(config: RLConfig, overrides: list[str] | tuple[str, ...])
                 raise ConfigError(f"{path}: unknown config section (known: {', '.join(_SECTIONS)})")
             if name not in _known(_SECTIONS[section]):
                 raise ConfigError(f"{path}: unknown field (known: {', '.join(_known(_SECTIONS[section]))})")
-            data[section][name] = _parse_value(raw.strip())
+            data[section][name] = parse_value(raw.strip())
         elif path in _SECTIONS or path not in _known(RLConfig):
             raise ConfigError(f"{path}: unknown field (known: {', '.join(_known(RLConfig))})")
         else:
-            data[path] = _parse_value(raw.strip())
+            data[path] = parse_value(raw.strip())
     return rl_config_from_dict(data)

@@ -49,7 +49,7 @@ from ..runs import (
     recover_run,
     truncate_metrics,
 )
-from ..train.trainer import Interrupted, _catch_signals
+from ..train.trainer import Interrupted, catch_signals
 from .agent import Agent
 from .config import RESUME_FIELDS, RLConfig, apply_rl_overrides, rl_config_from_dict, rl_config_to_dict
 from .ppo import Collector, check_vector_env, collect, refresh_memory, update
@@ -248,7 +248,7 @@ class _Loop:
         )
         try:
             signals: AbstractContextManager[dict[str, int]] = (
-                _catch_signals() if self.paths is not None else nullcontext({})
+                catch_signals() if self.paths is not None else nullcontext({})
             )
             with signals as received:
                 while self.done < cfg.updates:
@@ -265,7 +265,7 @@ class _Loop:
                     if signum:
                         raise Interrupted(
                             f"{signal.Signals(signum).name} at update {self.done}: checkpoint saved; continue "
-                            f"with 'txl rl train --resume {self.paths.root}'",
+                            f"with 'resume {self.paths.root}'",
                             signum=signum,
                         )
         finally:
@@ -328,8 +328,8 @@ def train(
     try:
         if out is None:
             return _Loop(config, envs, None, progress=progress).fit()
-        paths = check_new_run_dir(Path(out), overwrite=overwrite, resume_with="txl rl train --resume")
-        with new_run_folder(paths, overwrite=overwrite, resume_with="txl rl train --resume"):
+        paths = check_new_run_dir(Path(out), overwrite=overwrite)
+        with new_run_folder(paths, overwrite=overwrite):
             atomic_write_text(paths.config, json.dumps(rl_config_to_dict(config), indent=1) + "\n")
             return _Loop(config, envs, paths, progress=progress).fit()
     finally:
@@ -387,7 +387,8 @@ def resume(
             per = config.ppo.n_envs * config.ppo.n_steps
             raise RunError(
                 f"{paths.root} already finished {done} updates ({done * per:,} steps); to train longer "
-                f"resume with --steps N (N >= {(done + 1) * per})"
+                f"resume with steps N (N >= {(done + 1) * per})",
+                fields=("steps",),
             )
         _warn_schedule_change(saved, config, done)
         made = envs is None

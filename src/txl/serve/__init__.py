@@ -57,7 +57,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise TxlError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+        raise TxlError(f"host {host}: cannot resolve it ({exc.strerror})", fields=("host",)) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -65,7 +65,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise TxlError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+        raise TxlError(
+            f"host {host} port {port}: cannot listen there ({exc.strerror})", fields=("host", "port")
+        ) from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock

@@ -255,7 +255,8 @@ def _folder(settings: ServeSettings, identity: RunIdentity) -> SessionFiles | No
     if settings.sessions_max_bytes < largest:
         raise TxlError(
             f"sessions_max_bytes: {settings.sessions_max_bytes} bytes cannot hold one session of this model "
-            f"(up to {largest} bytes; txl serve --sessions-max-bytes)"
+            f"(up to {largest} bytes)",
+            fields=("sessions_max_bytes",),
         )
     return SessionFiles(
         settings.sessions_dir, identity, max_bytes=settings.sessions_max_bytes, ttl=settings.session_ttl

@@ -63,7 +63,7 @@ def check_text(text: str, *, field_name: str, limit: int) -> None:
         raise RequestError(
             400,
             f"{field_name} has {len(text)} characters, more than this server takes ({limit}; "
-            "txl serve --max-prompt-chars)",
+            "its max_prompt_chars)",
             param=field_name,
         )
 
@@ -145,8 +145,7 @@ def params_of(
     if max_tokens > limits.max_tokens:
         raise RequestError(
             400,
-            f"max_tokens: {max_tokens} is above this server's limit of {limits.max_tokens} "
-            "(txl serve --max-tokens-limit)",
+            f"max_tokens: {max_tokens} is above this server's limit of {limits.max_tokens} (its max_tokens)",
             param="max_tokens",
         )
     if max_tokens == 0 and not req.echo:
@@ -157,7 +156,7 @@ def params_of(
         raise RequestError(
             400,
             f"n: {req.n} choices of {prompts} prompt(s) are more than the rows this server decodes at once "
-            f"({limits.max_batch}; txl serve --max-batch)",
+            f"({limits.max_batch}; its max_batch)",
             param="n",
         )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())

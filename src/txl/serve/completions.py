@@ -106,7 +106,7 @@ def busy(scheduler: Scheduler) -> RequestError:
     return RequestError(
         429,
         f"the model is busy: {scheduler.capacity} request(s) are running or waiting already "
-        "(txl serve --max-batch, --queue-size); retry later",
+        "(its max_batch and queue_size); retry later",
         kind="rate_limit_error",
     )
 

@@ -230,12 +230,12 @@ class SessionKeeper:
     def _full(self) -> SessionError:
         if self.files is None:
             message = (
-                f"there are {self.store.limit} sessions already (txl serve --max-sessions); delete one or "
+                f"there are {self.store.limit} sessions already (the server's max_sessions); delete one or "
                 "wait for idle ones to expire"
             )
         else:
             message = (
-                f"the {self.store.limit} sessions held in memory are all in use (txl serve --max-sessions); "
+                f"the {self.store.limit} sessions held in memory are all in use (the server's max_sessions); "
                 "retry when one ends"
             )
         return SessionError(429, message)

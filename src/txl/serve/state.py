@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..config import has_memory, positive_int
+from ..config import ConfigError, has_memory, positive_int
 from ..runs import LoadedRun
 from .checks import Limits
 from .scheduler import Scheduler
@@ -63,19 +63,21 @@ class ServeSettings:
         counts = ("max_tokens", "max_prompt_chars", "stream_buffer", "max_batch", "max_sessions")
         for name in (*counts, "sessions_max_bytes"):
             value = getattr(self, name)
-            positive_int(value, name, error=ValueError, field=False)
+            positive_int(value, name, field=False)
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
-            raise ValueError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
+            raise ConfigError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
         ttl = self.session_ttl
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0 or math.isinf(ttl):
-            raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
+            raise ConfigError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
-            raise ValueError("api_key must be a non-empty string (or None: no key)")
+            raise ConfigError("api_key must be a non-empty string (or None: no key)")
         if self.api_key is not None and self.api_key != self.api_key.strip():
-            raise ValueError("api_key must not start or end with spaces (a header's value cannot)")
+            raise ConfigError("api_key must not start or end with spaces (a header's value cannot)")
         if self.sessions_dir is not None:
             if not isinstance(self.sessions_dir, (str, os.PathLike)) or not str(self.sessions_dir):
-                raise ValueError(f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}")
+                raise ConfigError(
+                    f"sessions_dir must be a folder's path (or None), got {self.sessions_dir!r}"
+                )
             object.__setattr__(self, "sessions_dir", Path(self.sessions_dir))
 
 

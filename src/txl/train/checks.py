@@ -115,6 +115,6 @@ def check_training_fits(config: RunConfig, group: Distributed) -> None:
         segment_bytes(model, batch=rows, tgt_len=train.tgt_len, mem_len=mem_len, training=True),
         setting=f"train.batch_size {train.batch_size}, train.tgt_len {train.tgt_len}, model.mem_len {mem_len}",
         what=f"the attention of {model.n_layer} layers over {rows} rows of {train.tgt_len} + {mem_len} keys",
-        lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps (--set)",
+        lower="train.batch_size, train.tgt_len or model.mem_len, or raise train.accum_steps",
         device=group.device(train.device),
     )

@@ -66,6 +66,7 @@ __all__ = [
     "Interrupted",
     "TrainerParts",
     "TrainerOptions",
+    "catch_signals",
 ]
 
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr", "warmup_steps", "schedule")
@@ -81,19 +82,19 @@ class Interrupted(RunError):
     """SIGINT or SIGTERM: a checkpoint was saved and the run can be resumed."""
 
     def __init__(self, message: str, *, signum: int) -> None:
-        super().__init__(message)
+        super().__init__(message, fields=("resume",))
         self.signum = signum
 
 
 @contextmanager
 def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
     """Outside the training loop (loading data, the final evaluation) SIGTERM raises Interrupted, so that the
-    lock is released and a failed start cleaned up; inside the loop ``_catch_signals`` takes over."""
+    lock is released and a failed start cleaned up; inside the loop ``catch_signals`` takes over."""
 
     def handler(signum, _frame):
         raise Interrupted(
             f"{signal.Signals(signum).name} outside the training steps: stopped; a run with a "
-            f"checkpoint continues with 'txl train --resume {paths.root}'",
+            f"checkpoint continues with 'resume {paths.root}'",
             signum=signum,
         )
 
@@ -109,8 +110,10 @@ def _sigterm_raises(paths: RunPaths) -> Iterator[None]:
 
 
 @contextmanager
-def _catch_signals() -> Iterator[dict[str, int]]:
-    """Turn SIGINT/SIGTERM into a flag checked between steps (main thread only)."""
+def catch_signals() -> Iterator[dict[str, int]]:
+    """Turn SIGINT and SIGTERM into a flag checked between steps (main thread only; elsewhere signals are left
+    alone): the block gets a dict whose ``"signum"`` is set when one arrives. The trainers of language models
+    and of agents (:mod:`txl.rl.run`) stop at the next step boundary with it."""
     received: dict[str, int] = {}
     previous = {}
 
@@ -416,7 +419,7 @@ class Trainer:
         batches = self.stream.batches()
         status = None
         try:
-            with _catch_signals() as received:
+            with catch_signals() as received:
                 while status is None and self.state.step < self.config.train.steps:
                     loss, lr = self.train_step(next(batches))
                     self._log_train(loss, lr)
@@ -429,7 +432,7 @@ class Trainer:
                         name = signal.Signals(signum).name
                         raise Interrupted(
                             f"{name} at step {self.state.step}: checkpoint saved; continue with "
-                            f"'txl train --resume {self.run.root}'",
+                            f"'resume {self.run.root}'",
                             signum=signum,
                         )
         finally:
@@ -523,7 +526,6 @@ class Trainer:
             batch_size=self.config.eval.batch_size,
             tgt_len=lengths.tgt_len,
             span=lengths.span,
-            device=self.device,
             precision=self.config.train.precision,
             max_tokens=max_tokens,
             progress=self.progress,
@@ -716,7 +718,8 @@ def resume(
         if paths.summary.exists() and done >= config.train.steps:
             raise RunError(
                 f"{paths.root} already finished {done} steps; to train longer resume with "
-                f"--set train.steps=N (N > {done})"
+                f"train.steps=N (N > {done})",
+                fields=("train.steps",),
             )
         if not paths.vocab.is_file():
             raise RunError(f"{paths.root} has no vocab.json")
