@@ -300,7 +300,7 @@ def _preset_steps(task: str) -> int:
 # Drawing: tables into docs/rl.md between markers, plots as PNG, from the result files alone.
 
 
-def _fmt(x: float | None, digits: int = 2) -> str:
+def _fmt(x: float | None, digits: int = 3) -> str:
     if x is None:
         return "–"
     if abs(x) >= 100:

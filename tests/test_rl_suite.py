@@ -108,6 +108,6 @@ def test_the_drawn_table_shows_the_mean_and_each_seed(suite):
         results[name] = result
     table = suite.main_table(results)
     row = next(line for line in table.splitlines() if line.startswith("| RepeatPreviousEasy |"))
-    assert row.split(" | ")[1] == "**0.75** (0.50 / 0.75 / 1.00; lr 0.001)"
+    assert row.split(" | ")[1] == "**0.750** (0.500 / 0.750 / 1.000; lr 0.001)"
     sweep = suite.sweep_table(results)
-    assert "| RepeatPreviousEasy | xl | 0.00 | **0.50** | 0.00 | 0.00 |" in sweep
+    assert "| RepeatPreviousEasy | xl | 0.000 | **0.500** | 0.000 | 0.000 |" in sweep
