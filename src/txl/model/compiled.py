@@ -264,7 +264,10 @@ def compiled_dir() -> Path:
 
 
 def _package_name(sizes: StepSizes) -> str:
-    key = json.dumps([list(sizes), torch.__version__, sizes._fields], sort_keys=True)
+    """The package's file name: a digest of the sizes, torch's version and this module's code (a package
+    compiled from other code is never loaded)."""
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    key = json.dumps([list(sizes), sizes._fields, torch.__version__, code])
     return "step-" + hashlib.sha256(key.encode()).hexdigest()[:24] + ".pt2"
 
 
