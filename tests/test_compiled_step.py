@@ -139,7 +139,9 @@ def test_rows_that_join_and_leave_equal_the_eager_engine():
     prompts = [torch.randint(0, V, (n,), generator=g) for n in (3, 9, 5, 14, 2)]
     params = [SamplingParams(max_new_tokens=n, temperature=0) for n in (7, 30, 12, 20, 25)]
     eager = generate(model, prompts, params, settings=DecodeSettings(rows=B), return_scores=True)
-    fast = generate(model, prompts, params, settings=DecodeSettings(rows=B, compiled=True), return_scores=True)
+    fast = generate(
+        model, prompts, params, settings=DecodeSettings(rows=B, compiled=True), return_scores=True
+    )
     for a, b in zip(fast.new_tokens, eager.new_tokens, strict=True):
         assert torch.equal(a, b)
     for a, b in zip(fast.scores, eager.scores, strict=True):

@@ -25,6 +25,7 @@ over a model and a key/value cache, stepping with tables derived from the weight
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
@@ -33,7 +34,7 @@ from torch import Tensor, nn
 
 from .attention import RelativeMultiHeadAttention
 from .cache import KVCache, LayerCache
-from .compiled import CompiledStep, compiled_step, step_sizes, step_weights, unsupported
+from .compiled import CompiledStep, compiled_step, embedder, step_sizes, step_weights, unsupported
 from .layers import DecoderLayer
 from .positional import relative_distances, sinusoid
 from .transformer import TransformerXL, config_of
@@ -325,7 +326,7 @@ class Decoder:
         self._rel: tuple[int, list[Tensor]] = (-1, [])
         self.compiled = compiled
         """Whether :meth:`step` runs the compiled step where it can."""
-        self._fast: tuple[DecodingTables, int, CompiledStep, Tensor] | None = None
+        self._fast: tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]] | None = None
 
     def _shape(self) -> TableShape:
         cache = self.cache
@@ -412,7 +413,7 @@ class Decoder:
 
     def _compiled_step(
         self, xl: TransformerXL, tables: DecodingTables
-    ) -> tuple[DecodingTables, int, CompiledStep, Tensor] | None:
+    ) -> tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]] | None:
         """The compiled step for these tables and the cache's slots (made or loaded on first use), or None
         where there is none (then the eager step runs)."""
         fast, cache = self._fast, self.cache
@@ -426,25 +427,26 @@ class Decoder:
             self.compiled = False
             return None
         every = torch.full((cache.batch_size,), cache.capacity, dtype=torch.int64)  # (B,): no document bound
-        self._fast = (tables, cache.capacity, step, every)
+        self._fast = (tables, cache.capacity, step, every, embedder(xl))
         return self._fast
 
     def _step_compiled(
         self,
-        fast: tuple[DecodingTables, int, CompiledStep, Tensor],
+        fast: tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]],
         token: Tensor,
         starts: Tensor | None,
         first: int,
     ) -> Tensor:
         """:meth:`step` through the compiled step, from ``first``, the first slot in view (room made)."""
         cache, xl = self.cache, cast(TransformerXL, self.xl)
-        _, _, step, every = fast
+        _, _, step, every, embed = fast
         end = cache.end
         step.slots[0], step.slots[1] = end, first
         seen = every
         if starts is not None or cache.reach is not None:
-            seen = cache.full_reach() if starts is None else torch.where(starts, 0, cache.full_reach())  # (B,)
-        x = xl.embedding(token[:, None])[:, 0]  # (B, D)
+            reach = cache.full_reach()  # (B,)
+            seen = reach if starts is None else torch.where(starts, 0, reach)
+        x = embed(token)  # (B, D)
         out, new_kv, inputs = step(x, seen, cache.kv, cache.hidden)
         cache.kv.select(4, end).copy_(new_kv)  # (L, 2, B, H, Dh)
         cache.hidden.select(2, end).copy_(inputs)  # (L, B, D)
