@@ -19,10 +19,10 @@ pure function of static shapes, compiled to C++ by AOTInductor, cached on disk, 
 #
 # Why AOTInductor: measured on 2 CPU cores (benchmarks/decode_floor.py), ``torch.compile`` of the same
 # function was no faster than the eager step at batch 1 (its guards and Python wrapper cost about what the
-# fusion saves), while AOTInductor's C++ package, called through its own entry point (no pytree wrapper), is
-# 1.2-1.8x faster than the eager step. The weights are the package's constants, given to it when it is loaded
-# (``load_constants``, the tensors used in place), so the package depends only on the sizes: compiled once
-# (about a minute of CPU), kept on disk, loaded by a later process in a fraction of a second.
+# fusion saves), while AOTInductor's C++ package, with its matrix products as inductor's own C++ micro-kernels
+# (max-autotune) and called through its own entry point (no pytree wrapper), is about 2x faster. The weights
+# are inputs, so the package depends only on the sizes: compiled once (about a minute of CPU), kept on disk,
+# loaded by a later process in a fraction of a second.
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import json
 import os
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -65,6 +65,10 @@ COMPILED_DIR_VAR = "TXL_COMPILED_DIR"
 folder, ``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``)."""
 
 _WEIGHTS_PER_LAYER = 13
+
+_INDUCTOR = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+"""AOTInductor's settings: the matrix products as inductor's own C++ micro-kernels where they measure faster
+than ATen's (every one at these sizes, one row at a time)."""
 
 
 class StepSizes(NamedTuple):
@@ -218,56 +222,35 @@ def step_function(sizes: StepSizes) -> Callable[..., tuple[Tensor, Tensor, Tenso
 
 
 class _Step(nn.Module):
-    """The step function as a module, for ``torch.export``: the weights are its buffers ``w0``, ``w1``, ...
-    (constants of the compiled package, replaced by a model's when it is loaded: :func:`_bind`)."""
+    """The step function as a module, for ``torch.export``."""
 
-    def __init__(self, sizes: StepSizes, weights: Sequence[Tensor]) -> None:
+    def __init__(self, sizes: StepSizes) -> None:
         super().__init__()
         self.fn = step_function(sizes)
-        self.count = len(weights)
-        for i, weight in enumerate(weights):
-            self.register_buffer(f"w{i}", weight)
 
-    def forward(self, x: Tensor, where: Tensor, seen: Tensor, kv: Tensor, hidden: Tensor) -> Any:
-        weights = [getattr(self, f"w{i}") for i in range(self.count)]
-        return self.fn(x, where, seen, kv, hidden, *weights)
-
-
-class _Package:
-    """A loaded package (one per sizes in a process) and the weights its constants point to now."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self.bound: list[Tensor] | None = None
-        # the package's own entry point, without its wrapper's pytree flattening (tens of microseconds a call):
-        # the flat inputs in the exported order, the flat outputs back
-        self.run: Callable[[list[Tensor]], list[Tensor]] = runner.loader.boxed_run
+    def forward(self, *args: Tensor) -> Any:
+        return self.fn(*args)
 
 
 class CompiledStep:
     """A compiled one-position step for one :class:`StepSizes` and one model's weights, with its own slot
     numbers: write them into :attr:`slots`, then call it with the embedded tokens, the rows' reach and the
-    cache's buffers. A decoder holds one per cache; steps of equal sizes share the loaded package (each call
-    points its constants at its own weights when another step's were there)."""
+    cache's buffers. A decoder holds one per cache; steps of equal sizes share the loaded package."""
 
-    def __init__(self, sizes: StepSizes, package: _Package, weights: list[Tensor]) -> None:
+    def __init__(self, sizes: StepSizes, run: Callable[[list[Tensor]], list[Tensor]], weights: list[Tensor]):
         self.sizes = sizes
-        self.package = package
+        self.run = run
+        """The package's own entry point (flat inputs in the exported order, flat outputs back), without the
+        pytree wrapper of its Python object (tens of microseconds a call)."""
         self.weights = weights
-        """The weights (:func:`step_weights`), used in place: they must stay alive and unchanged."""
+        """The weights (:func:`step_weights`)."""
         self.slots = np.zeros(2, dtype=np.int64)
         """The slot of the new position and the first slot in view (written by the caller)."""
         self.where = torch.from_numpy(self.slots)  # (2,), the same memory as ``slots``
 
     def __call__(self, x: Tensor, seen: Tensor, kv: Tensor, hidden: Tensor) -> Any:
         """``(out, new_kv, inputs)`` of :func:`step_function` at the slots in :attr:`slots`."""
-        package = self.package
-        if package.bound is not self.weights:
-            with _LOCK:
-                constants = {f"w{i}": w for i, w in enumerate(self.weights)}
-                package.runner.load_constants(constants, check_full_update=True, user_managed=True)
-                package.bound = self.weights
-        return package.run([x, self.where, seen, kv, hidden])
+        return self.run([x, self.where, seen, kv, hidden, *self.weights])
 
 
 def compiled_dir() -> Path:
@@ -283,18 +266,18 @@ def _package_name(sizes: StepSizes) -> str:
     """The package's file name: a digest of the sizes, torch's version and the code it is compiled from (a
     package compiled from other code is never loaded)."""
     code = "".join(inspect.getsource(part) for part in (step_function, _Step, _example))
-    key = json.dumps([list(sizes), sizes._fields, torch.__version__, code])
+    key = json.dumps([list(sizes), sizes._fields, torch.__version__, code, _INDUCTOR])
     return "step-" + hashlib.sha256(key.encode()).hexdigest()[:24] + ".pt2"
 
 
-_LOADED: dict[StepSizes, _Package] = {}
+_LOADED: dict[StepSizes, Callable[[list[Tensor]], list[Tensor]]] = {}
 """Compiled steps loaded in this process, by sizes."""
 _LOCK = threading.Lock()
 _WARNED: set[str] = set()
 
 
-def _example(sizes: StepSizes) -> tuple[tuple[Tensor, ...], list[Tensor]]:
-    """Inputs and weights of the sizes' shapes (zeros), to export the step with."""
+def _example(sizes: StepSizes) -> tuple[Tensor, ...]:
+    """Inputs and weights of the sizes' shapes (zeros, distinct tensors), to export the step with."""
     s = sizes
     b, h, dh, d, f = s.batch_size, s.n_head, s.d_head, s.d_model, s.d_inner
     weights: list[Tensor] = []
@@ -306,14 +289,14 @@ def _example(sizes: StepSizes) -> tuple[tuple[Tensor, ...], list[Tensor]]:
         weights += [torch.ones(d), torch.zeros(d)]
     if s.plain_output:
         weights += [torch.zeros(d, s.vocab_size), torch.zeros(s.vocab_size)]
-    inputs = (
+    return (
         torch.zeros(b, d),
         torch.tensor([0, 0]),
         torch.zeros(b, dtype=torch.int64),
         torch.zeros(s.n_layer, 2, b, h, s.slots, dh),
         torch.zeros(s.n_layer, b, s.slots, d),
+        *weights,
     )
-    return inputs, weights
 
 
 def _compile(sizes: StepSizes, path: Path) -> None:
@@ -324,9 +307,10 @@ def _compile(sizes: StepSizes, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")
     with torch.no_grad():
-        inputs, weights = _example(sizes)
-        exported = torch.export.export(_Step(sizes, weights), inputs, strict=False)
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(temporary))
+        exported = torch.export.export(_Step(sizes), _example(sizes), strict=False)
+        torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(temporary), inductor_configs=_INDUCTOR
+        )
     os.replace(temporary, path)
 
 
@@ -336,8 +320,8 @@ def compiled_step(sizes: StepSizes, weights: list[Tensor]) -> CompiledStep | Non
     per process, where it cannot be compiled (no C++ compiler, an unsupported platform): the caller steps
     eagerly."""
     with _LOCK:
-        package = _LOADED.get(sizes)
-        if package is None:
+        run = _LOADED.get(sizes)
+        if run is None:
             try:
                 import torch._inductor
 
@@ -355,5 +339,5 @@ def compiled_step(sizes: StepSizes, weights: list[Tensor]) -> CompiledStep | Non
                         stacklevel=3,
                     )
                 return None
-            package = _LOADED[sizes] = _Package(runner)
-    return CompiledStep(sizes, package, weights)
+            run = _LOADED[sizes] = runner.loader.boxed_run
+    return CompiledStep(sizes, run, weights)
