@@ -26,6 +26,7 @@ pure function of static shapes, compiled to C++ by AOTInductor, cached on disk, 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -262,11 +263,17 @@ def compiled_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "txl" / "compiled"
 
 
+@functools.cache
+def _code_digest() -> str:
+    """A digest of the code a package is compiled from, read once (the source as it was imported)."""
+    code = "".join(inspect.getsource(part) for part in (step_function, _Step, _example))
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
 def _package_name(sizes: StepSizes) -> str:
     """The package's file name: a digest of the sizes, torch's version and the code it is compiled from (a
     package compiled from other code is never loaded)."""
-    code = "".join(inspect.getsource(part) for part in (step_function, _Step, _example))
-    key = json.dumps([list(sizes), sizes._fields, torch.__version__, code, _INDUCTOR])
+    key = json.dumps([list(sizes), sizes._fields, torch.__version__, _code_digest(), _INDUCTOR])
     return "step-" + hashlib.sha256(key.encode()).hexdigest()[:24] + ".pt2"
 
 
@@ -323,12 +330,11 @@ def compiled_step(sizes: StepSizes, weights: list[Tensor]) -> CompiledStep | Non
         run = _LOADED.get(sizes)
         if run is None:
             try:
-                import torch._inductor
-
                 path = compiled_dir() / _package_name(sizes)
                 if not path.exists():
                     _compile(sizes, path)
-                runner = torch._inductor.aoti_load_package(str(path))
+                # the package's loader itself: loading through torch._inductor would import it (seconds)
+                loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
             except Exception as error:  # a missing compiler, a failed build: decode eagerly instead
                 reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
                 if "compile" not in _WARNED:
@@ -339,5 +345,5 @@ def compiled_step(sizes: StepSizes, weights: list[Tensor]) -> CompiledStep | Non
                         stacklevel=3,
                     )
                 return None
-            run = _LOADED[sizes] = runner.loader.boxed_run
+            run = _LOADED[sizes] = loader.boxed_run
     return CompiledStep(sizes, run, weights)
