@@ -403,7 +403,7 @@ def test_the_compiled_step_equals_the_window_and_the_eager_step():
     """``CoreConfig(compiled=True)``: 30 steps with episode starts, from a stored state, give the window's
     features and state (the independent path) and the eager step's to 1e-6; training windows stay eager."""
     eager, fast = _core(), _core(compiled=True)
-    assert isinstance(fast._step_run, CompiledRun)
+    assert isinstance(fast._compiled, CompiledRun)
     fast.load_state_dict(eager.state_dict())
     e, t = 4, 30
     gen = torch.Generator().manual_seed(2)
@@ -415,7 +415,7 @@ def test_the_compiled_step_equals_the_window_and_the_eager_step():
         window, after = eager.window(obs, state0, starts)
         stepped, _, last = _steps(fast, obs, state0, starts)
         plain, _, plain_last = _steps(eager, obs, state0, starts)
-    assert fast._step_run.ran and fast._step_run.compiled is not None  # it did run compiled
+    assert fast._compiled.ran and fast._compiled.compiled is not None  # it did run compiled
     torch.testing.assert_close(stepped, window, atol=1e-5, rtol=0)
     torch.testing.assert_close(stepped, plain, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(last.memory, plain_last.memory, atol=1e-6, rtol=1e-6)
@@ -438,5 +438,5 @@ def test_without_a_compiler_the_core_steps_eagerly_with_one_warning(monkeypatch)
     obs = torch.randn(2, OBS)
     with pytest.warns(RuntimeWarning, match="compiled core step is not available.*no C\\+\\+ compiler"):
         got, _ = fast.step(obs, state, start)
-    assert fast._step_run.compiled is None
+    assert fast._compiled.compiled is None
     torch.testing.assert_close(got, eager.step(obs, state, start)[0], atol=0, rtol=0)

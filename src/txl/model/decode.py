@@ -297,6 +297,17 @@ def bind_memory(model: TransformerXL, cache: KVCache) -> None:
     cache.mark_projected()
 
 
+class _Fast(NamedTuple):
+    """What a decoder keeps for its compiled step: the tables and cache slots it was made for, the step, the
+    reach that bounds nothing (B,) and the embedding of tokens."""
+
+    tables: DecodingTables
+    slots: int
+    step: CompiledStep
+    every: Tensor
+    embed: Callable[[Tensor], Tensor]
+
+
 class Decoder:
     """Decoding against one key/value cache, one position at a time: :meth:`prefill` feeds a prompt (the
     model's ``forward`` with the cache), :meth:`step` one token per row (the lean path: tables made once).
@@ -326,7 +337,7 @@ class Decoder:
         self._rel: tuple[int, list[Tensor]] = (-1, [])
         self.compiled = compiled
         """Whether :meth:`step` runs the compiled step where it can."""
-        self._fast: tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]] | None = None
+        self._fast: _Fast | None = None
 
     def _shape(self) -> TableShape:
         cache = self.cache
@@ -411,13 +422,11 @@ class Decoder:
             h = xl.norm(h)
         return self.log_probs(h)
 
-    def _compiled_step(
-        self, xl: TransformerXL, tables: DecodingTables
-    ) -> tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]] | None:
+    def _compiled_step(self, xl: TransformerXL, tables: DecodingTables) -> _Fast | None:
         """The compiled step for these tables and the cache's slots (made or loaded on first use), or None
         where there is none (then the eager step runs)."""
         fast, cache = self._fast, self.cache
-        if fast is not None and fast[0] is tables and fast[1] == cache.capacity:
+        if fast is not None and fast.tables is tables and fast.slots == cache.capacity:
             return fast
         if unsupported(xl, cache) is not None:
             self.compiled = False
@@ -427,19 +436,19 @@ class Decoder:
             self.compiled = False
             return None
         every = torch.full((cache.batch_size,), cache.capacity, dtype=torch.int64)  # (B,): no document bound
-        self._fast = (tables, cache.capacity, step, every, embedder(xl))
+        self._fast = _Fast(tables, cache.capacity, step, every, embedder(xl))
         return self._fast
 
     def _step_compiled(
         self,
-        fast: tuple[DecodingTables, int, CompiledStep, Tensor, Callable[[Tensor], Tensor]],
+        fast: _Fast,
         token: Tensor,
         starts: Tensor | None,
         first: int,
     ) -> Tensor:
         """:meth:`step` through the compiled step, from ``first``, the first slot in view (room made)."""
         cache, xl = self.cache, cast(TransformerXL, self.xl)
-        _, _, step, every, embed = fast
+        step, every, embed = fast.step, fast.every, fast.embed
         end = cache.end
         step.slots[0], step.slots[1] = end, first
         seen = every

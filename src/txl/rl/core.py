@@ -165,8 +165,8 @@ class MemoryCore(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         nn.init.normal_(self.u, 0.0, 0.02)
         nn.init.normal_(self.v, 0.0, 0.02)
-        self._step_run = CompiledRun(self._run) if config.compiled else self._run
-        """What :meth:`step` runs: :meth:`_run`, compiled where ``config.compiled`` asks."""
+        self._compiled = CompiledRun(self._run) if config.compiled else None
+        """What :meth:`step` runs where ``config.compiled`` asks: :meth:`_run` compiled (None: :meth:`_run`)."""
 
     def initial_state(self, n_envs: int) -> CoreState:
         """The state of ``n_envs`` environments that remember nothing: zero slots, reach 0 (on the core's
@@ -182,7 +182,8 @@ class MemoryCore(nn.Module):
         """One step of E environments: obs (E, D_obs), episode_start (E,) bool (True where obs is the first
         of a new episode: that row forgets its memory) -> features (E, D) and the next state."""
         obs, episode_start = self._inputs(obs, state, episode_start, window=False)
-        features, state = self._step_run(obs[:, None], state, episode_start[:, None])
+        run = self._run if self._compiled is None else self._compiled
+        features, state = run(obs[:, None], state, episode_start[:, None])
         return features[:, 0], state  # (E, D)
 
     def window(
