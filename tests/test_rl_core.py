@@ -14,6 +14,7 @@ from safetensors.torch import load, save
 
 from txl.config import ConfigError
 from txl.rl import CoreConfig, CoreState, MemoryCore
+from txl.rl.compiled import CompiledRun
 from txl.rl.core import GatedLayer, GRUGate
 
 OBS = 5
@@ -204,6 +205,7 @@ def test_memory_slides_in_long_episodes():
         ("gating", "lstm"),
         ("dropout", 1.0),
         ("d_inner", 2.5),
+        ("compiled", "yes"),
     ],
 )
 def test_config_names_the_bad_field(field, value):
@@ -395,3 +397,46 @@ def test_a_window_of_no_steps_changes_nothing():
         features, after = core.window(torch.zeros(2, 0, OBS), state, torch.zeros(2, 0, dtype=torch.bool))
     assert features.shape == (2, 0, 16) and features.dtype == torch.float32
     assert after is state
+
+
+def test_the_compiled_step_equals_the_window_and_the_eager_step():
+    """``CoreConfig(compiled=True)``: 30 steps with episode starts, from a stored state, give the window's
+    features and state (the independent path) and the eager step's to 1e-6; training windows stay eager."""
+    eager, fast = _core(), _core(compiled=True)
+    assert isinstance(fast._compiled, CompiledRun)
+    fast.load_state_dict(eager.state_dict())
+    e, t = 4, 30
+    gen = torch.Generator().manual_seed(2)
+    warm = torch.randn(e, 9, OBS, generator=gen)
+    _, _, state0 = _steps(eager, warm, eager.initial_state(e), _starts(e, 9, {0: [0], 1: [4], 3: [0, 7]}))
+    obs = torch.randn(e, t, OBS, generator=gen)
+    starts = _starts(e, t, {0: [3, 9, 15, 20], 1: [0, 1, 2], 2: [11]})
+    with torch.no_grad():
+        window, after = eager.window(obs, state0, starts)
+        stepped, _, last = _steps(fast, obs, state0, starts)
+        plain, _, plain_last = _steps(eager, obs, state0, starts)
+    assert fast._compiled.ran and fast._compiled.compiled is not None  # it did run compiled
+    torch.testing.assert_close(stepped, window, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stepped, plain, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(last.memory, plain_last.memory, atol=1e-6, rtol=1e-6)
+    assert torch.equal(last.reach, after.reach)
+
+
+def test_without_a_compiler_the_core_steps_eagerly_with_one_warning(monkeypatch):
+    import txl.rl.compiled as rl_compiled
+
+    def no_compiler(fn, **kwargs):
+        def fails(*args):
+            raise RuntimeError("no C++ compiler found")
+
+        return fails
+
+    monkeypatch.setattr(rl_compiled.torch, "compile", no_compiler)
+    monkeypatch.setattr(rl_compiled, "_WARNED", set())
+    eager, fast = _core(), _core(compiled=True)
+    state, start = eager.initial_state(2), torch.ones(2, dtype=torch.bool)
+    obs = torch.randn(2, OBS)
+    with pytest.warns(RuntimeWarning, match="compiled core step is not available.*no C\\+\\+ compiler"):
+        got, _ = fast.step(obs, state, start)
+    assert fast._compiled.compiled is None
+    torch.testing.assert_close(got, eager.step(obs, state, start)[0], atol=0, rtol=0)

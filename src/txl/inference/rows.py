@@ -152,6 +152,8 @@ class _Rows:
         self.size: int = settings.rows
         """R, the rows of the batch."""
         self.span: Span = self.config.span if settings.span is None else settings.span
+        self.compiled = settings.compiled
+        """Whether the memory path steps through the compiled step (``DecodeSettings.compiled``)."""
         self.device, self.dtype = _parameter(model)
         self._active = [False] * self.size
         self._free_rows: Tensor | None = None  # (R,) bool, True at free rows, while any row is free
@@ -342,7 +344,7 @@ class RowBatch(_Rows):
         self._joined(rows)
 
     def _use(self, cache: KVCache) -> None:
-        self.cache, self.decoder = cache, Decoder(self.model, cache)
+        self.cache, self.decoder = cache, Decoder(self.model, cache, compiled=self.compiled)
 
     def _widen(self) -> None:
         """Make the shared cache remember ``mem_len`` positions per row (so that any prefilled row fits),

@@ -25,6 +25,7 @@ over a model and a key/value cache, stepping with tables derived from the weight
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 
 from .attention import RelativeMultiHeadAttention
 from .cache import KVCache, LayerCache
+from .compiled import CompiledStep, compiled_step, embedder, step_sizes, step_weights, unsupported
 from .layers import DecoderLayer
 from .positional import relative_distances, sinusoid
 from .transformer import TransformerXL, config_of
@@ -295,6 +297,17 @@ def bind_memory(model: TransformerXL, cache: KVCache) -> None:
     cache.mark_projected()
 
 
+class _Fast(NamedTuple):
+    """What a decoder keeps for its compiled step: the tables and cache slots it was made for, the step, the
+    reach that bounds nothing (B,) and the embedding of tokens."""
+
+    tables: DecodingTables
+    slots: int
+    step: CompiledStep
+    every: Tensor
+    embed: Callable[[Tensor], Tensor]
+
+
 class Decoder:
     """Decoding against one key/value cache, one position at a time: :meth:`prefill` feeds a prompt (the
     model's ``forward`` with the cache), :meth:`step` one token per row (the lean path: tables made once).
@@ -303,17 +316,28 @@ class Decoder:
     makes the tables again; :meth:`step` does not check (it runs per token), so change no weight between
     steps. A model in training mode steps through ``forward`` (with its dropout), and so does any module that
     is not a :class:`TransformerXL` but has its ``forward`` (a wrapper, a compiled model): the tables read the
-    model's own layers."""
+    model's own layers.
 
-    def __init__(self, model: nn.Module, cache: KVCache) -> None:
+    ``compiled=True``: :meth:`step` runs the step compiled ahead of time (:mod:`txl.model.compiled`: the same
+    maths as one C++ function of static shapes), compiled on the first step for these sizes (about a minute
+    of CPU, once: the package is kept on disk) or loaded; where it cannot be (no C++ compiler; a model off
+    the CPU, not in float32, or in training mode) the decoder steps eagerly, with one warning for a missing
+    compiler."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, *, compiled: bool = False) -> None:
         if config_of(model).attention != "relative":
             raise ValueError("one-position decoding needs a Transformer-XL with relative attention")
+        if not isinstance(compiled, bool):
+            raise ValueError(f"compiled must be True or False, got {compiled!r}")
         self.model = model
         self.cache = cache
         self.xl = model if isinstance(model, TransformerXL) else None
         """The model when its layers can be read into tables (None: a wrapper, stepped through its forward)."""
         self.tables = None if self.xl is None else self._tables(self.xl)
         self._rel: tuple[int, list[Tensor]] = (-1, [])
+        self.compiled = compiled
+        """Whether :meth:`step` runs the compiled step where it can."""
+        self._fast: _Fast | None = None
 
     def _shape(self) -> TableShape:
         cache = self.cache
@@ -337,7 +361,7 @@ class Decoder:
         and return the log-probabilities (B, V) of the next token. ``starts`` (B, T) bool: where documents
         begin (as ``TransformerXL.forward``; e.g. at each row's first token of a left-padded batch)."""
         if self.stale and self.xl is not None:
-            self.tables, self._rel = self._tables(self.xl), (-1, [])
+            self.tables, self._rel, self._fast = self._tables(self.xl), (-1, []), None
         step = tokens.shape[1] if chunk is None else chunk
         for start in range(0, tokens.shape[1], step):
             part = None if starts is None else starts[:, start : start + step]
@@ -377,6 +401,9 @@ class Decoder:
         if span.same_length:  # with a full memory the oldest key is out of view (attention_mask's rule)
             k = min(k, span.mem_len)
         first = cache.end + 1 - k
+        fast = self._compiled_step(xl, tables) if self.compiled else None
+        if fast is not None:
+            return self._step_compiled(fast, token, starts, first)
         bias = None  # documents: the keys before each row's own are out of view
         if starts is not None or cache.reach is not None:
             bias = document_bias(
@@ -394,6 +421,46 @@ class Decoder:
         if xl.norm is not None:
             h = xl.norm(h)
         return self.log_probs(h)
+
+    def _compiled_step(self, xl: TransformerXL, tables: DecodingTables) -> _Fast | None:
+        """The compiled step for these tables and the cache's slots (made or loaded on first use), or None
+        where there is none (then the eager step runs)."""
+        fast, cache = self._fast, self.cache
+        if fast is not None and fast.tables is tables and fast.slots == cache.capacity:
+            return fast
+        if unsupported(xl, cache) is not None:
+            self.compiled = False
+            return None
+        step = compiled_step(step_sizes(xl, cache, tables), step_weights(xl, tables))
+        if step is None:
+            self.compiled = False
+            return None
+        every = torch.full((cache.batch_size,), cache.capacity, dtype=torch.int64)  # (B,): no document bound
+        self._fast = _Fast(tables, cache.capacity, step, every, embedder(xl))
+        return self._fast
+
+    def _step_compiled(
+        self,
+        fast: _Fast,
+        token: Tensor,
+        starts: Tensor | None,
+        first: int,
+    ) -> Tensor:
+        """:meth:`step` through the compiled step, from ``first``, the first slot in view (room made)."""
+        cache, xl = self.cache, cast(TransformerXL, self.xl)
+        step, every, embed = fast.step, fast.every, fast.embed
+        end = cache.end
+        step.slots[0], step.slots[1] = end, first
+        seen = every
+        if starts is not None or cache.reach is not None:
+            reach = cache.full_reach()  # (B,)
+            seen = reach if starts is None else torch.where(starts, 0, reach)
+        x = embed(token)  # (B, D)
+        out, new_kv, inputs = step(x, seen, cache.kv, cache.hidden)
+        cache.kv.select(4, end).copy_(new_kv)  # (L, 2, B, H, Dh)
+        cache.hidden.select(2, end).copy_(inputs)  # (L, B, D)
+        cache.advance(1, starts=None if starts is None else starts[:, None])
+        return out if step.sizes.plain_output else xl.softmax.log_prob(out)
 
     def log_probs(self, hidden: Tensor) -> Tensor:
         """Log-probabilities (N, V) of final hidden states (N, D), with the output layer in column blocks

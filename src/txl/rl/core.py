@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..config import Span, StackConfig, positive_int
 from ..model import DecoderLayer, LayerStack, Memory, attention_mask
 from ..model.attention import AbsoluteContext, RelativeContext
+from .compiled import CompiledRun
 from .config import CoreConfig
 from .state import CoreState
 
@@ -131,7 +132,8 @@ class MemoryCore(nn.Module):
         features, state = core.window(obs, state0, starts)       # (E, T, D_obs), (E, T) bool -> (E, T, D)
 
     Both paths are one function (a step is a window of one), so ``window`` from a stored state equals T calls
-    of ``step`` from it. An episode start is a document start of :mod:`txl.model`: the step that begins an
+    of ``step`` from it; with ``config.compiled`` a step runs that function compiled (:mod:`txl.rl.compiled`).
+    An episode start is a document start of :mod:`txl.model`: the step that begins an
     episode, and every later one, attends to nothing before it. The memory has ``mem_len`` slots from the
     first step on and slides, so episodes of any length cost the same per step.
 
@@ -163,6 +165,8 @@ class MemoryCore(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         nn.init.normal_(self.u, 0.0, 0.02)
         nn.init.normal_(self.v, 0.0, 0.02)
+        self._compiled = CompiledRun(self._run) if config.compiled else None
+        """What :meth:`step` runs where ``config.compiled`` asks: :meth:`_run` compiled (None: :meth:`_run`)."""
 
     def initial_state(self, n_envs: int) -> CoreState:
         """The state of ``n_envs`` environments that remember nothing: zero slots, reach 0 (on the core's
@@ -178,7 +182,8 @@ class MemoryCore(nn.Module):
         """One step of E environments: obs (E, D_obs), episode_start (E,) bool (True where obs is the first
         of a new episode: that row forgets its memory) -> features (E, D) and the next state."""
         obs, episode_start = self._inputs(obs, state, episode_start, window=False)
-        features, state = self._run(obs[:, None], state, episode_start[:, None])
+        run = self._run if self._compiled is None else self._compiled
+        features, state = run(obs[:, None], state, episode_start[:, None])
         return features[:, 0], state  # (E, D)
 
     def window(
