@@ -82,7 +82,7 @@ class CoreConfig:
     def __post_init__(self) -> None:
         # the layer fields (n_layer ... d_inner, dropout) are checked as the stack's, mem_len as the span's
         _ = self.stack, self.span
-        _check(isinstance(self.compiled, bool), "compiled", f"must be true or false, got {self.compiled!r}")
+        check_field(isinstance(self.compiled, bool), "compiled", f"must be true or false, got {self.compiled!r}")
         if self.gating not in typing.get_args(Gating):
             choices = ", ".join(map(repr, typing.get_args(Gating)))
             raise ConfigError(f"gating: must be one of {choices}, got {self.gating!r}")
