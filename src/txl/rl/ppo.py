@@ -179,9 +179,8 @@ class Collector:
         keep the last ``history`` observations of each (0: none); normalise with ``norm`` (None: never),
         whose statistics the first observations join."""
         raw = envs.reset(seed=seed)[0]
-        obs = (
-            norm.observe(raw) if norm is not None else torch.as_tensor(raw, dtype=torch.float32)
-        )  # (E, D_obs)
+        # (E, D_obs), normalised with the statistics they join
+        obs = torch.as_tensor(raw, dtype=torch.float32) if norm is None else norm.observe(raw)
         e = obs.shape[0]
         state = agent.core.initial_state(e)
         if not isinstance(state, TensorState):
