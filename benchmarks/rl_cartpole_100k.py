@@ -58,6 +58,7 @@ ZOO = [
     "ppo.normalize_obs=false",
     "ppo.normalize_reward=false",
     "ppo.bootstrap_truncated=false",
+    "ppo.separate_critic=false",
 ]
 VARIANTS: dict[str, list[str]] = {
     "preset": [],
@@ -65,7 +66,15 @@ VARIANTS: dict[str, list[str]] = {
     "zoo+norm_obs": [*ZOO, "ppo.normalize_obs=true"],
     "zoo+norm_reward": [*ZOO, "ppo.normalize_reward=true"],
     "zoo+bootstrap": [*ZOO, "ppo.bootstrap_truncated=true"],
+    "zoo+norm": [*ZOO, "ppo.normalize_obs=true", "ppo.normalize_reward=true"],
     "zoo+all": [*ZOO, "ppo.normalize_obs=true", "ppo.normalize_reward=true", "ppo.bootstrap_truncated=true"],
+    "zoo+all+separate_critic": [
+        *ZOO,
+        "ppo.normalize_obs=true",
+        "ppo.normalize_reward=true",
+        "ppo.bootstrap_truncated=true",
+        "ppo.separate_critic=true",
+    ],
     "preset-norm_obs": ["ppo.normalize_obs=false"],
     "preset-norm_reward": ["ppo.normalize_reward=false", "ppo.reward_scale=0.01"],
     "preset-bootstrap": ["ppo.bootstrap_truncated=false"],

@@ -223,7 +223,13 @@ def test_a_resumed_run_with_normalisation_logs_the_rows_of_an_uninterrupted_one(
     the rows it logs again are the uninterrupted run's, bit for bit (the statistics and the discounted
     returns come back with the collector; the annealed clip with the counters)."""
     config = dataclasses.replace(
-        _config(normalize_obs=True, normalize_reward=True, bootstrap_truncated=True, anneal_clip=True),
+        _config(
+            normalize_obs=True,
+            normalize_reward=True,
+            bootstrap_truncated=True,
+            anneal_clip=True,
+            separate_critic=True,
+        ),
         agent=agent,
         steps=8 * 64,
     )
@@ -237,6 +243,41 @@ def test_a_resumed_run_with_normalisation_logs_the_rows_of_an_uninterrupted_one(
     resumed = deterministic(resume(run, progress=False))
     assert len(resumed) == 8 and resumed == reference
     assert len({r["value_loss"] for r in resumed}) == 8
+    assert load_agent(run).agent.separate_critic  # the evaluation builds the same agent
+
+
+@pytest.mark.parametrize("kind", ["xl", "lstm", "gru"])
+def test_a_separate_critic_is_a_second_core_that_only_the_value_loss_trains(kind):
+    """The split core's features and state are the two cores' own, each run alone from its own state over
+    the same steps (episode starts inside); the policy's loss reaches the actor's core only, the value's the
+    critic's only."""
+    torch.manual_seed(0)
+    agent = Agent(kind, 3, ActionSpec(n=2), TINY, separate_critic=True)
+    split = agent.core
+    obs = torch.randn(2, 6, 3)
+    starts = torch.zeros(2, 6, dtype=torch.bool)
+    starts[:, 0], starts[1, 3] = True, True
+    state = split.initial_state(2)
+    for _ in range(2):  # from the initial state, then from the state after a window
+        features, after = split.window(obs, state, starts)
+        actor_features, actor_after = split.actor.window(obs, split._split(state)[0], starts)
+        critic_features, critic_after = split.critic.window(obs, split._split(state)[1], starts)
+        torch.testing.assert_close(features, torch.cat([actor_features, critic_features], dim=-1))
+        for joined, a, c in zip(after.tensors(), actor_after.tensors(), critic_after.tensors(), strict=True):
+            expected = torch.cat([a, c], dim=-1) if a.is_floating_point() else a
+            torch.testing.assert_close(joined, expected)
+        state = after
+    assert not torch.allclose(actor_features, critic_features)  # two cores, two initialisations
+
+    policy, value = agent.heads(split.window(obs, split.initial_state(2), starts)[0])
+    for loss, trained, untouched in (
+        (policy.log_prob(torch.zeros(2, 6, dtype=torch.long)).sum(), split.actor, split.critic),
+        (value.pow(2).sum(), split.critic, split.actor),
+    ):
+        agent.zero_grad()
+        loss.backward(retain_graph=True)
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trained.parameters())
+        assert all(p.grad is None or p.grad.abs().sum() == 0 for p in untouched.parameters())
 
 
 def test_the_new_fields_are_checked():

@@ -171,6 +171,10 @@ class PPOConfig:
     discounted return (discount ``gamma``), clipped to ``[-normalize_clip, normalize_clip]``."""
     normalize_clip: float = 10.0
     """The bound of normalised observations and rewards."""
+    separate_critic: bool = False
+    """Give the value head a core of its own, of the agent's kind and size (its state joined to the policy's
+    core's), so that the value loss trains that core and the policy loss the other (true), or one core under
+    both heads (false)."""
     bootstrap_truncated: bool = False
     """Where an episode is cut by a time limit (truncated, not terminated), add ``gamma`` times the value of
     its last observation to its last reward, so that the values learn that the episode would have gone on
@@ -193,7 +197,13 @@ class PPOConfig:
         for name in ("ent_coef", "vf_coef"):
             _number(self, name, low=0)
         _one_of(self, "memory_after_update", typing.get_args(MemoryAfterUpdate))
-        for name in ("anneal_clip", "normalize_obs", "normalize_reward", "bootstrap_truncated"):
+        for name in (
+            "anneal_clip",
+            "normalize_obs",
+            "normalize_reward",
+            "separate_critic",
+            "bootstrap_truncated",
+        ):
             value = getattr(self, name)
             _check(isinstance(value, bool), name, f"must be true or false, got {value!r}")
         _number(self, "normalize_clip", low=0, above=True)

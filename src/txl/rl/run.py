@@ -113,7 +113,13 @@ class _Loop:
         self.actions = check_vector_env(envs, config.ppo.n_envs)
         self.obs_dim = int(envs.single_observation_space.shape[0])
         torch.manual_seed(config.seed)
-        self.agent = Agent(config.agent, self.obs_dim, self.actions, config.core)
+        self.agent = Agent(
+            config.agent,
+            self.obs_dim,
+            self.actions,
+            config.core,
+            separate_critic=config.ppo.separate_critic,
+        )
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=config.ppo.lr, eps=1e-5)
         self.history = config.history if config.ppo.memory_after_update == "recompute" else 0
         self.collector = Collector.begin(

@@ -105,7 +105,11 @@ def load_agent(run: str | Path, *, checkpoint: str = "latest") -> SavedAgent:
             if not isinstance(saved, dict):
                 raise CheckpointError(f"{folder}: not a checkpoint of a txl rl run (no agent record)")
             agent = Agent(
-                config.agent, int(saved["obs_dim"]), ActionSpec.from_dict(saved["actions"]), config.core
+                config.agent,
+                int(saved["obs_dim"]),
+                ActionSpec.from_dict(saved["actions"]),
+                config.core,
+                separate_critic=config.ppo.separate_critic,
             )
             load_weights(folder, agent)
             step = checkpoint_step(folder)
