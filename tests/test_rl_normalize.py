@@ -256,17 +256,17 @@ def test_a_separate_critic_is_a_second_core_that_only_the_value_loss_trains(kind
     split = agent.core
     obs = torch.randn(2, 6, 3)
     starts = torch.zeros(2, 6, dtype=torch.bool)
-    starts[:, 0], starts[1, 3] = True, True
+    starts[1, 3] = True  # an episode start inside; the windows go on from the states before them
     state = split.initial_state(2)
-    for _ in range(2):  # from the initial state, then from the state after a window
-        features, after = split.window(obs, state, starts)
-        actor_features, actor_after = split.actor.window(obs, split._split(state)[0], starts)
-        critic_features, critic_after = split.critic.window(obs, split._split(state)[1], starts)
+    actor_state, critic_state = split.actor.initial_state(2), split.critic.initial_state(2)
+    for _ in range(3):  # from the initial states, then from the states after each window
+        features, state = split.window(obs, state, starts)
+        actor_features, actor_state = split.actor.window(obs, actor_state, starts)
+        critic_features, critic_state = split.critic.window(obs, critic_state, starts)
         torch.testing.assert_close(features, torch.cat([actor_features, critic_features], dim=-1))
-        for joined, a, c in zip(after.tensors(), actor_after.tensors(), critic_after.tensors(), strict=True):
+        for joined, a, c in zip(state.tensors(), actor_state.tensors(), critic_state.tensors(), strict=True):
             expected = torch.cat([a, c], dim=-1) if a.is_floating_point() else a
             torch.testing.assert_close(joined, expected)
-        state = after
     assert not torch.allclose(actor_features, critic_features)  # two cores, two initialisations
 
     policy, value = agent.heads(split.window(obs, split.initial_state(2), starts)[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -134,7 +134,9 @@ class SplitCore(nn.Module):
 
     def __init__(self, actor: nn.Module, critic: nn.Module, d_model: int) -> None:
         super().__init__()
-        self.actor, self.critic, self.d_model = actor, critic, d_model
+        self.actor: Core = cast(Core, actor)
+        self.critic: Core = cast(Core, critic)
+        self.d_model = d_model
 
     def _split(self, state: TensorState) -> tuple[TensorState, TensorState]:
         d = self.d_model
@@ -186,7 +188,7 @@ class Agent(nn.Module):
         self.separate_critic, self.d_model = separate_critic, core.d_model
         if separate_critic:
             actor_core, critic_core = build_core(kind, obs_dim, core), build_core(kind, obs_dim, core)
-            self.core: Core = SplitCore(actor_core, critic_core, core.d_model)  # type: ignore[assignment]
+            self.core: Core = SplitCore(actor_core, critic_core, core.d_model)
         else:
             self.core = build_core(kind, obs_dim, core)  # type: ignore[assignment]
         self.actor = nn.Linear(core.d_model, actions.size)
