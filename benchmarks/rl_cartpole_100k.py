@@ -66,11 +66,8 @@ VARIANTS: dict[str, list[str]] = {
     "zoo+norm_obs": [*ZOO, "ppo.normalize_obs=true"],
     "zoo+norm_reward": [*ZOO, "ppo.normalize_reward=true"],
     "zoo+norm": [*ZOO, "ppo.normalize_obs=true", "ppo.normalize_reward=true"],
-    "zoo+bootstrap": [*ZOO, "ppo.bootstrap_truncated=true"],
-    "zoo+reward_scale": [*ZOO, "ppo.reward_scale=0.01"],
     "preset+separate_critic": ["ppo.separate_critic=true"],
     "preset+recompute": ["ppo.memory_after_update=recompute"],
-    "preset+lr3e-4": ["ppo.lr=3e-4"],
 }
 """Each variant's overrides of the preset; the preset itself is ``zoo`` with the observations and rewards
 normalised and time-limit cuts bootstrapped."""
