@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -20,8 +20,9 @@ from ..config import ConfigError
 from .baselines import GRUCore, LSTMCore, MLPCore
 from .config import AgentKind, CoreConfig
 from .core import MemoryCore
+from .state import TensorState
 
-__all__ = ["ActionSpec", "Core", "Agent", "build_core"]
+__all__ = ["ActionSpec", "Core", "SplitCore", "Agent", "build_core"]
 
 
 @dataclass(frozen=True)
@@ -125,14 +126,71 @@ def build_core(kind: AgentKind, obs_dim: int, config: CoreConfig) -> nn.Module:
     raise ConfigError(f"agent: must be one of 'xl', 'gru', 'lstm', 'mlp', got {kind!r}")
 
 
+class SplitCore(nn.Module):
+    """Two cores of one kind side by side, the actor's and the critic's, behind the one core interface: the
+    features (..., 2D) are the actor core's then the critic core's; the state is the two cores' states with
+    each floating-point tensor joined along its last dimension (D) and the integer ones (the XL core's
+    reach, which follows the episode starts alone) shared."""
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, d_model: int) -> None:
+        super().__init__()
+        self.actor: Core = cast(Core, actor)
+        self.critic: Core = cast(Core, critic)
+        self.d_model = d_model
+
+    def _split(self, state: TensorState) -> tuple[TensorState, TensorState]:
+        d = self.d_model
+        tensors = state.tensors()
+        actor = [t[..., :d] if t.is_floating_point() else t for t in tensors]
+        critic = [t[..., d:] if t.is_floating_point() else t for t in tensors]
+        return type(state)(*actor), type(state)(*critic)
+
+    @staticmethod
+    def _join(actor: TensorState, critic: TensorState) -> TensorState:
+        pairs = zip(actor.tensors(), critic.tensors(), strict=True)
+        return type(actor)(*(torch.cat([a, c], dim=-1) if a.is_floating_point() else a for a, c in pairs))
+
+    def initial_state(self, n_envs: int) -> TensorState:
+        """The two cores' initial states, joined."""
+        return self._join(self.actor.initial_state(n_envs), self.critic.initial_state(n_envs))
+
+    def step(self, obs: Tensor, state: TensorState, episode_start: Tensor) -> tuple[Tensor, TensorState]:
+        """obs (E, D_obs), episode_start (E,) -> features (E, 2D), the next joined state."""
+        actor_state, critic_state = self._split(state)
+        actor_features, actor_state = self.actor.step(obs, actor_state, episode_start)
+        critic_features, critic_state = self.critic.step(obs, critic_state, episode_start)
+        return torch.cat([actor_features, critic_features], dim=-1), self._join(actor_state, critic_state)
+
+    def window(self, obs: Tensor, state0: TensorState, starts: Tensor) -> tuple[Tensor, TensorState]:
+        """obs (E, T, D_obs), starts (E, T) -> features (E, T, 2D), the joined state after."""
+        actor_state, critic_state = self._split(state0)
+        actor_features, actor_state = self.actor.window(obs, actor_state, starts)
+        critic_features, critic_state = self.critic.window(obs, critic_state, starts)
+        return torch.cat([actor_features, critic_features], dim=-1), self._join(actor_state, critic_state)
+
+
 class Agent(nn.Module):
     """A core with a policy head and a value head on its features (D): ``heads`` gives the policy (a
-    distribution over one action per row) and the value."""
+    distribution over one action per row) and the value. With ``separate_critic`` the value head reads a core
+    of its own (:class:`SplitCore`), so that the value loss does not train the policy's core."""
 
-    def __init__(self, kind: AgentKind, obs_dim: int, actions: ActionSpec, core: CoreConfig) -> None:
+    def __init__(
+        self,
+        kind: AgentKind,
+        obs_dim: int,
+        actions: ActionSpec,
+        core: CoreConfig,
+        *,
+        separate_critic: bool = False,
+    ) -> None:
         super().__init__()
         self.kind, self.obs_dim, self.actions = kind, obs_dim, actions
-        self.core: Core = build_core(kind, obs_dim, core)  # type: ignore[assignment]
+        self.separate_critic, self.d_model = separate_critic, core.d_model
+        if separate_critic:
+            actor_core, critic_core = build_core(kind, obs_dim, core), build_core(kind, obs_dim, core)
+            self.core: Core = SplitCore(actor_core, critic_core, core.d_model)
+        else:
+            self.core = build_core(kind, obs_dim, core)  # type: ignore[assignment]
         self.actor = nn.Linear(core.d_model, actions.size)
         self.critic = nn.Linear(core.d_model, 1)
         nn.init.orthogonal_(self.actor.weight, 0.01)
@@ -142,8 +200,12 @@ class Agent(nn.Module):
 
     def heads(self, features: Tensor) -> tuple[Distribution, Tensor]:
         """features (..., D) -> the policy (one action per row of ``...``) and the value (...)."""
-        out = self.actor(features)  # (..., A)
-        value = self.critic(features)[..., 0]
+        if self.separate_critic:  # features (..., 2D): the actor core's, then the critic core's
+            out = self.actor(features[..., : self.d_model])  # (..., A)
+            value = self.critic(features[..., self.d_model :])[..., 0]
+        else:
+            out = self.actor(features)  # (..., A)
+            value = self.critic(features)[..., 0]
         if self.actions.discrete:
             return Categorical(logits=out), value
         return Independent(Normal(out, self.log_std.exp().expand_as(out)), 1), value

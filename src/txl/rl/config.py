@@ -82,7 +82,9 @@ class CoreConfig:
     def __post_init__(self) -> None:
         # the layer fields (n_layer ... d_inner, dropout) are checked as the stack's, mem_len as the span's
         _ = self.stack, self.span
-        check_field(isinstance(self.compiled, bool), "compiled", f"must be true or false, got {self.compiled!r}")
+        check_field(
+            isinstance(self.compiled, bool), "compiled", f"must be true or false, got {self.compiled!r}"
+        )
         if self.gating not in typing.get_args(Gating):
             choices = ", ".join(map(repr, typing.get_args(Gating)))
             raise ConfigError(f"gating: must be one of {choices}, got {self.gating!r}")
@@ -166,6 +168,25 @@ class PPOConfig:
     memory_after_update: MemoryAfterUpdate = "keep"
     """The collectors' memory after each update: ``keep``, ``recompute`` or ``reset``
     (:data:`MemoryAfterUpdate`)."""
+    anneal_clip: bool = False
+    """Anneal the ratio clip linearly to 0 over the run's updates, as the learning rate (false: constant)."""
+    normalize_obs: bool = False
+    """Normalise the observations by their running mean and variance over the run (from the first reset on),
+    clipped to ``[-normalize_clip, normalize_clip]``; the statistics are saved in each checkpoint and frozen
+    for evaluation (:mod:`txl.rl.normalize`)."""
+    normalize_reward: bool = False
+    """Divide the rewards (after ``reward_scale``) by the running standard deviation of each environment's
+    discounted return (discount ``gamma``), clipped to ``[-normalize_clip, normalize_clip]``."""
+    normalize_clip: float = 10.0
+    """The bound of normalised observations and rewards."""
+    separate_critic: bool = False
+    """Give the value head a core of its own, of the agent's kind and size (its state joined to the policy's
+    core's), so that the value loss trains that core and the policy loss the other (true), or one core under
+    both heads (false)."""
+    bootstrap_truncated: bool = False
+    """Where an episode is cut by a time limit (truncated, not terminated), add ``gamma`` times the value of
+    its last observation to its last reward, so that the values learn that the episode would have gone on
+    (true), or treat the cut as the episode's end (false)."""
 
     def __post_init__(self) -> None:
         for name in ("n_envs", "n_steps", "seq_len", "n_minibatches", "epochs"):
@@ -184,6 +205,16 @@ class PPOConfig:
         for name in ("ent_coef", "vf_coef"):
             _number(self, name, low=0)
         check_one_of(self, "memory_after_update", typing.get_args(MemoryAfterUpdate))
+        for name in (
+            "anneal_clip",
+            "normalize_obs",
+            "normalize_reward",
+            "separate_critic",
+            "bootstrap_truncated",
+        ):
+            value = getattr(self, name)
+            check_field(isinstance(value, bool), name, f"must be true or false, got {value!r}")
+        _number(self, "normalize_clip", low=0, above=True)
 
 
 @dataclass(frozen=True)
@@ -247,7 +278,8 @@ def _presets_dir() -> Path:
 
 
 def rl_preset_names() -> list[str]:
-    """Names of the run presets shipped with txl (one per task: the task's name)."""
+    """Names of the run presets shipped with txl: one per task, named as the task, and others named as
+    their task with a suffix (``CartPoleNoVelocity-100k``)."""
     return sorted(p.stem for p in _presets_dir().glob("*.toml"))
 
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..config import ConfigError
 from .agent import ActionSpec, Agent
 from .config import MemoryAfterUpdate, PPOConfig
+from .normalize import Normalizer
 from .state import TensorState
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "check_vector_env",
     "gae",
     "collect",
+    "truncation_values",
     "update",
     "refresh_memory",
 ]
@@ -150,8 +152,9 @@ class History:
 @dataclass
 class Collector:
     """What carries over from one rollout to the next: the environments, their last observations (not yet
-    given to the core), which of them begin an episode, the core's state, each environment's running return
-    and length, and (for ``recompute``) their last observations."""
+    given to the core; normalised where ``ppo.normalize_obs``), which of them begin an episode, the core's
+    state, each environment's running return and length, (for ``recompute``) their last observations, and
+    the normalisation's running statistics (:class:`~txl.rl.normalize.Normalizer`)."""
 
     envs: Any
     obs: Tensor  # (E, D_obs)
@@ -160,12 +163,24 @@ class Collector:
     running: np.ndarray  # (E,) float64
     lengths: np.ndarray  # (E,) int64
     history: History | None = None
+    norm: Normalizer | None = None
 
     @classmethod
-    def begin(cls, envs: Any, agent: Agent, *, seed: int | None, history: int = 0) -> Collector:
+    def begin(
+        cls,
+        envs: Any,
+        agent: Agent,
+        *,
+        seed: int | None,
+        history: int = 0,
+        norm: Normalizer | None = None,
+    ) -> Collector:
         """Reset the environments (with ``seed``) and start every one on a new episode with an empty memory;
-        keep the last ``history`` observations of each (0: none)."""
-        obs = torch.as_tensor(envs.reset(seed=seed)[0], dtype=torch.float32)  # (E, D_obs)
+        keep the last ``history`` observations of each (0: none); normalise with ``norm`` (None: never),
+        whose statistics the first observations join."""
+        raw = envs.reset(seed=seed)[0]
+        # (E, D_obs), normalised with the statistics they join
+        obs = torch.as_tensor(raw, dtype=torch.float32) if norm is None else norm.observe(raw)
         e = obs.shape[0]
         state = agent.core.initial_state(e)
         if not isinstance(state, TensorState):
@@ -178,6 +193,7 @@ class Collector:
             np.zeros(e),
             np.zeros(e, dtype=np.int64),
             History.empty(e, history, obs.shape[1]) if history > 0 else None,
+            norm,
         )
 
     def tensors(self) -> dict[str, Tensor]:
@@ -186,6 +202,8 @@ class Collector:
         out.update({f"state.{i}": t for i, t in enumerate(self.state.tensors())})
         if self.history is not None:
             out.update({"history.obs": self.history.obs, "history.starts": self.history.starts})
+        if self.norm is not None:
+            out.update({f"norm.{k}": t for k, t in self.norm.tensors().items()})
         return {name: t.detach().contiguous() for name, t in out.items()}
 
     def record(self) -> dict[str, Any]:
@@ -210,6 +228,8 @@ class Collector:
         self.state = type(self.state)(*(tensors[f"state.{i}"] for i in range(count)))
         if self.history is not None:
             self.history = History(tensors["history.obs"], tensors["history.starts"])
+        if self.norm is not None:
+            self.norm.load({k[len("norm.") :]: t for k, t in tensors.items() if k.startswith("norm.")})
         self.running = np.asarray(record["running"], dtype=np.float64)
         self.lengths = np.asarray(record["lengths"], dtype=np.int64)
 
@@ -217,7 +237,10 @@ class Collector:
 def collect(agent: Agent, env: Collector, config: PPOConfig) -> Collected:
     """Step the E environments T times with the core's ``step`` (no gradients), storing the core state at
     each window's start; then the advantages and returns of the rollout. Continuous actions are clipped to
-    the action space's bounds for the environments; the rollout keeps the policy's own samples."""
+    the action space's bounds for the environments; the rollout keeps the policy's own samples. Observations
+    and rewards are normalised as ``config`` says (the collector's :class:`~txl.rl.normalize.Normalizer`);
+    with ``config.bootstrap_truncated`` the last reward of an episode cut by a time limit gains ``gamma``
+    times the value of its last observation (:func:`truncation_values`)."""
     s = config.seq_len
     batch = Rollout.empty(config.n_envs, config.n_steps, env.obs.shape[1], agent.actions)
     window_states: list[TensorState] = []
@@ -233,16 +256,28 @@ def collect(agent: Agent, env: Collector, config: PPOConfig) -> Collected:
             action = policy.sample()
             batch.obs[:, t], batch.starts[:, t], batch.actions[:, t] = env.obs, env.start, action
             batch.logp[:, t], batch.values[:, t] = policy.log_prob(action), value
-            next_obs, reward, terminated, truncated, _ = env.envs.step(agent.actions.to_env(action))
+            next_obs, reward, terminated, truncated, info = env.envs.step(agent.actions.to_env(action))
             done = np.logical_or(terminated, truncated)
-            batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32) * config.reward_scale
+            if env.norm is None:
+                batch.rewards[:, t] = torch.as_tensor(reward, dtype=torch.float32) * config.reward_scale
+                next_t = torch.as_tensor(next_obs, dtype=torch.float32)
+            else:
+                scaled = env.norm.reward(np.asarray(reward, dtype=np.float64) * config.reward_scale, done)
+                batch.rewards[:, t] = torch.as_tensor(scaled, dtype=torch.float32)
+                next_t = env.norm.observe(next_obs)
+            if config.bootstrap_truncated:
+                cut = np.flatnonzero(np.logical_and(truncated, np.logical_not(terminated)))
+                if cut.size:
+                    final = _final_obs(info, cut, env.norm)
+                    rows = torch.as_tensor(cut)
+                    batch.rewards[rows, t] += config.gamma * truncation_values(agent, final, env.state[rows])
             batch.dones[:, t] = torch.as_tensor(done)
             env.running += reward
             env.lengths += 1
             for i in np.flatnonzero(done):
                 finished.append((float(env.running[i]), int(env.lengths[i])))
                 env.running[i], env.lengths[i] = 0.0, 0
-            env.obs = torch.as_tensor(next_obs, dtype=torch.float32)
+            env.obs = next_t
             env.start = torch.as_tensor(done)
         next_value = agent.heads(agent.core.step(env.obs, env.state, env.start)[0])[1]
         advantages = gae(
@@ -251,13 +286,35 @@ def collect(agent: Agent, env: Collector, config: PPOConfig) -> Collected:
     return Collected(batch, window_states, advantages, advantages + batch.values, finished)
 
 
+def _final_obs(info: Mapping[str, Any], envs: np.ndarray, norm: Normalizer | None) -> Tensor:
+    """The last observations (N, D_obs) of the episodes of environments ``envs`` (N,) that the step ended
+    (gymnasium's ``final_obs``, as the vector environment's same-step autoreset gives them), normalised with
+    the statistics as they are."""
+    rows = np.stack([np.asarray(info["final_obs"][i], dtype=np.float32) for i in envs])  # (N, D_obs)
+    return norm.normalize_obs(rows) if norm is not None else torch.as_tensor(rows)
+
+
+def truncation_values(agent: Agent, final_obs: Tensor, state: TensorState) -> Tensor:
+    """The values (N,) of the last observations (N, D_obs) of N episodes cut by a time limit, each one more
+    step of the core from ``state`` (the state after the episode's last acted step)."""
+    features, _ = agent.core.step(final_obs, state, torch.zeros(final_obs.shape[0], dtype=torch.bool))
+    return agent.heads(features)[1]
+
+
 def update(
-    agent: Agent, optimizer: torch.optim.Optimizer, rollout: Collected, config: PPOConfig
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    rollout: Collected,
+    config: PPOConfig,
+    *,
+    clip: float | None = None,
 ) -> dict[str, float]:
     """``config.epochs`` passes of minibatches of windows (W, E), each replayed with the core's ``window``
-    from its stored state, minimising PPO's clipped surrogate (advantages normalised per minibatch), the
-    value loss and the entropy bonus; returns the mean of each training figure."""
+    from its stored state, minimising PPO's clipped surrogate (advantages normalised per minibatch; the
+    ratio clipped to ``1 ± clip``, default ``config.clip``), the value loss and the entropy bonus; returns the
+    mean of each training figure."""
     e, s = config.n_envs, config.seq_len
+    clip = config.clip if clip is None else clip
     states = type(rollout.window_states[0]).stack(rollout.window_states)  # (W, E, ...)
     windows = rollout.batch.windows(s)  # each (W, E, S, ...)
     adv_w, ret_w = _split(rollout.advantages, s), _split(rollout.returns, s)  # (W, E, S)
@@ -276,7 +333,7 @@ def update(
             ratio = log_ratio.exp()
             adv = adv_w[w, env]
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
             value_loss = 0.5 * (value - ret_w[w, env]).pow(2).mean()
             entropy = policy.entropy().mean()
             loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
@@ -286,7 +343,7 @@ def update(
             optimizer.step()
             with torch.no_grad():
                 stats["approx_kl"].append(float(((ratio - 1) - log_ratio).mean()))
-                stats["clipfrac"].append(float(((ratio - 1).abs() > config.clip).float().mean()))
+                stats["clipfrac"].append(float(((ratio - 1).abs() > clip).float().mean()))
             stats["policy_loss"].append(float(policy_loss.detach()))
             stats["value_loss"].append(float(value_loss.detach()))
             stats["entropy"].append(float(entropy.detach()))

@@ -52,6 +52,7 @@ from ..runs import (
 from ..train.trainer import Interrupted, catch_signals
 from .agent import Agent
 from .config import RESUME_FIELDS, RLConfig, apply_rl_overrides, rl_config_from_dict, rl_config_to_dict
+from .normalize import Normalizer
 from .ppo import Collector, check_vector_env, collect, refresh_memory, update
 
 __all__ = ["train", "resume", "read_rl_config", "make_envs", "final_return", "TIMING_FIELDS", "FINAL_STEPS"]
@@ -112,13 +113,35 @@ class _Loop:
         self.actions = check_vector_env(envs, config.ppo.n_envs)
         self.obs_dim = int(envs.single_observation_space.shape[0])
         torch.manual_seed(config.seed)
-        self.agent = Agent(config.agent, self.obs_dim, self.actions, config.core)
+        self.agent = Agent(
+            config.agent,
+            self.obs_dim,
+            self.actions,
+            config.core,
+            separate_critic=config.ppo.separate_critic,
+        )
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=config.ppo.lr, eps=1e-5)
         self.history = config.history if config.ppo.memory_after_update == "recompute" else 0
-        self.collector = Collector.begin(envs, self.agent, seed=config.seed, history=self.history)
+        self.collector = Collector.begin(
+            envs, self.agent, seed=config.seed, history=self.history, norm=self._normalizer()
+        )
         self.done = 0  # updates
         self.elapsed, self.cpu = 0.0, 0.0  # of the updates done, across resumes
         self.rows: list[dict[str, Any]] = []
+
+    def _normalizer(self) -> Normalizer | None:
+        """The normalisation of a new collector (None when ``ppo`` normalises nothing)."""
+        ppo = self.config.ppo
+        if not (ppo.normalize_obs or ppo.normalize_reward):
+            return None
+        return Normalizer.begin(
+            ppo.n_envs,
+            self.obs_dim,
+            obs=ppo.normalize_obs,
+            reward=ppo.normalize_reward,
+            gamma=ppo.gamma,
+            clip=ppo.normalize_clip,
+        )
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -180,7 +203,11 @@ class _Loop:
             self.collector.load(saved, record["collector"])
             return
         seed = self.config.seed + self.done
-        self.collector = Collector.begin(self.envs, self.agent, seed=seed, history=self.history)
+        norm = self._normalizer()
+        if norm is not None:  # the statistics go on; the fresh episodes' discounted returns start at 0
+            norm.load({k[len("norm.") :]: t for k, t in saved.items() if k.startswith("norm.")})
+            norm.running = np.zeros_like(norm.running)
+        self.collector = Collector.begin(self.envs, self.agent, seed=seed, history=self.history, norm=norm)
         warnings.warn(
             f"the environments of task {self.config.task!r} cannot be saved: the run resumes from update "
             f"{self.done} on fresh episodes (reset with seed {seed}), so it does not continue exactly as it "
@@ -202,12 +229,13 @@ class _Loop:
         cfg, ppo = self.config, self.config.ppo
         n = cfg.updates
         lr = ppo.lr * (1.0 - self.done / n) if ppo.anneal_lr else ppo.lr
+        clip = ppo.clip * (1.0 - self.done / n) if ppo.anneal_clip else ppo.clip
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         wall, cpu = time.perf_counter(), time.process_time()
         rollout = collect(self.agent, self.collector, ppo)
         collected = time.perf_counter()
-        stats = update(self.agent, self.optimizer, rollout, ppo)
+        stats = update(self.agent, self.optimizer, rollout, ppo, clip=clip)
         updated = time.perf_counter()
         refresh_memory(self.agent, self.collector, ppo.memory_after_update)
         end = time.perf_counter()

@@ -15,12 +15,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import DamagedCheckpoint, checkpoint_step, load_weights, read_checkpoint_meta
+from ..checkpoint import (
+    DamagedCheckpoint,
+    checkpoint_step,
+    load_extra_tensors,
+    load_weights,
+    read_checkpoint_meta,
+)
 from ..config import ConfigError, positive_int
 from ..errors import CheckpointError
 from ..runs import find_checkpoint
 from .agent import ActionSpec, Agent
 from .config import RLConfig
+from .normalize import RunningMoments
 from .run import make_envs, read_rl_config
 from .state import TensorState
 
@@ -35,8 +42,18 @@ class SavedAgent:
         action, state = agent.act(obs, state, episode_start)   # (E, D_obs), (E,) bool -> (E,) or (E, A)
     """
 
-    def __init__(self, config: RLConfig, agent: Agent, checkpoint: Path, step: int) -> None:
+    def __init__(
+        self,
+        config: RLConfig,
+        agent: Agent,
+        checkpoint: Path,
+        step: int,
+        obs_norm: RunningMoments | None = None,
+    ) -> None:
         self.config, self.agent, self.checkpoint, self.step = config, agent, checkpoint, step
+        self.obs_norm = obs_norm
+        """The training's observation statistics at the checkpoint, frozen (None: observations are not
+        normalised, ``ppo.normalize_obs`` off)."""
 
     @property
     def actions(self) -> ActionSpec:
@@ -56,7 +73,8 @@ class SavedAgent:
         """One step of E environments: ``obs`` (E, D_obs) and ``episode_start`` (E,) bool (True where obs is
         an episode's first), arrays or tensors -> the actions, as the environments take them (discrete: (E,)
         integers; continuous: (E, A) clipped to the bounds), and the next state. ``deterministic``: the
-        policy's most likely action (else a sample)."""
+        policy's most likely action (else a sample). Observations are the environments' own: a run that
+        normalised them has them normalised here with its statistics, frozen (:attr:`obs_norm`)."""
         obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32))
         start_t = torch.as_tensor(np.asarray(episode_start, dtype=bool))
         if obs_t.dim() != 2 or obs_t.shape[1] != self.agent.obs_dim:
@@ -65,6 +83,9 @@ class SavedAgent:
             raise ValueError(
                 f"episode_start must be ({obs_t.shape[0]},) for these observations, got {tuple(start_t.shape)}"
             )
+        if self.obs_norm is not None:
+            clip = self.config.ppo.normalize_clip
+            obs_t = torch.as_tensor(self.obs_norm.scale(obs_t.numpy(), clip=clip), dtype=torch.float32)
         with torch.no_grad():
             features, state = self.agent.core.step(obs_t, state, start_t)
             policy, _ = self.agent.heads(features)
@@ -84,16 +105,33 @@ def load_agent(run: str | Path, *, checkpoint: str = "latest") -> SavedAgent:
             if not isinstance(saved, dict):
                 raise CheckpointError(f"{folder}: not a checkpoint of a txl rl run (no agent record)")
             agent = Agent(
-                config.agent, int(saved["obs_dim"]), ActionSpec.from_dict(saved["actions"]), config.core
+                config.agent,
+                int(saved["obs_dim"]),
+                ActionSpec.from_dict(saved["actions"]),
+                config.core,
+                separate_critic=config.ppo.separate_critic,
             )
             load_weights(folder, agent)
             step = checkpoint_step(folder)
+            obs_norm = _obs_statistics(folder, config)
             break
         except DamagedCheckpoint:
             if attempt == 1:
                 raise
     agent.eval()
-    return SavedAgent(config, agent, folder, step)
+    return SavedAgent(config, agent, folder, step, obs_norm)
+
+
+def _obs_statistics(folder: Path, config: RLConfig) -> RunningMoments | None:
+    """The observation statistics saved in a checkpoint of a run that normalised its observations."""
+    if not config.ppo.normalize_obs:
+        return None
+    saved = load_extra_tensors(folder)
+    names = [f"collector.norm.obs.{k}" for k in ("mean", "var", "count")]
+    if any(name not in saved for name in names):
+        raise CheckpointError(f"{folder}: the run normalised its observations, but no statistics were saved")
+    mean, var, count = (saved[name] for name in names)
+    return RunningMoments(mean.numpy().copy(), var.numpy().copy(), float(count))
 
 
 def t_quantile(p: float, df: int) -> float:
