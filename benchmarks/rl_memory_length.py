@@ -1,0 +1,258 @@
+"""Success against memory length: bsuite's memory-length task (``MemoryLength-L``: a cue at the first step, the
+question L - 1 steps later, return +1 or -1, chance 0) for L in {16, ..., 512}, with five agents:
+
+- ``xl-cover``: the XL agent (2 layers) with ``mem_len = L``: one layer's memory covers the episode;
+- ``xl-relay``: ``mem_len = L / 2``: mem_len < L <= 2 x mem_len, so only the stack of two layers reaches the cue
+  (layer 1 must carry it into a step that layer 2 can see);
+- ``xl-short``: ``mem_len = L / 4``: 2 x mem_len < L, the cue is out of the stack's reach;
+- ``gru``, ``lstm``: the recurrent baselines (at ``--baseline-lr``).
+
+From a clone of the repository. Each run is a real ``txl rl train`` (with ``nice -n 10``, one thread, one at a
+time) then ``txl rl eval --episodes 100 --json``; its result is one JSON file in ``--results`` named after the
+cell (``L048-xl-relay-s1.json``), and a cell whose file exists is skipped, so the grid resumes where it
+stopped. ``--draw`` reads only those files and writes the figure and a markdown table.
+
+    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --lengths 16 32 64 --seeds 1
+    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --draw --out docs/rl_memory_length.png
+
+Budget: ``--episodes`` episodes per run (steps = L x episodes, rounded up to whole rollouts), at least
+``--min-steps`` and at most ``--max-steps`` steps; the result file records the steps a cell ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+LENGTHS = (16, 32, 64, 128, 256, 512)
+VARIANTS = ("xl-cover", "xl-relay", "xl-short", "gru", "lstm")
+LABELS = {
+    "xl-cover": "XL, mem_len = L",
+    "xl-relay": "XL, mem_len = L/2 (reach 2 x mem_len = L)",
+    "xl-short": "XL, mem_len = L/4 (reach L/2 < L)",
+    "gru": "GRU",
+    "lstm": "LSTM",
+}
+ROLLOUT = 16 * 128  # the preset's steps per update (ppo.n_envs x ppo.n_steps)
+RESULTS = Path("benchmarks/results/rl/memory_length")
+
+
+def cell_name(length: int, variant: str, seed: int) -> str:
+    """The result file's stem of one cell."""
+    return f"L{length:03d}-{variant}-s{seed}"
+
+
+def budget(length: int, episodes: int, min_steps: int, max_steps: int) -> int:
+    """Environment steps of a run on MemoryLength-``length``: ``length x episodes`` within the bounds, rounded
+    up to whole rollouts."""
+    steps = min(max(length * episodes, min_steps), max_steps)
+    return math.ceil(steps / ROLLOUT) * ROLLOUT
+
+
+def variant_settings(length: int, variant: str, baseline_lr: float) -> tuple[str, list[str]]:
+    """The agent and the ``--set`` overrides of a variant on MemoryLength-``length``."""
+    if variant in ("gru", "lstm"):
+        return variant, [f"ppo.lr={baseline_lr}"]
+    mem_len = {"xl-cover": length, "xl-relay": length // 2, "xl-short": length // 4}[variant]
+    return "xl", [f"core.mem_len={mem_len}"]
+
+
+def run_cell(args: argparse.Namespace, length: int, variant: str, seed: int) -> dict:
+    """Train and evaluate one cell with the real CLI; the result record."""
+    agent, overrides = variant_settings(length, variant, args.baseline_lr)
+    steps = budget(length, args.episodes, args.min_steps, args.max_steps)
+    run = Path(args.runs) / cell_name(length, variant, seed)
+    task = f"MemoryLength-{length}"
+    sets = [x for o in [*overrides, *args.set] for x in ("--set", o)]
+    train = [
+        "txl",
+        "rl",
+        "train",
+        "--task",
+        task,
+        "--agent",
+        agent,
+        "--seed",
+        str(seed),
+        "--steps",
+        str(steps),
+    ]
+    train += [*sets, "--out", str(run), "--overwrite", "--quiet", "--json"]
+    evaluate = ["txl", "rl", "eval", str(run), "--episodes", "100", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    prefix = ["nice", "-n", "10", sys.executable, "-m"]
+    load = [os.getloadavg()[0]]
+    begin = time.time()
+    summary = json.loads(_last_line(subprocess.run(prefix + train, env=env, check=True, capture_output=True)))
+    load.append(os.getloadavg()[0])
+    scores = json.loads(
+        _last_line(subprocess.run(prefix + evaluate, env=env, check=True, capture_output=True))
+    )
+    config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    return {
+        "length": length,
+        "variant": variant,
+        "seed": seed,
+        "agent": agent,
+        "mem_len": config["core"]["mem_len"] if agent == "xl" else None,
+        "n_layer": config["core"]["n_layer"],
+        "steps": steps,
+        "episodes": steps // length,
+        "final_return": summary["final_return"],
+        "final_steps": summary["final_steps"],
+        "eval_mean_return": scores["mean_return"],
+        "eval_sampled_mean_return": scores["sampled"]["mean_return"],
+        "eval": scores,
+        "summary": summary,
+        "config": config,
+        "commands": [" ".join(["nice -n 10", *train]), " ".join(evaluate)],
+        "wall_s": round(time.time() - begin, 1),
+        "load_1min": load,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _last_line(done: subprocess.CompletedProcess) -> str:
+    return done.stdout.decode().strip().splitlines()[-1]
+
+
+def run_grid(args: argparse.Namespace) -> None:
+    """Every missing cell of the grid, one at a time; one result file each, written when the cell is done."""
+    from txl.files import atomic_write_text
+
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        for length in args.lengths:
+            for variant in args.variants:
+                path = results / f"{cell_name(length, variant, seed)}.json"
+                if path.exists():
+                    continue
+                if variant == "xl-short" and length // 4 < 1:
+                    continue
+                record = run_cell(args, length, variant, seed)
+                atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+                print(
+                    json.dumps({k: record[k] for k in ("length", "variant", "seed", "steps", "wall_s")})
+                    | {"final": record["final_return"], "eval": record["eval_mean_return"]},
+                    flush=True,
+                )
+
+
+def read_results(folder: Path) -> list[dict]:
+    """Every cell's record in ``folder``."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("L*-s*.json"))]
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(records: Sequence[dict]) -> str:
+    """A markdown table: one row per L, one column per agent; each cell the mean over seeds of the
+    evaluation's mean return (100 episodes, the policy's most likely action), with the final return of
+    training and the seeds and steps it ran."""
+    by_cell: dict[tuple[int, str], list[dict]] = {}
+    for r in records:
+        by_cell.setdefault((r["length"], r["variant"]), []).append(r)
+    head = "| L | " + " | ".join(LABELS[v] for v in VARIANTS) + " |"
+    lines = [head, "| --- |" + " --- |" * len(VARIANTS)]
+    for length in LENGTHS:
+        cells = []
+        for variant in VARIANTS:
+            runs = sorted(by_cell.get((length, variant), []), key=lambda r: r["seed"])
+            if not runs:
+                cells.append("not run")
+                continue
+            mean = sum(r["eval_mean_return"] for r in runs) / len(runs)
+            per_seed = ", ".join(_fmt(r["eval_mean_return"]) for r in runs)
+            finals = ", ".join(_fmt(r["final_return"]) for r in runs)
+            seeds = ",".join(str(r["seed"]) for r in runs)
+            steps = {r["steps"] for r in runs}
+            cells.append(
+                f"**{mean:.2f}** ({per_seed}; train {finals}; seed {seeds}; "
+                f"{'/'.join(f'{s // 1000}k' for s in sorted(steps))})"
+            )
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def draw(records: Sequence[dict], out: Path) -> None:
+    """Success against L: the evaluation's mean return (mean over seeds, each seed a dot) of each agent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    markers = {"xl-cover": "o", "xl-relay": "s", "xl-short": "v", "gru": "^", "lstm": "D"}
+    for i, variant in enumerate(VARIANTS):
+        runs = [r for r in records if r["variant"] == variant]
+        if not runs:
+            continue
+        lengths = sorted({r["length"] for r in runs})
+        means = [
+            sum(r["eval_mean_return"] for r in runs if r["length"] == n)
+            / sum(1 for r in runs if r["length"] == n)
+            for n in lengths
+        ]
+        shift = 1.0 + 0.03 * (i - 2)  # spread the agents' dots apart on the log axis
+        (line,) = ax.plot([n * shift for n in lengths], means, marker=markers[variant], label=LABELS[variant])
+        ax.scatter(
+            [r["length"] * shift for r in runs],
+            [r["eval_mean_return"] for r in runs],
+            s=12,
+            color=line.get_color(),
+            alpha=0.5,
+        )
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(LENGTHS), [str(n) for n in LENGTHS])
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_xlabel("episode length L (the cue is L - 1 steps before the question)")
+    ax.set_ylabel("mean return, 100 evaluation episodes")
+    ax.set_title("MemoryLength-L: PPO, 2-layer XL agents, GRU, LSTM (chance 0)")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--episodes", type=int, default=4096, help="episodes per run (steps = L x episodes)")
+    parser.add_argument("--min-steps", type=int, default=153_600)
+    parser.add_argument("--max-steps", type=int, default=524_288)
+    parser.add_argument("--baseline-lr", type=float, default=3e-3, help="the GRU's and the LSTM's ppo.lr")
+    parser.add_argument("--set", action="append", default=[], help="another override for every run")
+    parser.add_argument("--runs", default="runs/rl/memory_length", help="the run folders")
+    parser.add_argument("--results", default=str(RESULTS), help="one result file per cell")
+    parser.add_argument("--draw", action="store_true", help="draw from the result files only")
+    parser.add_argument("--out", default="docs/rl_memory_length.png", help="the figure (with --draw)")
+    parser.add_argument("--table", default=None, help="also write the markdown table here (with --draw)")
+    args = parser.parse_args(argv)
+    if args.draw:
+        records = read_results(Path(args.results))
+        draw(records, Path(args.out))
+        text = table(records)
+        if args.table:
+            Path(args.table).write_text(text, encoding="utf-8")
+        print(text, end="")
+        return
+    run_grid(args)
+
+
+if __name__ == "__main__":
+    main()
