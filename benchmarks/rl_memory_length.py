@@ -26,6 +26,7 @@ import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,17 +59,32 @@ def budget(length: int, episodes: int, min_steps: int, max_steps: int) -> int:
 
 
 def variant_settings(length: int, variant: str, baseline_lr: float) -> tuple[str, list[str]]:
-    """The agent and the ``--set`` overrides of a variant on MemoryLength-``length``."""
+    """The agent and the ``--set`` overrides of a variant on MemoryLength-``length``: one of
+    :data:`VARIANTS`, or ``xl-mM`` (``core.mem_len=M``) with options ``-wS`` (training windows of S steps,
+    ``ppo.seq_len=S``, rollouts of ``max(128, S)`` steps) and ``-recompute``
+    (``ppo.memory_after_update=recompute``), e.g. ``xl-m32-w128``."""
     if variant in ("gru", "lstm"):
         return variant, [f"ppo.lr={baseline_lr}"]
-    mem_len = {"xl-cover": length, "xl-relay": length // 2, "xl-short": length // 4}[variant]
-    return "xl", [f"core.mem_len={mem_len}"]
+    if variant in VARIANTS:
+        mem_len = {"xl-cover": length, "xl-relay": length // 2, "xl-short": length // 4}[variant]
+        return "xl", [f"core.mem_len={mem_len}"]
+    match = re.fullmatch(r"xl-m([0-9]+)((?:-w[0-9]+|-recompute)*)", variant)
+    if match is None:
+        raise SystemExit(f"--variants: unknown variant {variant!r}")
+    overrides = [f"core.mem_len={int(match.group(1))}"]
+    for option in match.group(2).split("-")[1:]:
+        if option == "recompute":
+            overrides.append("ppo.memory_after_update=recompute")
+        else:
+            seq_len = int(option[1:])
+            overrides += [f"ppo.seq_len={seq_len}", f"ppo.n_steps={max(128, seq_len)}"]
+    return "xl", overrides
 
 
 def run_cell(args: argparse.Namespace, length: int, variant: str, seed: int) -> dict:
     """Train and evaluate one cell with the real CLI; the result record."""
     agent, overrides = variant_settings(length, variant, args.baseline_lr)
-    steps = budget(length, args.episodes, args.min_steps, args.max_steps)
+    steps = args.steps or budget(length, args.episodes, args.min_steps, args.max_steps)
     run = Path(args.runs) / cell_name(length, variant, seed)
     task = f"MemoryLength-{length}"
     sets = [x for o in [*overrides, *args.set] for x in ("--set", o)]
@@ -97,6 +113,7 @@ def run_cell(args: argparse.Namespace, length: int, variant: str, seed: int) -> 
         _last_line(subprocess.run(prefix + evaluate, env=env, check=True, capture_output=True))
     )
     config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    curve = curve_of(run)
     return {
         "length": length,
         "variant": variant,
@@ -110,14 +127,33 @@ def run_cell(args: argparse.Namespace, length: int, variant: str, seed: int) -> 
         "final_steps": summary["final_steps"],
         "eval_mean_return": scores["mean_return"],
         "eval_sampled_mean_return": scores["sampled"]["mean_return"],
+        "solved_at": solved_at(curve),
         "eval": scores,
         "summary": summary,
+        "curve": curve,
         "config": config,
         "commands": [" ".join(["nice -n 10", *train]), " ".join(evaluate)],
         "wall_s": round(time.time() - begin, 1),
         "load_1min": load,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def curve_of(run: Path) -> list[list[float | None]]:
+    """The run's learning curve from its ``metrics.jsonl``: [environment steps, mean return of the episodes
+    that ended in the update (None where none did)] per update."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [[row["env_steps"], row["return_mean"]] for row in rows]
+
+
+def solved_at(curve: Sequence[Sequence[float | None]], level: float = 0.9, window: int = 5) -> int | None:
+    """The first environment step at which the mean return of the last ``window`` updates (an update with no
+    episode counts as 0) reaches ``level``; None if it never does."""
+    returns = [0.0 if r is None else float(r) for _, r in curve]
+    for i in range(window - 1, len(returns)):
+        if sum(returns[i - window + 1 : i + 1]) / window >= level:
+            return int(curve[i][0])  # type: ignore[arg-type]
+    return None
 
 
 def _last_line(done: subprocess.CompletedProcess) -> str:
@@ -135,8 +171,6 @@ def run_grid(args: argparse.Namespace) -> None:
             for variant in args.variants:
                 path = results / f"{cell_name(length, variant, seed)}.json"
                 if path.exists():
-                    continue
-                if variant == "xl-short" and length // 4 < 1:
                     continue
                 record = run_cell(args, length, variant, seed)
                 atomic_write_text(path, json.dumps(record, indent=1) + "\n")
@@ -185,6 +219,27 @@ def table(records: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def other_table(records: Sequence[dict]) -> str:
+    """A markdown table of the runs outside the grid (another L or another agent), one row per run."""
+    lines = [
+        "| L | agent | seed | steps | eval mean return (100 episodes) | sampled actions | final return (training) "
+        "| 0.9 reached at |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(records, key=lambda r: (r["length"], r["variant"], r["seed"])):
+        lines.append(
+            f"| {r['length']} | {r['variant']} | {r['seed']} | {r['steps']:,} | {r['eval_mean_return']:.2f} | "
+            f"{r['eval_sampled_mean_return']:.2f} | {_fmt(r['final_return'])} | "
+            f"{'never' if r.get('solved_at') is None else format(r['solved_at'], ',')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def in_grid(record: dict) -> bool:
+    """Whether a run is a cell of the figure's grid (L in :data:`LENGTHS`, an agent of :data:`VARIANTS`)."""
+    return record["length"] in LENGTHS and record["variant"] in VARIANTS
+
+
 def draw(records: Sequence[dict], out: Path) -> None:
     """Success against L: the evaluation's mean return (mean over seeds, each seed a dot) of each agent."""
     import matplotlib
@@ -230,11 +285,12 @@ def draw(records: Sequence[dict], out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="agents (see variant_settings)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--episodes", type=int, default=4096, help="episodes per run (steps = L x episodes)")
-    parser.add_argument("--min-steps", type=int, default=153_600)
-    parser.add_argument("--max-steps", type=int, default=524_288)
+    parser.add_argument("--min-steps", type=int, default=98_304)
+    parser.add_argument("--max-steps", type=int, default=393_216)
+    parser.add_argument("--steps", type=int, default=None, help="the steps of every run (not by L)")
     parser.add_argument("--baseline-lr", type=float, default=3e-3, help="the GRU's and the LSTM's ppo.lr")
     parser.add_argument("--set", action="append", default=[], help="another override for every run")
     parser.add_argument("--runs", default="runs/rl/memory_length", help="the run folders")
@@ -245,8 +301,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.draw:
         records = read_results(Path(args.results))
-        draw(records, Path(args.out))
-        text = table(records)
+        grid = [r for r in records if in_grid(r)]
+        draw(grid, Path(args.out))
+        text = table(grid)
+        others = [r for r in records if not in_grid(r)]
+        if others:
+            text += "\n" + other_table(others)
         if args.table:
             Path(args.table).write_text(text, encoding="utf-8")
         print(text, end="")
