@@ -62,9 +62,13 @@ def variant_settings(length: int, variant: str, baseline_lr: float) -> tuple[str
     """The agent and the ``--set`` overrides of a variant on MemoryLength-``length``: one of
     :data:`VARIANTS`, or ``xl-mM`` (``core.mem_len=M``) with options ``-wS`` (training windows of S steps,
     ``ppo.seq_len=S``, rollouts of ``max(128, S)`` steps) and ``-recompute``
-    (``ppo.memory_after_update=recompute``), e.g. ``xl-m32-w128``."""
+    (``ppo.memory_after_update=recompute``), e.g. ``xl-m32-w128``; or ``gru-lrX``, ``lstm-lrX`` (the baseline at
+    ``ppo.lr=X``)."""
     if variant in ("gru", "lstm"):
         return variant, [f"ppo.lr={baseline_lr}"]
+    baseline = re.fullmatch(r"(gru|lstm)-lr([0-9.e-]+)", variant)
+    if baseline is not None:
+        return baseline.group(1), [f"ppo.lr={float(baseline.group(2))}"]
     if variant in VARIANTS:
         mem_len = {"xl-cover": length, "xl-relay": length // 2, "xl-short": length // 4}[variant]
         return "xl", [f"core.mem_len={mem_len}"]
@@ -174,11 +178,10 @@ def run_grid(args: argparse.Namespace) -> None:
                     continue
                 record = run_cell(args, length, variant, seed)
                 atomic_write_text(path, json.dumps(record, indent=1) + "\n")
-                print(
-                    json.dumps({k: record[k] for k in ("length", "variant", "seed", "steps", "wall_s")})
-                    | {"final": record["final_return"], "eval": record["eval_mean_return"]},
-                    flush=True,
-                )
+                shown = {
+                    k: record[k] for k in ("length", "variant", "seed", "steps", "wall_s", "final_return")
+                }
+                print(json.dumps(shown | {"eval": record["eval_mean_return"]}), flush=True)
 
 
 def read_results(folder: Path) -> list[dict]:
@@ -259,7 +262,7 @@ def draw(records: Sequence[dict], out: Path) -> None:
             / sum(1 for r in runs if r["length"] == n)
             for n in lengths
         ]
-        shift = 1.0 + 0.03 * (i - 2)  # spread the agents' dots apart on the log axis
+        shift = 1.0 + 0.06 * (i - 2)  # spread the agents' dots apart on the log axis
         (line,) = ax.plot([n * shift for n in lengths], means, marker=markers[variant], label=LABELS[variant])
         ax.scatter(
             [r["length"] * shift for r in runs],
@@ -269,6 +272,8 @@ def draw(records: Sequence[dict], out: Path) -> None:
             alpha=0.5,
         )
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    # the evaluation's episodes hold the same cues for every L: one answer every time scores -0.18 or +0.18
+    ax.axhspan(-0.18, 0.18, color="grey", alpha=0.12, label="one answer every time (chance)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(LENGTHS), [str(n) for n in LENGTHS])
     ax.set_ylim(-1.05, 1.05)
@@ -276,6 +281,34 @@ def draw(records: Sequence[dict], out: Path) -> None:
     ax.set_ylabel("mean return, 100 evaluation episodes")
     ax.set_title("MemoryLength-L: PPO, 2-layer XL agents, GRU, LSTM (chance 0)")
     ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw_curves(records: Sequence[dict], out: Path, *, window: int = 5) -> None:
+    """The learning curves of ``records`` (the return of each update, a trailing mean over ``window``
+    updates; an update with no episode counts as 0), one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for r in sorted(records, key=lambda r: (r["variant"], r["seed"])):
+        steps = [row[0] for row in r["curve"]]
+        returns = [0.0 if row[1] is None else row[1] for row in r["curve"]]
+        smoothed = [
+            sum(returns[max(0, i - window + 1) : i + 1]) / min(window, i + 1) for i in range(len(returns))
+        ]
+        ax.plot(steps, smoothed, label=f"L={r['length']} {r['variant']} seed {r['seed']}", linewidth=1.2)
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(f"mean return (last {window} updates)")
+    ax.set_title("MemoryLength-48, 2-layer XL: memory (m) and training windows (w)")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -298,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--draw", action="store_true", help="draw from the result files only")
     parser.add_argument("--out", default="docs/rl_memory_length.png", help="the figure (with --draw)")
     parser.add_argument("--table", default=None, help="also write the markdown table here (with --draw)")
+    parser.add_argument(
+        "--curves", default=None, help="also draw the curves of the runs outside the grid here"
+    )
     args = parser.parse_args(argv)
     if args.draw:
         records = read_results(Path(args.results))
@@ -307,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         others = [r for r in records if not in_grid(r)]
         if others:
             text += "\n" + other_table(others)
+            if args.curves:
+                draw_curves([r for r in others if r["length"] == 48], Path(args.curves))
         if args.table:
             Path(args.table).write_text(text, encoding="utf-8")
         print(text, end="")
