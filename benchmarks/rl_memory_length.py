@@ -196,7 +196,7 @@ def _fmt(value: float | None) -> str:
 def table(records: Sequence[dict]) -> str:
     """A markdown table: one row per L, one column per agent; each cell the mean over seeds of the
     evaluation's mean return (100 episodes, the policy's most likely action), with the final return of
-    training and the seeds and steps it ran."""
+    training, the steps and the seeds when not seed 1 alone."""
     by_cell: dict[tuple[int, str], list[dict]] = {}
     for r in records:
         by_cell.setdefault((r["length"], r["variant"]), []).append(r)
@@ -210,14 +210,15 @@ def table(records: Sequence[dict]) -> str:
                 cells.append("not run")
                 continue
             mean = sum(r["eval_mean_return"] for r in runs) / len(runs)
-            per_seed = ", ".join(_fmt(r["eval_mean_return"]) for r in runs)
             finals = ", ".join(_fmt(r["final_return"]) for r in runs)
-            seeds = ",".join(str(r["seed"]) for r in runs)
-            steps = {r["steps"] for r in runs}
-            cells.append(
-                f"**{mean:.2f}** ({per_seed}; train {finals}; seed {seeds}; "
-                f"{'/'.join(f'{s // 1000}k' for s in sorted(steps))})"
+            steps = "/".join(f"{s:,}" for s in sorted({r["steps"] for r in runs}))
+            seeds = (
+                ""
+                if [r["seed"] for r in runs] == [1]
+                else f"; seeds {','.join(str(r['seed']) for r in runs)}"
             )
+            per_seed = "" if len(runs) == 1 else f" ({', '.join(_fmt(r['eval_mean_return']) for r in runs)})"
+            cells.append(f"**{mean:.2f}**{per_seed} (train {finals}; {steps} steps{seeds})")
         lines.append(f"| {length} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
