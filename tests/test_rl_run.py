@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -28,7 +29,13 @@ from txl.checkpoint import ResumeWarning  # noqa: E402
 from txl.config import ConfigError  # noqa: E402
 from txl.errors import RunError  # noqa: E402
 from txl.rl import CoreConfig, PPOConfig, RLConfig, load_agent  # noqa: E402
-from txl.rl.config import apply_rl_overrides, load_rl_config, rl_config_to_dict, rl_preset_names  # noqa: E402
+from txl.rl.config import (  # noqa: E402
+    apply_rl_overrides,
+    load_rl_config,
+    rl_config_to_dict,
+    rl_preset_for_task,
+    rl_preset_names,
+)
 from txl.rl.envs import is_named_task, make_vector_env  # noqa: E402
 from txl.rl.run import KEEP_LAST, TIMING_FIELDS, resume, train  # noqa: E402
 from txl.rl.saved import Returns, evaluate_agent, t_quantile  # noqa: E402
@@ -252,7 +259,12 @@ def test_the_presets_name_txls_tasks_and_overrides_name_their_fields():
     assert {"RepeatPreviousEasy", "RepeatFirstEasy", "CartPoleNoVelocity", "PendulumNoVelocity"} <= set(names)
     for name in names:  # a task's preset has its name; another of its presets, its name and a suffix
         config = load_rl_config(name)
-        assert (name == config.task or name.startswith(f"{config.task}-")) and is_named_task(config.task)
+        assert is_named_task(config.task)
+        assert (
+            config.task == name
+            or name.startswith(f"{config.task}-")  # another preset of the task
+            or re.fullmatch(rf"{name}-[1-9][0-9]*", config.task)  # a family's preset
+        )
     cartpole = load_rl_config("CartPoleNoVelocity")
     assert (cartpole.ppo.n_envs, cartpole.ppo.n_steps, cartpole.ppo.reward_scale, cartpole.steps) == (
         8,
@@ -277,6 +289,44 @@ def test_the_presets_name_txls_tasks_and_overrides_name_their_fields():
     ):
         with pytest.raises(ConfigError, match=message):
             apply_rl_overrides(RLConfig(), [override])
+
+
+def test_a_task_of_a_family_starts_from_the_familys_preset():
+    assert "MemoryLength" in rl_preset_names()
+    assert rl_preset_for_task("MemoryLength-48") == "MemoryLength"
+    assert rl_preset_for_task("MemoryLength-512") == "MemoryLength"
+    assert rl_preset_for_task("RepeatFirstEasy") == "RepeatFirstEasy"
+    for task in (
+        "MemoryLength-0",
+        "MemoryLength-048",
+        "MemoryLength-4x",
+        "MemoryLength-",
+        "x-3",
+    ):
+        assert rl_preset_for_task(task) is None, task
+    assert rl_preset_for_task("CartPole-v1") is None  # a gymnasium id: no preset
+    assert rl_preset_for_task("Foo-3", ["Foo"]) == "Foo"
+    assert rl_preset_for_task("Foo-3", ["Foo", "Foo-3"]) == "Foo-3"  # the task's own preset first
+    assert rl_preset_for_task("Foo-Bar-12", ["Foo-Bar"]) == "Foo-Bar"
+    preset = load_rl_config("MemoryLength")
+    assert (preset.task, preset.steps, preset.core.n_layer, preset.core.mem_len) == (
+        "MemoryLength-48",
+        307_200,
+        2,
+        64,
+    )
+    assert preset.ppo == PPOConfig() and preset.updates == 150  # PPO's defaults, 150 rollouts of 2,048 steps
+
+    from txl.cli import build_parser
+    from txl.cli.rl import _new_config
+
+    def config_of(*argv: str) -> RLConfig:
+        return _new_config(build_parser().parse_args(["rl", "train", *argv, "--out", "o"]))
+
+    made = config_of("--task", "MemoryLength-128", "--set", "core.mem_len=32")
+    assert (made.task, made.steps, made.core.mem_len) == ("MemoryLength-128", 307_200, 32)
+    assert config_of("--task", "MemoryLength-128", "--config", "RepeatFirstEasy").steps == 401_408
+    assert config_of("--task", "CartPole-v1") == RLConfig(task="CartPole-v1")
 
 
 @pytest.mark.parametrize("scale", [0, -1.0, float("nan"), True])

@@ -45,14 +45,15 @@ def _flags(args: argparse.Namespace) -> list[str]:
 
 
 def _new_config(args: argparse.Namespace) -> Any:
-    """--config (else the preset named by --task when there is one, else the defaults) with --set, then the
-    flags."""
-    from ..rl.config import RLConfig, apply_rl_overrides, load_rl_config
+    """--config (else the preset of --task or of its family when there is one, else the defaults) with --set,
+    then the flags."""
+    from ..rl.config import RLConfig, apply_rl_overrides, load_rl_config, rl_preset_for_task
 
+    preset = None if args.task is None else rl_preset_for_task(args.task, _presets())
     if args.config:
         base = load_rl_config(args.config)
-    elif args.task is not None and args.task in _presets():
-        base = load_rl_config(args.task)
+    elif preset is not None:
+        base = load_rl_config(preset)
     else:
         base = RLConfig()
     return apply_rl_overrides(base, [*args.set, *_flags(args)])
@@ -163,7 +164,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         help="a named task of txl.rl.envs, a registered gymnasium id, or module:factory (without --config, "
-        "the task's preset when it has one)",
+        "the task's preset, or its family's (MemoryLength for MemoryLength-48), when it has one)",
     )
     p.add_argument(
         "--agent",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -36,6 +37,7 @@ __all__ = [
     "PPOConfig",
     "RLConfig",
     "rl_preset_names",
+    "rl_preset_for_task",
     "load_rl_config",
     "rl_config_from_dict",
     "rl_config_to_dict",
@@ -278,9 +280,21 @@ def _presets_dir() -> Path:
 
 
 def rl_preset_names() -> list[str]:
-    """Names of the run presets shipped with txl: one per task, named as the task, and others named as
-    their task with a suffix (``CartPoleNoVelocity-100k``)."""
+    """Names of the run presets shipped with txl: one per task, named as the task; others named as their task
+    with a suffix (``CartPoleNoVelocity-100k``); one per family of tasks (``MemoryLength`` for every
+    ``MemoryLength-L``)."""
     return sorted(p.stem for p in _presets_dir().glob("*.toml"))
+
+
+def rl_preset_for_task(task: str, names: list[str] | None = None) -> str | None:
+    """The preset ``txl rl train --task TASK`` starts from: the preset named ``task``, else that of its family
+    (``MemoryLength`` for ``MemoryLength-48``: a name, a dash and a positive integer), else None. ``names``:
+    the presets to choose from (default: :func:`rl_preset_names`)."""
+    names = rl_preset_names() if names is None else names
+    if task in names:
+        return task
+    family = re.fullmatch(r"(.+)-[1-9][0-9]*", task)
+    return family.group(1) if family is not None and family.group(1) in names else None
 
 
 def load_rl_config(name_or_path: str | Path) -> RLConfig:
