@@ -3,9 +3,10 @@ seeds of each agent at its own best on every task of the table. Runs, results an
 
     # the sweep (4 learning rates x 4 agents x 3 tasks, seed 1), then the table's seeds, 2 runs at a time
     nice -n 19 python3 benchmarks/rl_suite.py run --jobs 2
-    # the tables (written into docs/rl.md between its markers) and the plots, from the result files alone
+    # the tables (written into docs/rl.md and docs/results.md between their markers) and the plots, from the
+    # result files alone
     python3 benchmarks/rl_suite.py draw
-    python3 benchmarks/rl_suite.py draw --check    # exit 1 when docs/rl.md differs from the files
+    python3 benchmarks/rl_suite.py draw --check    # exit 1 when a page differs from the files
     python3 benchmarks/rl_suite.py plan            # every run as the txl rl train command it is
 
 Every run is ``txl rl train`` of the task's preset (its budget, PPO's settings, the XL core's sizes) with only
@@ -39,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl" / "suite"
-DOC = ROOT / "docs" / "rl.md"
+DOCS = (ROOT / "docs" / "rl.md", ROOT / "docs" / "results.md")  # the pages the tables are drawn into
 SWEEP_PNG = ROOT / "docs" / "rl_sweep.png"
 TABLE_PNG = ROOT / "docs" / "rl_table.png"
 
@@ -383,12 +384,10 @@ def blocks(results: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def render(doc: str, drawn: dict[str, str]) -> str:
-    """``doc`` with each marked block replaced by its drawing."""
+    """``doc`` with each of its marked blocks replaced by its drawing."""
     for name, text in drawn.items():
         start, end = MARK.format(name, "start"), MARK.format(name, "end")
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        if not pattern.search(doc):
-            raise SystemExit(f"{DOC} has no {start} ... {end} block")
         doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t}\n{e}", doc)
     return doc
 
@@ -412,6 +411,11 @@ def plot(results: dict[str, dict[str, Any]]) -> None:
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=agent)
         ax.set_xscale("log")
+        ax.set_xticks(LRS, labels=[f"{lr:g}" for lr in LRS])
+        ax.minorticks_off()
+        ax.set_xlim(LRS[0] / 1.5, LRS[-1] * 1.5)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not run yet", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("learning rate")
     axes[0].set_ylabel("final return (seed 1)")
@@ -434,7 +438,9 @@ def plot(results: dict[str, dict[str, Any]]) -> None:
             for i in range(n):
                 vals = [c[i][1] for c in curves if c[i][1] is not None]
                 ys.append(sum(vals) / len(vals) if vals else float("nan"))
-            ax.plot(xs, ys, label=f"{agent} ({len(curves)} seeds)")
+            ax.plot(xs, ys, label=f"{agent} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not run yet", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("env steps")
     axes[0][0].set_ylabel("mean return")
@@ -455,8 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--hard-deadline", type=float, default=None, help="seconds after which runs stop")
     run.add_argument("--results", default=str(RESULTS), help="folder of the result files")
     run.add_argument("--steps", type=int, default=None, help="a shorter budget, to try the script out")
-    draw = sub.add_parser("draw", help="write the tables into docs/rl.md and the plots")
-    draw.add_argument("--check", action="store_true", help="exit 1 when docs/rl.md differs from the files")
+    draw = sub.add_parser("draw", help="write the tables into the pages and the plots")
+    draw.add_argument("--check", action="store_true", help="exit 1 when a page differs from the files")
     draw.add_argument("--no-plots", action="store_true")
     sub.add_parser("plan", help="print every run's command (the table's once the sweep decides its rates)")
     args = parser.parse_args(argv)
@@ -470,14 +476,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for task, agent in waiting:
             print(f"# {task} {agent}: waiting for its sweep")
         return 0
-    doc = DOC.read_text()
-    new = render(doc, blocks(results))
-    if args.check:
-        if new != doc:
-            print(f"{DOC} differs from what the result files draw: run benchmarks/rl_suite.py draw")
+    drawn = blocks(results)
+    for name in drawn:
+        if not any(MARK.format(name, "start") in page.read_text() for page in DOCS):
+            raise SystemExit(f"no page has a {MARK.format(name, 'start')} block")
+    for page in DOCS:
+        doc = page.read_text()
+        new = render(doc, drawn)
+        if args.check and new != doc:
+            print(f"{page} differs from what the result files draw: run benchmarks/rl_suite.py draw")
             return 1
+        if new != doc:
+            page.write_text(new)
+    if args.check:
         return 0
-    DOC.write_text(new)
     if not args.no_plots and results:
         plot(results)
     return 0

@@ -46,7 +46,6 @@ from .transformer import TransformerXL
 
 if TYPE_CHECKING:
     from .cache import KVCache
-    from .decode import DecodingTables
 
 __all__ = [
     "CompiledStep",
@@ -56,8 +55,6 @@ __all__ = [
     "compiled_step",
     "embedder",
     "step_function",
-    "step_sizes",
-    "step_weights",
     "unsupported",
 ]
 
@@ -110,48 +107,6 @@ def unsupported(model: nn.Module, cache: KVCache) -> str | None:
     return None
 
 
-def step_sizes(model: TransformerXL, cache: KVCache, tables: DecodingTables) -> StepSizes:
-    """The :class:`StepSizes` of a model, its cache and the decoding tables made for them."""
-    c = model.config
-    layer = tables.layers[0]
-    return StepSizes(
-        n_layer=c.n_layer,
-        n_head=c.n_head,
-        d_head=c.d_head,
-        d_model=c.d_model,
-        d_inner=c.d_inner,
-        vocab_size=c.vocab_size,
-        pre_norm=c.pre_norm,
-        final_norm=model.norm is not None,
-        plain_output=model.softmax.n_clusters == 0,
-        eps=float(layer.attn_norm[3]),
-        emb_scale=float(model.embedding.scale),
-        batch_size=cache.batch_size,
-        slots=cache.capacity,
-        distances=layer.attention.rel.shape[-1],
-    )
-
-
-def step_weights(model: TransformerXL, tables: DecodingTables) -> list[Tensor]:
-    """The weights a compiled step takes, in its order: per layer ``[u | 0 | 0]``, v - u, the qkv and output
-    projections transposed, the distance table (H, Dh, R), the feed-forward weights (transposed) and biases,
-    the two norms' weights and biases; then the final norm's (if any) and the output layer's weight
-    transposed (E, V) and bias (plain softmax)."""
-    weights: list[Tensor] = []
-    for layer in tables.layers:
-        attn = layer.attention
-        h = attn.v_minus_u.shape[0]
-        weights += [attn.q_bias, attn.v_minus_u, attn.qkv_t, attn.out_t, attn.rel[:h].contiguous()]
-        weights += [*layer.ff, layer.attn_norm[1], layer.attn_norm[2], layer.ff_norm[1], layer.ff_norm[2]]
-    if model.norm is not None:
-        weights += [model.norm.weight, model.norm.bias]
-    if model.softmax.n_clusters == 0:
-        weight, bias, proj = model.softmax.cluster_params(0)
-        weight_t = weight.t() if proj is None else (weight @ proj.t()).t()  # (D, V)
-        weights += [weight_t.contiguous(), bias]
-    return [w.detach().contiguous() for w in weights]
-
-
 def embedder(model: TransformerXL) -> Callable[[Tensor], Tensor]:
     """Tokens (B,) -> their embeddings (B, D), as ``model.embedding``: a single table without projection read
     directly (the module's own call costs more than its two operations), anything else through the module."""
@@ -168,7 +123,7 @@ def step_function(sizes: StepSizes) -> Callable[..., tuple[Tensor, Tensor, Tenso
     ``step(x, where, seen, kv, hidden, *weights) -> (out, new_kv, inputs)``, with x (B, D) the embedded
     tokens; where (2,) int64, the slot of the new position and the first slot in view; seen (B,) int64, how
     many of the last remembered positions each row may attend (its document's); kv (L, 2, B, H, S, Dh) and
-    hidden (L, B, S, D) the cache's buffers (read only); weights as :func:`step_weights`. Returns the
+    hidden (L, B, S, D) the cache's buffers (read only); weights as :func:`~txl.model.decode.step_weights`. Returns the
     log-probabilities (B, V) (or the final hidden states (B, D) without a plain softmax), the new position's
     keys and values (L, 2, B, H, Dh) and every layer's input (L, B, D), which the caller writes at the slot.
 

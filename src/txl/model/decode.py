@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .attention import RelativeMultiHeadAttention
 from .cache import KVCache, LayerCache
-from .compiled import CompiledStep, compiled_step, embedder, step_sizes, step_weights, unsupported
+from .compiled import CompiledStep, StepSizes, compiled_step, embedder, unsupported
 from .layers import DecoderLayer
 from .positional import relative_distances, sinusoid
 from .transformer import TransformerXL, config_of
@@ -51,6 +51,8 @@ __all__ = [
     "decoding_tables",
     "document_bias",
     "feed_forward_step",
+    "step_sizes",
+    "step_weights",
     "weights_key",
 ]
 
@@ -211,6 +213,48 @@ def decoding_tables(
     tables = DecodingTables(key, layers, output)
     _MEMO[model] = tables
     return tables
+
+
+def step_sizes(model: TransformerXL, cache: KVCache, tables: DecodingTables) -> StepSizes:
+    """The :class:`StepSizes` of a model, its cache and the decoding tables made for them."""
+    c = model.config
+    layer = tables.layers[0]
+    return StepSizes(
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        d_head=c.d_head,
+        d_model=c.d_model,
+        d_inner=c.d_inner,
+        vocab_size=c.vocab_size,
+        pre_norm=c.pre_norm,
+        final_norm=model.norm is not None,
+        plain_output=model.softmax.n_clusters == 0,
+        eps=float(layer.attn_norm[3]),
+        emb_scale=float(model.embedding.scale),
+        batch_size=cache.batch_size,
+        slots=cache.capacity,
+        distances=layer.attention.rel.shape[-1],
+    )
+
+
+def step_weights(model: TransformerXL, tables: DecodingTables) -> list[Tensor]:
+    """The weights a compiled step takes, in its order: per layer ``[u | 0 | 0]``, v - u, the qkv and output
+    projections transposed, the distance table (H, Dh, R), the feed-forward weights (transposed) and biases,
+    the two norms' weights and biases; then the final norm's (if any) and the output layer's weight
+    transposed (E, V) and bias (plain softmax)."""
+    weights: list[Tensor] = []
+    for layer in tables.layers:
+        attn = layer.attention
+        h = attn.v_minus_u.shape[0]
+        weights += [attn.q_bias, attn.v_minus_u, attn.qkv_t, attn.out_t, attn.rel[:h].contiguous()]
+        weights += [*layer.ff, layer.attn_norm[1], layer.attn_norm[2], layer.ff_norm[1], layer.ff_norm[2]]
+    if model.norm is not None:
+        weights += [model.norm.weight, model.norm.bias]
+    if model.softmax.n_clusters == 0:
+        weight, bias, proj = model.softmax.cluster_params(0)
+        weight_t = weight.t() if proj is None else (weight @ proj.t()).t()  # (D, V)
+        weights += [weight_t.contiguous(), bias]
+    return [w.detach().contiguous() for w in weights]
 
 
 class StepKeys(NamedTuple):
