@@ -235,7 +235,7 @@ def run_suite(args: argparse.Namespace) -> int:
             queue += table_runs(results)[0]
         steps = {t: _preset_steps(t) for t in TABLE_TASKS}
         todo = [r for r in dict.fromkeys(queue) if r.name not in results and r.name not in running]
-        todo = [r for r in todo if r.name not in failed]
+        todo = [r for r in todo if r.name not in failed and (not args.tasks or r.task in args.tasks)]
         todo.sort(key=lambda r: _order(r, steps))
         elapsed = time.monotonic() - start
         for run in [r for r in todo if (runs_dir / r.name / "summary.json").is_file()]:
@@ -460,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--deadline", type=float, default=None, help="seconds after which no run starts")
     run.add_argument("--hard-deadline", type=float, default=None, help="seconds after which runs stop")
     run.add_argument("--results", default=str(RESULTS), help="folder of the result files")
+    run.add_argument("--tasks", nargs="+", choices=TABLE_TASKS, default=None, help="only these tasks' runs")
     run.add_argument("--steps", type=int, default=None, help="a shorter budget, to try the script out")
     draw = sub.add_parser("draw", help="write the tables into the pages and the plots")
     draw.add_argument("--check", action="store_true", help="exit 1 when a page differs from the files")
