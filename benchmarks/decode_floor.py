@@ -8,6 +8,7 @@ average beside each figure; prints one JSON line per case and one with the compi
     PYTHONPATH=src python3 benchmarks/decode_floor.py --cases lm --rounds 5
     PYTHONPATH=src python3 benchmarks/decode_floor.py --cases rl --rounds 5
     PYTHONPATH=src python3 benchmarks/decode_floor.py --cold               # compile into an empty folder
+    PYTHONPATH=src python3 benchmarks/decode_floor.py --cases layers --vocab 256 --rounds 3
 
 Language model: 4 layers, d_model 128, 4 heads x 32, d_inner 512, memory 64, random weights, greedy, a vocabulary
 of 256 (bytes) and of 10,000, batch 1 and 16; a 64-token prompt, then ``--tokens`` steps per round (timed).
@@ -17,9 +18,17 @@ weights (distinct tensors, as the step reads them). ``ratio`` = step / floor.
 
 Compile costs: ``first_step_s`` is the first compiled step of a fresh decoder for these sizes in this process:
 the package compiled (``--cold``: an empty folder of compiled steps) or loaded from disk; ``break_even_tokens``
-is how many tokens repay it at the measured saving per token; ``generate_16`` and ``generate_500`` time whole
+is how many tokens repay it at the measured saving per token; ``generate_ms_per_token`` is the same greedy
+decoding through :func:`txl.inference.generate` (the engine's bookkeeping, the drawing of each token and the
+steps it yields included): ``(time of N + 1 new tokens - time of 1) / N`` per round, beside the floor in
+``generate_ratio_to_floor``; ``generate_16`` and ``generate_500`` time whole
 greedy generations (a fresh decoder each: its prefill, its tables and, compiled, a load of the package from
 disk), eager against compiled, wall-clock.
+
+Layers (``--cases layers``, batch 1, compiled): where a token's time goes, each layer of the decoding stack
+timed alone with the same token again and again, from the inside out: the compiled function (its package's
+entry point), ``Decoder.step`` around it, the rows of the batch (``RowBatch.step``), the engine
+(``Engine.step``: feeding, drawing, one event per token) and ``generate``, beside the floor.
 
 RL: PPO's defaults (16 environments, rollouts of 128 steps), CoreConfig's defaults (2 GTrXL layers, d_model 64,
 memory 64), RepeatPreviousEasy; a rollout per variant per round (``collect``: core steps, heads, environments).
@@ -39,6 +48,7 @@ import torch
 from torch import Tensor
 
 from txl import TransformerXL, TransformerXLConfig
+from txl.inference import DecodeSettings, SamplingParams, generate
 from txl.model.cache import KVCache
 from txl.model.decode import Decoder
 
@@ -118,6 +128,7 @@ def lm_case(vocab: int, batch: int, args: argparse.Namespace) -> dict:
             times["floor"].append(cpu_per_call(floor, args.tokens))
             loads.append(os.getloadavg()[0])
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    per_token = generate_per_token(model, batch, args)
     saving = med["eager"] - med["compiled"]
     ends = {}
     for tokens in (16, 500):
@@ -137,11 +148,90 @@ def lm_case(vocab: int, batch: int, args: argparse.Namespace) -> dict:
         "ms_per_token": {k: round(v / batch, 4) for k, v in med.items()},
         "ratio_to_floor": {k: round(med[k] / med["floor"], 2) for k in ("eager", "compiled")},
         "compiled_speedup": round(med["eager"] / med["compiled"], 2),
+        "generate_ms_per_token": {k: round(v, 4) for k, v in per_token.items()},
+        "generate_ratio_to_floor": {k: round(v * batch / med["floor"], 2) for k, v in per_token.items()},
         "first_step_s": round(first_step_s, 2),
         "break_even_tokens": round(first_step_s * 1e3 / saving * batch) if saving > 0 else None,
         **ends,
         "rounds": args.rounds,
         "tokens_per_round": args.tokens,
+        "load_1min": [round(x, 2) for x in loads],
+    }
+
+
+def generate_per_token(model: TransformerXL, batch: int, args: argparse.Namespace) -> dict[str, float]:
+    """Milliseconds per token of greedy :func:`generate` (eager, compiled), the prompt's cost taken out:
+    ``(time of N + 1 new tokens - time of 1) / N`` per round, alternated, the median."""
+    prompt = torch.randint(
+        model.config.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(1)
+    )
+
+    def run(new: int, compiled: bool) -> float:
+        params = SamplingParams(max_new_tokens=new, temperature=0)
+        begin = time.process_time()
+        generate(model, prompt, params, settings=DecodeSettings(compiled=compiled))
+        return time.process_time() - begin
+
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(args.rounds):
+        for name in times:
+            whole, first = run(args.tokens + 1, name == "compiled"), run(1, name == "compiled")
+            times[name].append((whole - first) / (args.tokens * batch))
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def layers_case(vocab: int, args: argparse.Namespace) -> dict:
+    """CPU ms per token at batch 1 (compiled) of each layer of the decoding stack, from the inside out."""
+    from txl.inference.engine import Engine
+
+    model = model_of(vocab)
+    prompt = torch.randint(vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
+    engine = Engine(model, DecodeSettings(compiled=True, rows=1))
+    engine.add(prompt, SamplingParams(max_new_tokens=10**9, temperature=0))
+    for _ in range(5):
+        engine.step()
+    rows = engine.rows
+    dec = rows.decoder  # type: ignore[union-attr]
+    fast = dec._compiled_step(dec.xl, dec.tables)
+    if fast is None:
+        raise SystemExit("the compiled step is not available here (see the warning)")
+    step, token = fast.step, torch.tensor([5])
+    inputs = [fast.embed(token), step.where, fast.every, dec.cache.kv, dec.cache.hidden, *step.weights]
+    floor = floor_step(floor_weights(model), 1)
+    n = args.tokens
+
+    def generated() -> float:
+        params = SamplingParams(max_new_tokens=n + 1, temperature=0)
+        settings = DecodeSettings(compiled=True)
+        begin = time.process_time()
+        generate(model, prompt[None], params, settings=settings)
+        whole = time.process_time() - begin
+        begin = time.process_time()
+        generate(model, prompt[None], SamplingParams(max_new_tokens=1, temperature=0), settings=settings)
+        return (whole - (time.process_time() - begin)) / n
+
+    parts: dict[str, Callable[[], float]] = {
+        "floor": lambda: cpu_per_call(floor, n),
+        "compiled_function": lambda: cpu_per_call(lambda: step.run(list(inputs)), n),
+        "decoder_step": lambda: cpu_per_call(lambda: dec.step(token), n),
+        "rows_step": lambda: cpu_per_call(lambda: rows.step(token), n),
+        "engine_step": lambda: cpu_per_call(engine.step, n),
+        "generate": generated,
+    }
+    times: dict[str, list[float]] = {k: [] for k in parts}
+    loads = []
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for name, part in parts.items():
+                times[name].append(part() * 1e3)
+            loads.append(os.getloadavg()[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "case": "where a token's time goes (batch 1, compiled)",
+        "vocab": vocab,
+        "ms_per_token": {k: round(v, 4) for k, v in med.items()},
+        "ratio_to_floor": {k: round(v / med["floor"], 2) for k, v in med.items()},
+        "rounds": args.rounds,
         "load_1min": [round(x, 2) for x in loads],
     }
 
@@ -197,7 +287,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=200, help="timed steps per round")
-    parser.add_argument("--cases", choices=("all", "lm", "rl"), default="all")
+    parser.add_argument("--cases", choices=("all", "lm", "rl", "layers"), default="all")
     parser.add_argument("--vocab", type=int, nargs="+", default=[256, 10_000])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--cold", action="store_true", help="compile into an empty folder of compiled steps")
@@ -209,6 +299,9 @@ def main() -> None:
         for vocab in args.vocab:
             for batch in args.batch:
                 print(json.dumps(lm_case(vocab, batch, args)), flush=True)
+    if args.cases == "layers":
+        for vocab in args.vocab:
+            print(json.dumps(layers_case(vocab, args)), flush=True)
     if args.cases in ("all", "rl"):
         print(json.dumps(rl_case(args)), flush=True)
 

@@ -68,6 +68,8 @@ VARIANTS: dict[str, list[str]] = {
     "zoo+norm": [*ZOO, "ppo.normalize_obs=true", "ppo.normalize_reward=true"],
     "preset+separate_critic": ["ppo.separate_critic=true"],
     "preset+recompute": ["ppo.memory_after_update=recompute"],
+    "preset+lr3e-4": ["ppo.lr=3e-4"],
+    "preset+epochs10": ["ppo.epochs=10"],
 }
 """Each variant's overrides of the preset; the preset itself is ``zoo`` with the observations and rewards
 normalised and time-limit cuts bootstrapped."""

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,6 +94,19 @@ def _seed():
     yield
 
 
+@pytest.fixture(scope="session")
+def compiled_steps_dir(tmp_path_factory) -> Iterator[Path]:
+    """A folder of compiled decoding steps for the whole session (``TXL_COMPILED_DIR``): each set of sizes
+    compiles once, and nothing is written to the user's cache folder."""
+    from txl.model.compiled import COMPILED_DIR_VAR
+
+    folder = tmp_path_factory.mktemp("compiled")
+    patch = pytest.MonkeyPatch()
+    patch.setenv(COMPILED_DIR_VAR, str(folder))
+    yield folder
+    patch.undo()
+
+
 @pytest.fixture
 def tiny_config() -> TransformerXLConfig:
     return TransformerXLConfig(
@@ -145,16 +158,17 @@ def trained_run_copy(trained_run, tmp_path) -> Path:
     return Path(shutil.copytree(trained_run, tmp_path / "run"))
 
 
-def generate_drawing_from(model, prompt, params, generator, *, memory=None):
-    """The rows of ``prompt`` (B, P) as requests of one engine, all drawing from the caller's ``generator``
-    (in row order, at every step): the tokens (B, P + N), new tokens (B, N) and memory, as ``generate``
-    returns them, so that a continuation can draw on from where the generator stopped."""
+def generate_drawing_from(model, prompt, params, generator, *, memory=None, settings=None):
+    """The rows of ``prompt`` (B, P) as requests of one engine (with ``settings``, a ``DecodeSettings``), all
+    drawing from the caller's ``generator`` (in row order, at every step): the tokens (B, P + N), new tokens
+    (B, N) and memory, as ``generate`` returns them, so that a continuation can draw on from where the
+    generator stopped."""
     from types import SimpleNamespace
 
     from txl.inference import Engine
     from txl.model import Memory
 
-    engine = Engine(model)
+    engine = Engine(model) if settings is None else Engine(model, settings)
     ids = [
         engine.add(row, params, memory=None if memory is None else memory.select([r]), generator=generator)
         for r, row in enumerate(prompt)

@@ -47,13 +47,9 @@ def _model(seed: int = 0, **changes) -> TransformerXL:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compiled_dir(tmp_path_factory):
-    """A folder of compiled steps for this module (each set of sizes compiles once, here)."""
-    folder = tmp_path_factory.mktemp("compiled")
-    patch = pytest.MonkeyPatch()
-    patch.setenv(compiled.COMPILED_DIR_VAR, str(folder))
-    yield folder
-    patch.undo()
+def compiled_dir(compiled_steps_dir):
+    """The session's folder of compiled steps (each set of sizes compiles once)."""
+    return compiled_steps_dir
 
 
 def _prompt(b=B, p=6, seed=1):

@@ -1,9 +1,14 @@
 """The key/value cache of generation against plain recomputation: cached decoding equals feeding one token
 at a time through ordinary ``forward`` with the same sliding memory (every architecture variant), the cache
 equals ``forward`` with a memory for any segment lengths, stream and generate agree, stop ids, long prompts in
-chunks, prompts of different lengths, continuation from the returned memory, and the work per token."""
+chunks, prompts of different lengths, continuation from the returned memory, and the work per token. The
+equivalences of generation run on both decoding paths: the eager step and the step compiled ahead of time
+(``DecodeSettings(compiled=True)``), each against the same plain reference."""
 
 from __future__ import annotations
+
+import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -14,6 +19,7 @@ from conftest import generate_drawing_from
 from txl import Memory, Span, TransformerXL, TransformerXLConfig
 from txl.inference import PAD_ID, DecodeSettings, SamplingParams, generate, stream
 from txl.model import KVCache
+from txl.model.compiled import CompiledStep
 from txl.model.decode import Decoder, DecodingTables, OutputLayout, decoding_tables
 
 V = 50
@@ -32,6 +38,33 @@ VARIANTS = {
         "share_rel_bias": False,
     },
 }
+
+
+@pytest.fixture(params=[False, True], ids=["eager", "compiled"])
+def compiled(request, monkeypatch) -> bool:
+    """The decoding path of a test: the eager step, or the compiled one (``DecodeSettings(compiled=True)``),
+    which must then really run: a fallback to the eager step (its warning an error here) or a step that never
+    calls the compiled function fails the test."""
+    if not request.param:
+        yield False
+        return
+    request.getfixturevalue("compiled_steps_dir")
+    calls = []
+    original = CompiledStep.__call__
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(CompiledStep, "__call__", counted)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="the compiled decoding step", category=RuntimeWarning)
+        yield True
+    assert calls, "the compiled step never ran"
+
+
+def _on(compiled: bool, settings: DecodeSettings = DecodeSettings()) -> DecodeSettings:
+    return dataclasses.replace(settings, compiled=compiled)
 
 
 def _model(dtype=torch.float32, **changes) -> TransformerXL:
@@ -86,14 +119,20 @@ def _reference_greedy(model, prompt, n, *, span=None, chunk=None):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_cached_greedy_equals_plain_forward_with_sliding_memory(variant):
+def test_cached_greedy_equals_plain_forward_with_sliding_memory(variant, compiled):
     model = _model(**VARIANTS[variant])
     prompt, n = _prompt(), 100  # mem_len 12 << 6 + 100: the memory slides for 90 steps
     ref_tokens, ref_scores, ref_memory = _reference_greedy(model, prompt, n)
     top2 = ref_scores.topk(2, dim=-1).values
     assert (top2[..., 0] - top2[..., 1]).min() > 1e-4  # no near-ties: greedy is well defined in float32
 
-    gen = generate(model, prompt, SamplingParams(max_new_tokens=n, temperature=0), return_scores=True)
+    gen = generate(
+        model,
+        prompt,
+        SamplingParams(max_new_tokens=n, temperature=0),
+        settings=_on(compiled),
+        return_scores=True,
+    )
     assert gen.scores.dtype == torch.float32 and gen.scores.shape == (2, n, V)
     assert torch.equal(gen.new_tokens, ref_tokens)
     torch.testing.assert_close(gen.scores, ref_scores, atol=1e-5, rtol=0)
@@ -261,13 +300,14 @@ def test_decoding_tables_are_remembered_until_a_weight_changes():
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0.9, top_k=10), dict(top_p=0.8), dict(temperature=0)])
-def test_stream_yields_what_generate_returns(settings):
+def test_stream_yields_what_generate_returns(settings, compiled):
     model = _model()
     prompt = _prompt(b=3)
     gen = generate(
         model,
         prompt,
         SamplingParams(max_new_tokens=30, **settings, seed=4),
+        settings=_on(compiled),
     )
     steps = [
         step.tokens
@@ -275,6 +315,7 @@ def test_stream_yields_what_generate_returns(settings):
             model,
             prompt,
             SamplingParams(max_new_tokens=30, **settings, seed=4),
+            settings=_on(compiled),
         )
     ]
     assert len(steps) == 30 and all(s.shape == (3,) and s.dtype == torch.long for s in steps)
@@ -326,7 +367,7 @@ def test_stop_ids_end_each_row_at_its_first_stop():
         generate(model, prompt, SamplingParams(max_new_tokens=3, stop_ids=[V]))
 
 
-def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it():
+def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(compiled):
     model = _model(mem_len=8)
     prompt, n = _prompt(p=45), 20
     seen = []
@@ -337,7 +378,13 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
         return original(tokens, **kwargs)
 
     model.forward = spy
-    gen = generate(model, prompt, SamplingParams(max_new_tokens=n, temperature=0), return_scores=True)
+    gen = generate(
+        model,
+        prompt,
+        SamplingParams(max_new_tokens=n, temperature=0),
+        settings=_on(compiled),
+        return_scores=True,
+    )
     del model.forward
     assert seen == [8, 8, 8, 8, 8, 5]  # chunks of at most mem_len; the new tokens go through the Decoder
     ref_tokens, ref_scores, _ = _reference_greedy(model, prompt, n, chunk=8)
@@ -352,7 +399,7 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
             model,
             prompt,
             SamplingParams(max_new_tokens=n, temperature=0),
-            settings=DecodeSettings(span=wide, prompt_chunk=chunk),
+            settings=_on(compiled, DecodeSettings(span=wide, prompt_chunk=chunk)),
             return_scores=True,
         )
         assert torch.equal(got.new_tokens, whole_tokens)
@@ -360,49 +407,69 @@ def test_long_prompt_is_fed_in_chunks_and_equals_one_pass_when_memory_covers_it(
     assert not torch.equal(gen.new_tokens, whole_tokens)  # the short memory does forget (the test can fail)
 
 
-def test_prompts_of_different_lengths_equal_one_row_at_a_time():
-    model = _model()
+def test_prompts_of_different_lengths_equal_one_row_at_a_time(compiled):
+    """Each row of a batch against the same prompt alone, both on the test's decoding path."""
+    model, on = _model(), _on(compiled)
     rows = [_prompt(b=1, p=p, seed=p)[0] for p in (7, 3, 7, 1, 15)]
-    gen = generate(model, rows, SamplingParams(max_new_tokens=25, temperature=0), return_scores=True)
+    gen = generate(
+        model, rows, SamplingParams(max_new_tokens=25, temperature=0), settings=on, return_scores=True
+    )
     assert gen.tokens.shape == (5, 15 + 25) and gen.new_tokens.shape == (5, 25)
     for r, row in enumerate(rows):
-        alone = generate(model, row, SamplingParams(max_new_tokens=25, temperature=0), return_scores=True)
+        alone = generate(
+            model, row, SamplingParams(max_new_tokens=25, temperature=0), settings=on, return_scores=True
+        )
         assert torch.equal(gen.new_tokens[r], alone.new_tokens[0])
         torch.testing.assert_close(gen.scores[r], alone.scores[0], atol=1e-5, rtol=0)
         pad = 15 - len(row)
         assert (gen.tokens[r, :pad] == PAD_ID).all() and torch.equal(gen.tokens[r, pad:15], row)
     # every row's history is longer than mem_len (12): one memory, in row order, that continues each row
     more = generate(
-        model, gen.tokens[:, -1:], SamplingParams(max_new_tokens=5, temperature=0), memory=gen.memory
+        model,
+        gen.tokens[:, -1:],
+        SamplingParams(max_new_tokens=5, temperature=0),
+        settings=on,
+        memory=gen.memory,
     )
     for r, row in enumerate(rows):
-        alone = generate(model, row, SamplingParams(max_new_tokens=30, temperature=0))
+        alone = generate(model, row, SamplingParams(max_new_tokens=30, temperature=0), settings=on)
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 25:])
     # short histories of different lengths: one memory whose per-row reach keeps each row's own history
-    short = generate(model, [rows[1], rows[3]], SamplingParams(max_new_tokens=2, temperature=0))
+    short = generate(model, [rows[1], rows[3]], SamplingParams(max_new_tokens=2, temperature=0), settings=on)
     assert short.memory.reach.tolist() == [4, 2]
     more = generate(
-        model, short.tokens[:, -1:], SamplingParams(max_new_tokens=6, temperature=0), memory=short.memory
+        model,
+        short.tokens[:, -1:],
+        SamplingParams(max_new_tokens=6, temperature=0),
+        settings=on,
+        memory=short.memory,
     )
     for r, row in enumerate([rows[1], rows[3]]):
-        alone = generate(model, row, SamplingParams(max_new_tokens=8, temperature=0))
+        alone = generate(model, row, SamplingParams(max_new_tokens=8, temperature=0), settings=on)
         assert torch.equal(more.new_tokens[r], alone.new_tokens[0, 2:])
     # one generator draws for all rows at once, in row order
-    sampled = [generate(model, rows, SamplingParams(max_new_tokens=10, seed=8)).new_tokens for _ in range(2)]
+    sampled = [
+        generate(model, rows, SamplingParams(max_new_tokens=10, seed=8), settings=on).new_tokens
+        for _ in range(2)
+    ]
     assert torch.equal(sampled[0], sampled[1])
-    steps = [s.tokens for s in stream(model, rows, SamplingParams(max_new_tokens=10, seed=8))]
+    steps = [s.tokens for s in stream(model, rows, SamplingParams(max_new_tokens=10, seed=8), settings=on)]
     assert torch.equal(torch.stack(steps, 1), sampled[0])
 
 
 @pytest.mark.parametrize("variant", ["post_norm", "pre_norm_same_length_clamp"])
-def test_continuing_with_the_returned_memory_equals_one_longer_generation(variant):
-    model = _model(**VARIANTS[variant])
+def test_continuing_with_the_returned_memory_equals_one_longer_generation(variant, compiled):
+    model, on = _model(**VARIANTS[variant]), _on(compiled)
     prompt = _prompt(b=2, p=10)
     one = generate_drawing_from(
-        model, prompt, SamplingParams(max_new_tokens=30, top_k=5), torch.Generator().manual_seed(1)
+        model,
+        prompt,
+        SamplingParams(max_new_tokens=30, top_k=5),
+        torch.Generator().manual_seed(1),
+        settings=on,
     )
     g = torch.Generator().manual_seed(1)
-    first = generate_drawing_from(model, prompt, SamplingParams(max_new_tokens=17, top_k=5), g)
+    first = generate_drawing_from(model, prompt, SamplingParams(max_new_tokens=17, top_k=5), g, settings=on)
     assert first.memory.length == 12  # the memory after tokens[:, :-1], truncated to mem_len
     second = generate_drawing_from(
         model,
@@ -410,6 +477,7 @@ def test_continuing_with_the_returned_memory_equals_one_longer_generation(varian
         SamplingParams(max_new_tokens=13, top_k=5),
         g,
         memory=first.memory,
+        settings=on,
     )
     assert torch.equal(torch.cat([first.new_tokens, second.new_tokens], 1), one.new_tokens)
     for a, b in zip(second.memory.states, one.memory.states, strict=True):
