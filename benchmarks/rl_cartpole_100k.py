@@ -5,6 +5,7 @@ stdout.
 
     nice -n 10 python3 benchmarks/rl_cartpole_100k.py                       # the preset, XL and LSTM, seeds 1-3
     nice -n 10 python3 benchmarks/rl_cartpole_100k.py --variant zoo --agents xl --seeds 1
+    python3 benchmarks/rl_cartpole_100k.py --draw            # the RL page's tables, from the result files
 
 A variant is the preset ``CartPoleNoVelocity-100k`` with some fields overridden (:data:`VARIANTS`): ``zoo``
 is rl-baselines3-zoo's settings for ``ppo_lstm`` on ``CartPoleNoVel-v1`` as txl's fields, without what
@@ -14,6 +15,10 @@ episodes with the final agent (most likely actions; the run's frozen observation
 recorded: the config, the per-update curve (metrics.jsonl without its timing fields), the final return as
 summary.json defines it, the evaluation, the first env step at which an update's mean return reached 475
 and 500, env steps per second, CPU time and the load average.
+
+``--draw`` writes the RL page's two tables of this comparison (between ``<!-- rl-100k:NAME:start -->`` and
+``end`` markers in docs/rl.md) from the result files alone, SB3's included; ``--draw --check`` exits 1 where
+the page differs from what the files draw.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +81,138 @@ VARIANTS: dict[str, list[str]] = {
 }
 """Each variant's overrides of the preset; the preset itself is ``zoo`` with the observations and rewards
 normalised and time-limit cuts bootstrapped."""
+
+
+RESULTS = Path(__file__).parent / "results" / "rl"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
+MARK = "<!-- rl-100k:{}:{} -->"
+FINAL_WINDOW = 20_480
+"""The final return: the mean return of the episodes that ended in the run's last 20,480 steps (as txl's
+``summary.json`` defines it; SB3's from its own episodes)."""
+
+SEED_ROWS: list[tuple[str, str, str, str]] = [
+    ("sb3", "lstm", "SB3 RecurrentPPO (LSTM)", "the zoo's, with `VecNormalize`"),
+    ("preset", "lstm", "txl `lstm`", "`CartPoleNoVelocity-100k`"),
+    ("preset", "xl", "txl `xl`", "`CartPoleNoVelocity-100k`"),
+    ("zoo", "xl", "txl `xl`", "`zoo`: the zoo's settings without normalisation or bootstrap"),
+    ("preset+epochs10", "xl", "txl `xl`", "`preset+epochs10`: the preset with 10 epochs per update"),
+    ("preset+lr3e-4", "xl", "txl `xl`", "`preset+lr3e-4`: the preset with a learning rate of 3e-4"),
+]
+"""The rows of the three-seed table: (variant, agent, who, settings); ``sb3`` is SB3's files."""
+
+WHAT: dict[str, str] = {
+    "zoo": "the zoo's settings in txl's fields: raw observations and rewards, cuts as ends",
+    "zoo+norm_obs": "+ observations normalised",
+    "zoo+norm_reward": "+ rewards normalised",
+    "zoo+norm": "+ observations and rewards normalised",
+    "preset": "+ observations and rewards normalised, cuts bootstrapped (`CartPoleNoVelocity-100k`)",
+    "preset+separate_critic": "+ a core of its own for the value head",
+    "preset+recompute": "+ `ppo.memory_after_update=recompute`",
+    "preset+lr3e-4": "+ a learning rate of 3e-4 (annealed) instead of 1e-3",
+    "preset+epochs10": "+ 10 epochs per update instead of 20",
+}
+"""What each variant of the one-at-a-time table changes, in its order."""
+
+
+def read_results(folder: Path = RESULTS) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Every result file of this comparison by (variant, agent, seed); SB3's as variant ``sb3``."""
+    found: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for path in sorted(folder.glob(f"txl_*_{PRESET}_s*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        found[(result["variant"], result["agent"], int(result["seed"]))] = result
+    for path in sorted(folder.glob("sb3_recurrentppo_CartPoleNoVelocity_s*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        found[("sb3", "lstm", int(result["seed"]))] = result
+    return found
+
+
+def figures(result: dict[str, Any]) -> tuple[float | None, float, int | None, float]:
+    """(final return, evaluation mean, first env step at 475, CPU seconds) of a txl or SB3 result."""
+    if result.get("benchmark") == "rl_sb3":
+        end = result["env_steps"]
+        last = [ret for step, ret, _ in result["episodes"] if step > end - FINAL_WINDOW]
+        final = statistics.fmean(last) if last else None
+        return (
+            final,
+            result["final_eval"]["return_mean"],
+            result["first_step_mean_ge_475"],
+            result["train_cpu_s"],
+        )
+    return (
+        result["final_return"],
+        result["eval"]["mean_return"],
+        result["first_step_mean_ge_475"],
+        result["train_cpu_s"],
+    )
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def seeds_table(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
+    """The three-seed table: mean and per-seed final return and evaluation, the first step at 475, CPU."""
+    head = (
+        "| agent | settings | final return: mean (seeds 1, 2, 3) | evaluation: mean (seeds 1, 2, 3) "
+        "| first reaching 475 (env steps; txl: an update's mean, SB3: the last 100 episodes' mean) "
+        "| CPU per run |\n| --- | --- | --- | --- | --- | --- |"
+    )
+    lines = [head]
+    for variant, agent, who, settings in SEED_ROWS:
+        runs = [results.get((variant, agent, seed)) for seed in (1, 2, 3)]
+        got = [figures(r) for r in runs if r is not None]
+        if not got:
+            lines.append(f"| {who} | {settings} | not run | not run | not run | - |")
+            continue
+        per = [figures(r) if r is not None else None for r in runs]
+
+        def cell(i: int, per: list = per, got: list = got) -> str:
+            values = [g[i] for g in got if g[i] is not None]
+            mean = _num(statistics.fmean(values)) if len(values) == 3 else "-"
+            seeds = ", ".join("not run" if f is None else _num(f[i]) for f in per)
+            return f"{mean} ({seeds})"
+
+        first = "; ".join("not run" if f is None else ("never" if f[2] is None else f"{f[2]:,}") for f in per)
+        cpu = statistics.fmean(g[3] for g in got) / 60
+        lines.append(f"| {who} | {settings} | {cell(0)} | {cell(1)} | {first} | {cpu:.1f} min |")
+    return "\n".join(lines)
+
+
+def variants_table(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
+    """One change at a time, seed 1: final return / evaluation of XL and of the LSTM per variant."""
+    lines = ["| variant | what it changes | `xl` | `lstm` |", "| --- | --- | --- | --- |"]
+    for variant, what in WHAT.items():
+        cells = []
+        for agent in ("xl", "lstm"):
+            result = results.get((variant, agent, 1))
+            if result is None:
+                cells.append("not run")
+            else:
+                final, evaluation, _, _ = figures(result)
+                cells.append(f"{_num(final)} / {_num(evaluation)}")
+        lines.append(f"| `{variant}` | {what} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def render(doc: str, drawn: dict[str, str]) -> str:
+    """``doc`` with each of its marked blocks replaced by its drawing."""
+    for name, text in drawn.items():
+        start, end = MARK.format(name, "start"), MARK.format(name, "end")
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t}\n{e}", doc)
+    return doc
+
+
+def draw(check: bool, page: Path = PAGE, folder: Path = RESULTS) -> int:
+    """Write the page's tables from the result files (``check``: only compare; 1 where they differ)."""
+    results = read_results(folder)
+    doc = page.read_text(encoding="utf-8")
+    drawn = render(doc, {"seeds": seeds_table(results), "variants": variants_table(results)})
+    if check:
+        return 0 if drawn == doc else 1
+    if drawn != doc:
+        page.write_text(drawn, encoding="utf-8")
+    return 0
 
 
 def first_step_at(rows: list[dict[str, Any]], level: float) -> int | None:
@@ -153,15 +293,21 @@ def summary_line(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="preset")
     parser.add_argument("--agents", nargs="+", choices=["xl", "lstm", "gru", "mlp"], default=["xl", "lstm"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per run (default 100000)")
     parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes (default 100)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rl")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--draw", action="store_true", help="write the RL page's tables from the result files"
+    )
+    parser.add_argument("--check", action="store_true", help="with --draw: exit 1 where the page differs")
+    args = parser.parse_args(argv)
+    if args.draw:
+        return draw(args.check, folder=args.out)
     if args.steps < 1 or args.episodes < 1:
         parser.error("--steps and --episodes must be positive")
     torch.set_num_threads(1)
@@ -176,7 +322,8 @@ def main() -> None:
             result = run_one(args.variant, agent, seed, steps=args.steps, episodes=args.episodes)
             atomic_write_text(path, json.dumps(result, indent=1) + "\n")
             print(json.dumps(summary_line(result)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

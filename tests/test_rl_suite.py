@@ -111,3 +111,22 @@ def test_the_drawn_table_shows_the_mean_and_each_seed(suite):
     assert row.split(" | ")[1] == "**0.750** (0.500 / 0.750 / 1.000; lr 0.001)"
     sweep = suite.sweep_table(results)
     assert "| RepeatPreviousEasy | xl | 0.000 | **0.500** | 0.000 | 0.000 |" in sweep
+
+
+def test_the_cartpole_100k_tables_are_what_their_result_files_draw():
+    """The RL page's two tables of CartPole at 100,000 steps (txl's runs and SB3's) are drawn from the result
+    files by benchmarks/rl_cartpole_100k.py --draw; SB3's final return is computed from its episodes as
+    txl's summary defines it (the last 20,480 steps)."""
+    spec = importlib.util.spec_from_file_location(
+        "rl_cartpole_100k", REPO / "benchmarks" / "rl_cartpole_100k.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--draw", "--check"]) == 0, (
+        "docs/rl.md differs: run python3 benchmarks/rl_cartpole_100k.py --draw"
+    )
+    sb3 = {"benchmark": "rl_sb3", "env_steps": 100_000, "first_step_mean_ge_475": None, "train_cpu_s": 1.0}
+    sb3["final_eval"] = {"return_mean": 9.0}
+    sb3["episodes"] = [[79_000, 100.0, 100], [79_600, 200.0, 200], [99_000, 400.0, 400]]
+    assert module.figures(sb3) == (300.0, 9.0, None, 1.0)  # 79,000 ends before the last 20,480 steps
