@@ -357,3 +357,46 @@ def test_an_empty_prompt_without_an_end_of_text_token_says_what_to_give(trained_
     assert err.count("\n") == 1 and "eos_id" not in err, err
     assert err.startswith("txl: error: generate: the prompt is empty") and "end-of-text token" in err, err
     assert "give a prompt of at least one character (a newline starts a new text)" in err, err
+
+
+def test_compiled_prints_the_eager_text_through_the_compiled_step(
+    char_run, capsys, monkeypatch, compiled_steps_dir
+):
+    """``--compiled``: two prompts, greedy and sampled, decoded by the step compiled ahead of time, print what
+    the library's eager decoding gives."""
+    from txl.model.compiled import CompiledStep
+
+    calls = []
+    called = CompiledStep.__call__
+
+    def counted(self, *args):
+        calls.append(1)
+        return called(self, *args)
+
+    monkeypatch.setattr(CompiledStep, "__call__", counted)
+    for flags, sampling in (
+        (["--greedy"], {"temperature": 0}),
+        (["--top-k", "5", "--seed", "3"], {"top_k": 5}),
+    ):
+        out, _, _ = _generate(
+            capsys,
+            monkeypatch,
+            char_run,
+            "--prompt",
+            "def wrap(",
+            "--prompt",
+            "import ",
+            "--max-new-tokens",
+            "40",
+            "--compiled",
+            *flags,
+        )
+        monkeypatch.setattr(CompiledStep, "__call__", counted)  # _generate undoes the patches
+        seed = 3 if "--seed" in flags else 0
+        want = [
+            prompt + _reference(char_run, prompt, 40, seed=seed, **sampling)[0]
+            for prompt in ("def wrap(", "import ")
+        ]
+        for text in want:
+            assert text in out
+    assert len(calls) >= 2 * 39

@@ -489,3 +489,51 @@ def test_session_errors_bounds_and_expiry(run_dir):
         assert health["sessions"] == 0 and health["sessions_expired"] == 2
         assert c.get(f"/v1/sessions/{b}").status_code == 404
         assert c.post("/v1/sessions").status_code == 200
+
+
+def test_a_compiled_server_gives_the_librarys_text_and_compiles_before_its_first_request(
+    run, run_dir, compiled_steps_dir, monkeypatch
+):
+    """``txl serve --compiled``: the server compiles (or loads) the step for its batch's sizes when it starts,
+    and those are the sizes its requests then decode with (one set of sizes in all); concurrent requests,
+    greedy and sampled, decoded by the compiled step, give the library's eager text."""
+    import txl.model.decode as decode
+    from txl.model.compiled import CompiledStep
+
+    sizes, calls = [], []
+    made, called = decode.compiled_step, CompiledStep.__call__
+
+    def making(step_sizes, weights):
+        sizes.append(step_sizes)
+        return made(step_sizes, weights)
+
+    def counted(self, *args):
+        calls.append(1)
+        return called(self, *args)
+
+    monkeypatch.setattr(decode, "compiled_step", making)
+    monkeypatch.setattr(CompiledStep, "__call__", counted)
+    settings = ServeSettings(max_tokens=400, max_batch=4, compiled=True)
+    app = create_app(load_run(run_dir), run_dir=run_dir, settings=settings)
+    with live_server(app) as url:
+        wait_for(
+            lambda: len(sizes) > 0 and len(calls) > 0, timeout=120, what="the warm-up"
+        )  # the warm-up, before any request
+        warm = len(calls)
+        bodies = [REQUESTS[0], REQUESTS[1], REQUESTS[2], REQUESTS[4]]
+        got: list[str | None] = [None] * len(bodies)
+
+        def send(i: int) -> None:
+            got[i] = _text(_completion(url, bodies[i]))
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    for body, text in zip(bodies, got, strict=True):
+        settings_of = {k: body[k] for k in ("temperature", "top_k", "top_p") if k in body}
+        want = _reference(run, body["prompt"], body["max_tokens"], seed=body.get("seed", 0), **settings_of)
+        assert text == want
+    assert len(set(sizes)) == 1, "the requests decoded with other sizes than the warm-up compiled"
+    assert len(calls) > warm + 60  # the requests' tokens went through the compiled step

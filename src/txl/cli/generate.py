@@ -119,7 +119,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 run,
                 prompts,
                 params,
-                settings=run_settings(run, **given(args, "mem_len")),
+                settings=run_settings(run, **given(args, "mem_len"), compiled=args.compiled),
                 num_samples=args.num_samples,
                 on_text=show,
             )
@@ -235,6 +235,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed", type=_non_negative_int, default=0, help="sampling seed of the first sample (default: 0)"
+    )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="decode with the step compiled ahead of time (C++, once per set of sizes, kept in "
+        "~/.cache/txl/compiled): faster per token, for long generations; CPU and float32 only",
     )
     p.add_argument("--checkpoint", default="best", help=CHECKPOINT_HELP)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")

@@ -119,6 +119,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: info, one line per request)",
     )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="decode with the step compiled ahead of time (C++, once per set of sizes, kept in "
+        "~/.cache/txl/compiled), compiled or loaded at start: faster per token; CPU and float32 only",
+    )
     p.add_argument("--checkpoint", default="best", help=CHECKPOINT_HELP)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
 

@@ -166,7 +166,7 @@ class DecodeSettings:
     waiting at the first step, which is what :func:`~txl.inference.loop.generate` gives its prompts)."""
     compiled: bool = False
     """Step the memory path through the step compiled ahead of time (:mod:`txl.model.compiled`: C++ of the
-    same maths, about 2x faster per token on the CPU in float32). It is compiled on the first step for the
+    same maths, 1.2-1.6x faster per token on the CPU in float32, most with small vocabularies). It is compiled on the first step for the
     sizes at hand, about a minute of CPU once, then kept on disk (loaded in well under a second by later
     processes), so it pays off for long generations and servers, not for a short generation in a fresh
     setup. Where no C++ compiler runs, decoding is eager, with one warning."""

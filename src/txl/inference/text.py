@@ -304,11 +304,14 @@ def prompt_text(vocab: _Vocab, prompt: str) -> str:
         return vocab.decode(encode_prompt(vocab, prompt).tolist())
 
 
-def run_settings(run: LoadedRun, *, mem_len: int | None = None, rows: int | None = None) -> DecodeSettings:
+def run_settings(
+    run: LoadedRun, *, mem_len: int | None = None, rows: int | None = None, compiled: bool = False
+) -> DecodeSettings:
     """How a run's model decodes: its memory length, clamp and same-length attention, or ``mem_len`` in its
-    place (0 also turns same-length attention off, with a :class:`~txl.config.SameLengthOff` warning), and
-    ``rows`` rows (None: every request at once). The run's ``[generate]`` section gives the
-    :class:`SamplingParams` (:meth:`SamplingParams.from_config`)."""
+    place (0 also turns same-length attention off, with a :class:`~txl.config.SameLengthOff` warning),
+    ``rows`` rows (None: every request at once) and ``compiled``, the step compiled ahead of time
+    (:attr:`DecodeSettings.compiled`). The run's ``[generate]`` section gives the :class:`SamplingParams`
+    (:meth:`SamplingParams.from_config`)."""
     span = None
     if mem_len is not None:
         if run.config.model.attention != "relative":
@@ -317,7 +320,7 @@ def run_settings(run: LoadedRun, *, mem_len: int | None = None, rows: int | None
             )
         base = run.config.model.span
         span = span_of(mem_len=mem_len, clamp_len=base.clamp_len, same_length=base.same_length)
-    return DecodeSettings(span=span, rows=rows)
+    return DecodeSettings(span=span, rows=rows, compiled=compiled)
 
 
 def _check_fits(run: LoadedRun, params: SamplingParams, settings: DecodeSettings) -> None:

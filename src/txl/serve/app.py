@@ -184,6 +184,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_batch=settings.max_batch,
         queue_size=settings.queue_size,
         stream_buffer=settings.stream_buffer,
+        compiled=settings.compiled,
     )
     store = SessionStore(limit=settings.max_sessions, ttl=settings.session_ttl)
     device = next(run.model.parameters()).device

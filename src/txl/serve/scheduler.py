@@ -34,10 +34,18 @@ class Scheduler:
     and run as rows of the batch or in slices between its steps.
 
     At most ``max_batch + queue_size`` requests are admitted at once (a completion of ``n`` choices counts
-    ``n``); :meth:`admit` refuses more."""
+    ``n``); :meth:`admit` refuses more. ``compiled``: the batch decodes with the step compiled ahead of time
+    (:attr:`~txl.inference.DecodeSettings.compiled`), compiled or loaded by the thread before its first job."""
 
     def __init__(
-        self, model: nn.Module, *, span: Span, max_batch: int, queue_size: int, stream_buffer: int
+        self,
+        model: nn.Module,
+        *,
+        span: Span,
+        max_batch: int,
+        queue_size: int,
+        stream_buffer: int,
+        compiled: bool = False,
     ) -> None:
         self.model, self.span = model.eval(), span
         self.max_batch, self.capacity, self.stream_buffer = max_batch, max_batch + queue_size, stream_buffer
@@ -50,7 +58,7 @@ class Scheduler:
         self._side: list[_Side] = []
         self.batch = Batch(
             model,
-            DecodeSettings(span=span, rows=max_batch),
+            DecodeSettings(span=span, rows=max_batch, compiled=compiled),
             stream_buffer=stream_buffer,
             end=self._fail,
             follow=self._follow,
@@ -195,6 +203,8 @@ class Scheduler:
         """The model's thread, in inference mode (the works are interleaved: none may change the grad mode
         across a slice)."""
         with torch.inference_mode():
+            if self.batch.settings.compiled:
+                self._warm()
             while True:
                 with self._cond:
                     while not self.closing.is_set() and self._idle():
@@ -206,6 +216,23 @@ class Scheduler:
                     self._turn()
                 except Exception as exc:  # noqa: BLE001 - a bug here fails the running jobs, not the server
                     self._fail_all(exc)
+
+    def _warm(self) -> None:
+        """Compile (or load from disk) the compiled step for the batch's sizes before the first job: one
+        greedy token of ``max_batch`` one-token prompts through an engine of the batch's settings. Jobs
+        admitted meanwhile wait; a failure here leaves the batch to compile on its first step."""
+        from ..inference import SamplingParams, generate
+
+        prompt = torch.zeros(self.max_batch, 1, dtype=torch.long, device=self.device)
+        try:
+            generate(
+                self.model,
+                prompt,
+                SamplingParams(max_new_tokens=2, temperature=0),
+                settings=self.batch.settings,
+            )
+        except Exception:  # noqa: BLE001 - the batch's own first step will meet (and report) the same error
+            pass
 
     def _turn(self) -> None:
         """One turn of the loop: resume, start, one slice of each side work, one engine step."""

@@ -54,6 +54,10 @@ class ServeSettings:
     sessions_max_bytes: int = 4 << 30
     """The most bytes of session files in ``sessions_dir``; the oldest idle sessions are deleted to stay under
     it (``--sessions-max-bytes``)."""
+    compiled: bool = False
+    """Decode with the step compiled ahead of time (``--compiled``, :attr:`txl.inference.DecodeSettings.compiled`):
+    compiled (about a minute of CPU, once per set of sizes, then kept on disk) or loaded when the server
+    starts, before its first request; CPU and float32 only, elsewhere the eager step."""
     api_key: str | None = None
     """The key every request must carry as ``Authorization: Bearer KEY`` (``--api-key``, ``TXL_API_KEY``),
     compared as UTF-8 bytes with the header's value as sent (a non-ASCII key is sent as UTF-8); None: no key
@@ -64,6 +68,8 @@ class ServeSettings:
         for name in (*counts, "sessions_max_bytes"):
             value = getattr(self, name)
             positive_int(value, name, field=False)
+        if not isinstance(self.compiled, bool):
+            raise ConfigError(f"compiled must be True or False, got {self.compiled!r}")
         if isinstance(self.queue_size, bool) or not isinstance(self.queue_size, int) or self.queue_size < 0:
             raise ConfigError(f"queue_size must be an integer >= 0, got {self.queue_size!r}")
         ttl = self.session_ttl
