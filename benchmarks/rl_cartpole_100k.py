@@ -78,6 +78,7 @@ VARIANTS: dict[str, list[str]] = {
     "preset+recompute": ["ppo.memory_after_update=recompute"],
     "preset+lr3e-4": ["ppo.lr=3e-4"],
     "preset+epochs10": ["ppo.epochs=10"],
+    "preset+mem16": ["core.mem_len=16"],
 }
 """Each variant's overrides of the preset; the preset itself is ``zoo`` with the observations and rewards
 normalised and time-limit cuts bootstrapped."""
@@ -110,6 +111,7 @@ WHAT: dict[str, str] = {
     "preset+recompute": "+ `ppo.memory_after_update=recompute`",
     "preset+lr3e-4": "+ a learning rate of 3e-4 (annealed) instead of 1e-3",
     "preset+epochs10": "+ 10 epochs per update instead of 20",
+    "preset+mem16": "+ a memory of 16 steps instead of 64",
 }
 """What each variant of the one-at-a-time table changes, in its order."""
 

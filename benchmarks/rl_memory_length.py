@@ -13,7 +13,11 @@ cell (``L048-xl-relay-s1.json``), and a cell whose file exists is skipped, so th
 stopped. ``--draw`` reads only those files and writes the figure and a markdown table.
 
     PYTHONPATH=src python3 benchmarks/rl_memory_length.py --lengths 16 32 64 --seeds 1
-    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --draw --out docs/rl_memory_length.png
+    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --draw --out docs/rl_memory_length.png --page docs/rl.md
+
+``--page docs/rl.md`` writes the two tables into the page between ``<!-- rl-memory-length:NAME:start -->`` and
+``end`` markers (NAME ``grid`` and ``others``); with ``--check`` nothing is written, and the exit status is 1
+where the page differs from what the files draw.
 
 Budget: ``--episodes`` episodes per run (steps = L x episodes, rounded up to whole rollouts), at least
 ``--min-steps`` and at most ``--max-steps`` steps; the result file records the steps a cell ran.
@@ -244,6 +248,18 @@ def in_grid(record: dict) -> bool:
     return record["length"] in LENGTHS and record["variant"] in VARIANTS
 
 
+MARK = "<!-- rl-memory-length:{}:{} -->"
+
+
+def render(doc: str, drawn: dict[str, str]) -> str:
+    """``doc`` with each of its marked blocks replaced by its drawing."""
+    for name, text in drawn.items():
+        start, end = MARK.format(name, "start"), MARK.format(name, "end")
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t.rstrip()}\n{e}", doc)
+    return doc
+
+
 def draw(records: Sequence[dict], out: Path) -> None:
     """Success against L: the evaluation's mean return (mean over seeds, each seed a dot) of each agent."""
     import matplotlib
@@ -335,10 +351,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--curves", default=None, help="also draw the curves of the runs outside the grid here"
     )
+    parser.add_argument("--page", default=None, help="write the tables into this page, between its markers")
+    parser.add_argument("--check", action="store_true", help="with --page: exit 1 where the page differs")
     args = parser.parse_args(argv)
     if args.draw:
         records = read_results(Path(args.results))
         grid = [r for r in records if in_grid(r)]
+        if args.page:
+            page = Path(args.page)
+            doc = page.read_text(encoding="utf-8")
+            drawn = render(
+                doc, {"grid": table(grid), "others": other_table([r for r in records if not in_grid(r)])}
+            )
+            if args.check:
+                raise SystemExit(0 if drawn == doc else 1)
+            if drawn != doc:
+                page.write_text(drawn, encoding="utf-8")
         draw(grid, Path(args.out))
         text = table(grid)
         others = [r for r in records if not in_grid(r)]

@@ -130,3 +130,22 @@ def test_the_cartpole_100k_tables_are_what_their_result_files_draw():
     sb3["final_eval"] = {"return_mean": 9.0}
     sb3["episodes"] = [[79_000, 100.0, 100], [79_600, 200.0, 200], [99_000, 400.0, 400]]
     assert module.figures(sb3) == (300.0, 9.0, None, 1.0)  # 79,000 ends before the last 20,480 steps
+
+
+def test_the_memory_length_tables_are_what_their_result_files_draw(tmp_path):
+    """The RL page's memory-length tables (the grid of L against the agents, and the runs beside it) are drawn
+    from the result files by benchmarks/rl_memory_length.py --draw --page docs/rl.md."""
+    spec = importlib.util.spec_from_file_location(
+        "rl_memory_length", REPO / "benchmarks" / "rl_memory_length.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = REPO / "benchmarks" / "results" / "rl" / "memory_length"
+    argv = ["--draw", "--check", "--page", str(REPO / "docs" / "rl.md"), "--results", str(results)]
+    with pytest.raises(SystemExit) as done:
+        module.main([*argv, "--out", str(tmp_path / "figure.png")])
+    assert done.value.code == 0, (
+        "docs/rl.md differs: run benchmarks/rl_memory_length.py --draw --page docs/rl.md"
+    )
+    assert not (tmp_path / "figure.png").exists()  # a check draws nothing
