@@ -1,15 +1,16 @@
 """Helpers shared by the benchmark scripts: timing, peak RSS from /proc, Hugging Face's TransfoXL built with
-the same shape as a txl config. Scripts import it as ``_common`` (a script's own folder is on ``sys.path``)."""
+the same shape as a txl config, tables drawn into a page between markers. Scripts import it as ``_common`` (a script's own folder is on ``sys.path``)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from txl import TransformerXLConfig
 
-__all__ = ["timed", "status_mib", "reset_peak_rss", "hf_config"]
+__all__ = ["timed", "status_mib", "reset_peak_rss", "hf_config", "render_marked"]
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -62,3 +63,14 @@ def hf_config(config: TransformerXLConfig, *, tgt_len: int):
         eos_token_id=None,
         pad_token_id=0,
     )
+
+
+def render_marked(doc: str, drawn: dict[str, str], mark: str) -> str:
+    """``doc`` with each of its marked blocks replaced by its drawing: the text between ``mark.format(NAME,
+    "start")`` and ``mark.format(NAME, "end")`` (``mark`` as ``"<!-- rl-suite:{}:{} -->"``) becomes
+    ``drawn[NAME]``; markers missing from ``doc`` change nothing."""
+    for name, text in drawn.items():
+        start, end = mark.format(name, "start"), mark.format(name, "end")
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        doc = pattern.sub(lambda _m, t=text.rstrip("\n"), s=start, e=end: f"{s}\n{t}\n{e}", doc)
+    return doc

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import render_marked
 
 from txl.files import atomic_write_text
 from txl.rl.config import apply_rl_overrides, load_rl_config, rl_config_to_dict
@@ -197,12 +197,8 @@ def variants_table(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
 
 
 def render(doc: str, drawn: dict[str, str]) -> str:
-    """``doc`` with each of its marked blocks replaced by its drawing."""
-    for name, text in drawn.items():
-        start, end = MARK.format(name, "start"), MARK.format(name, "end")
-        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t}\n{e}", doc)
-    return doc
+    """``doc`` with each of its marked blocks (:data:`MARK`) replaced by its drawing."""
+    return render_marked(doc, drawn, MARK)
 
 
 def draw(check: bool, page: Path = PAGE, folder: Path = RESULTS) -> int:

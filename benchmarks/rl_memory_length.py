@@ -37,6 +37,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _common import render_marked
+
 LENGTHS = (16, 32, 64, 128, 256, 512)
 VARIANTS = ("xl-cover", "xl-relay", "xl-short", "gru", "lstm")
 LABELS = {
@@ -252,12 +254,8 @@ MARK = "<!-- rl-memory-length:{}:{} -->"
 
 
 def render(doc: str, drawn: dict[str, str]) -> str:
-    """``doc`` with each of its marked blocks replaced by its drawing."""
-    for name, text in drawn.items():
-        start, end = MARK.format(name, "start"), MARK.format(name, "end")
-        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t.rstrip()}\n{e}", doc)
-    return doc
+    """``doc`` with each of its marked blocks (:data:`MARK`) replaced by its drawing."""
+    return render_marked(doc, drawn, MARK)
 
 
 def draw(records: Sequence[dict], out: Path) -> None:

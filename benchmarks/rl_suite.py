@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shlex
 import signal
 import subprocess
@@ -37,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _common import render_marked
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl" / "suite"
@@ -384,12 +385,8 @@ def blocks(results: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def render(doc: str, drawn: dict[str, str]) -> str:
-    """``doc`` with each of its marked blocks replaced by its drawing."""
-    for name, text in drawn.items():
-        start, end = MARK.format(name, "start"), MARK.format(name, "end")
-        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        doc = pattern.sub(lambda _m, t=text, s=start, e=end: f"{s}\n{t}\n{e}", doc)
-    return doc
+    """``doc`` with each of its marked blocks (:data:`MARK`) replaced by its drawing."""
+    return render_marked(doc, drawn, MARK)
 
 
 def plot(results: dict[str, dict[str, Any]]) -> None:

@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "rl_suite.py"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def benchmarks_importable():
+    """The scripts import their shared helpers as ``_common`` (their own folder on ``sys.path``)."""
+    patch = pytest.MonkeyPatch()
+    patch.syspath_prepend(str(REPO / "benchmarks"))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="module")
 def suite():
     spec = importlib.util.spec_from_file_location("rl_suite", SCRIPT)
