@@ -536,4 +536,4 @@ def test_a_compiled_server_gives_the_librarys_text_and_compiles_before_its_first
         want = _reference(run, body["prompt"], body["max_tokens"], seed=body.get("seed", 0), **settings_of)
         assert text == want
     assert len(set(sizes)) == 1, "the requests decoded with other sizes than the warm-up compiled"
-    assert len(calls) > warm + 60  # the requests' tokens went through the compiled step
+    assert len(calls) >= warm + 59  # the requests' steps went through it (the longest: 60 tokens, 59 steps)
