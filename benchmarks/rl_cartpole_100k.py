@@ -16,8 +16,8 @@ recorded: the config, the per-update curve (metrics.jsonl without its timing fie
 summary.json defines it, the evaluation, the first env step at which an update's mean return reached 475
 and 500, env steps per second, CPU time and the load average.
 
-``--draw`` writes the RL page's two tables of this comparison (between ``<!-- rl-100k:NAME:start -->`` and
-``end`` markers in docs/rl.md) from the result files alone, SB3's included; ``--draw --check`` exits 1 where
+``--draw`` writes the two tables of this comparison (between ``<!-- rl-100k:NAME:start -->`` and ``end``
+markers in docs/rl.md and docs/results.md) from the result files alone, SB3's included; ``--draw --check`` exits 1 where
 the page differs from what the files draw.
 """
 
@@ -85,7 +85,9 @@ normalised and time-limit cuts bootstrapped."""
 
 
 RESULTS = Path(__file__).parent / "results" / "rl"
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PAGES = (DOCS / "rl.md", DOCS / "results.md")
+"""The pages that show the tables (each the markers it has)."""
 MARK = "<!-- rl-100k:{}:{} -->"
 FINAL_WINDOW = 20_480
 """The final return: the mean return of the episodes that ended in the run's last 20,480 steps (as txl's
@@ -201,16 +203,18 @@ def render(doc: str, drawn: dict[str, str]) -> str:
     return render_marked(doc, drawn, MARK)
 
 
-def draw(check: bool, page: Path = PAGE, folder: Path = RESULTS) -> int:
-    """Write the page's tables from the result files (``check``: only compare; 1 where they differ)."""
+def draw(check: bool, pages: Sequence[Path] = PAGES, folder: Path = RESULTS) -> int:
+    """Write the pages' tables from the result files (``check``: only compare; 1 where one differs)."""
     results = read_results(folder)
-    doc = page.read_text(encoding="utf-8")
-    drawn = render(doc, {"seeds": seeds_table(results), "variants": variants_table(results)})
-    if check:
-        return 0 if drawn == doc else 1
-    if drawn != doc:
-        page.write_text(drawn, encoding="utf-8")
-    return 0
+    tables = {"seeds": seeds_table(results), "variants": variants_table(results)}
+    differs = False
+    for page in pages:
+        doc = page.read_text(encoding="utf-8")
+        drawn = render(doc, tables)
+        differs |= drawn != doc
+        if drawn != doc and not check:
+            page.write_text(drawn, encoding="utf-8")
+    return 1 if check and differs else 0
 
 
 def first_step_at(rows: list[dict[str, Any]], level: float) -> int | None:
