@@ -100,6 +100,7 @@ SEED_ROWS: list[tuple[str, str, str, str]] = [
     ("zoo", "xl", "txl `xl`", "`zoo`: the zoo's settings without normalisation or bootstrap"),
     ("preset+epochs10", "xl", "txl `xl`", "`preset+epochs10`: the preset with 10 epochs per update"),
     ("preset+lr3e-4", "xl", "txl `xl`", "`preset+lr3e-4`: the preset with a learning rate of 3e-4"),
+    ("preset+lr3e-4", "lstm", "txl `lstm`", "`preset+lr3e-4`: the preset with a learning rate of 3e-4"),
 ]
 """The rows of the three-seed table: (variant, agent, who, settings); ``sb3`` is SB3's files."""
 
