@@ -101,9 +101,21 @@ def sweep_runs() -> list[Run]:
     return [Run(t, a, lr, 1) for t in SWEEP_TASKS for a in AGENTS for lr in LRS]
 
 
+_READ: dict[Path, tuple[float, dict[str, Any]]] = {}
+"""Result files read in this process, by path: their modification time and content (the runner looks every
+second; a file is parsed again only when it changed)."""
+
+
 def read_results(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
     """Every result file, by run name."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        stamp = path.stat().st_mtime
+        seen = _READ.get(path)
+        if seen is None or seen[0] != stamp:
+            seen = _READ[path] = (stamp, json.loads(path.read_text()))
+        found[path.stem] = seen[1]
+    return found
 
 
 def _score(result: dict[str, Any]) -> tuple[float, float]:
