@@ -315,11 +315,13 @@ def _preset_steps(task: str) -> int:
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
+    """A return as the tables show it: whole above 100 (CartPole, Pendulum), one decimal above 10, else
+    ``digits`` decimals (the POPGym tasks' returns, between -1 and 1)."""
     if x is None:
         return "–"
     if abs(x) >= 100:
         return f"{x:.0f}"
-    return f"{x:.{digits}f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.{digits}f}"
 
 
 def sweep_table(results: dict[str, dict[str, Any]]) -> str:
