@@ -403,12 +403,33 @@ def render(doc: str, drawn: dict[str, str]) -> str:
     return render_marked(doc, drawn, MARK)
 
 
+CURVE_WINDOW = 10
+"""Updates in the trailing mean of the plotted learning curves."""
+
+
+def smoothed(returns: Sequence[float | None], window: int = CURVE_WINDOW) -> list[float | None]:
+    """A run's learning curve as plotted: each update's mean return (None: no episode ended in it) carried
+    forward to the updates without one, then the trailing mean over ``window`` updates (None before the first
+    episode)."""
+    carried: list[float | None] = []
+    last: float | None = None
+    for value in returns:
+        last = value if value is not None else last
+        carried.append(last)
+    out: list[float | None] = []
+    for i in range(len(carried)):
+        seen = [v for v in carried[max(0, i - window + 1) : i + 1] if v is not None]
+        out.append(sum(seen) / len(seen) if seen else None)
+    return out
+
+
 def plot(results: dict[str, dict[str, Any]]) -> None:
     """The sweep (final return against the learning rate) and the table's learning curves (mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, len(SWEEP_TASKS), figsize=(4 * len(SWEEP_TASKS), 3.2))
     for ax, task in zip(axes, SWEEP_TASKS, strict=True):
@@ -445,16 +466,18 @@ def plot(results: dict[str, dict[str, Any]]) -> None:
                 continue
             n = min(len(c) for c in curves)
             xs = [curves[0][i][0] for i in range(n)]
+            smooth = [smoothed([row[1] for row in c[:n]]) for c in curves]
             ys = []
             for i in range(n):
-                vals = [c[i][1] for c in curves if c[i][1] is not None]
+                vals = [c[i] for c in smooth if c[i] is not None]
                 ys.append(sum(vals) / len(vals) if vals else float("nan"))
             ax.plot(xs, ys, label=f"{agent} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
         if not ax.lines:
             ax.text(0.5, 0.5, "not run yet", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("env steps")
-    axes[0][0].set_ylabel("mean return")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / 1000:.0f}k"))
+    axes[0][0].set_ylabel(f"mean return (last {CURVE_WINDOW} updates)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(TABLE_PNG, dpi=80)

@@ -158,3 +158,10 @@ def test_the_memory_length_tables_are_what_their_result_files_draw(tmp_path):
         "docs/rl.md differs: run benchmarks/rl_memory_length.py --draw --page docs/rl.md"
     )
     assert not (tmp_path / "figure.png").exists()  # a check draws nothing
+
+
+def test_the_plotted_curves_carry_a_return_over_updates_without_an_episode(suite):
+    """An update in which no episode ended shows the last return seen (a task whose episodes outlast an update
+    still draws a line), then a trailing mean."""
+    assert suite.smoothed([None, 1.0, None, 3.0, None], window=2) == [None, 1.0, 1.0, 2.0, 3.0]
+    assert suite.smoothed([2.0, 4.0, 6.0], window=10) == [2.0, 3.0, 4.0]
