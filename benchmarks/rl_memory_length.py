@@ -13,9 +13,9 @@ cell (``L048-xl-relay-s1.json``), and a cell whose file exists is skipped, so th
 stopped. ``--draw`` reads only those files and writes the figure and a markdown table.
 
     PYTHONPATH=src python3 benchmarks/rl_memory_length.py --lengths 16 32 64 --seeds 1
-    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --draw --out docs/rl_memory_length.png --page docs/rl.md
+    PYTHONPATH=src python3 benchmarks/rl_memory_length.py --draw --out docs/rl_memory_length.png --page docs/rl.md docs/results.md
 
-``--page docs/rl.md`` writes the two tables into the page between ``<!-- rl-memory-length:NAME:start -->`` and
+``--page docs/rl.md docs/results.md`` writes the two tables into each page between ``<!-- rl-memory-length:NAME:start -->`` and
 ``end`` markers (NAME ``grid`` and ``others``); with ``--check`` nothing is written, and the exit status is 1
 where the page differs from what the files draw.
 
@@ -349,22 +349,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--curves", default=None, help="also draw the curves of the runs outside the grid here"
     )
-    parser.add_argument("--page", default=None, help="write the tables into this page, between its markers")
+    parser.add_argument(
+        "--page", nargs="+", default=[], help="write the tables into these pages, between their markers"
+    )
     parser.add_argument("--check", action="store_true", help="with --page: exit 1 where the page differs")
     args = parser.parse_args(argv)
     if args.draw:
         records = read_results(Path(args.results))
         grid = [r for r in records if in_grid(r)]
-        if args.page:
-            page = Path(args.page)
+        tables = {"grid": table(grid), "others": other_table([r for r in records if not in_grid(r)])}
+        differs = False
+        for page in map(Path, args.page):
             doc = page.read_text(encoding="utf-8")
-            drawn = render(
-                doc, {"grid": table(grid), "others": other_table([r for r in records if not in_grid(r)])}
-            )
-            if args.check:
-                raise SystemExit(0 if drawn == doc else 1)
-            if drawn != doc:
+            drawn = render(doc, tables)
+            differs |= drawn != doc
+            if drawn != doc and not args.check:
                 page.write_text(drawn, encoding="utf-8")
+        if args.check:
+            raise SystemExit(1 if differs else 0)
         draw(grid, Path(args.out))
         text = table(grid)
         others = [r for r in records if not in_grid(r)]

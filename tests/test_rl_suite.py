@@ -142,8 +142,8 @@ def test_the_cartpole_100k_tables_are_what_their_result_files_draw():
 
 
 def test_the_memory_length_tables_are_what_their_result_files_draw(tmp_path):
-    """The RL page's memory-length tables (the grid of L against the agents, and the runs beside it) are drawn
-    from the result files by benchmarks/rl_memory_length.py --draw --page docs/rl.md."""
+    """The memory-length tables of the RL and results pages (the grid of L against the agents, and the runs
+    beside it) are drawn from the result files by benchmarks/rl_memory_length.py --draw --page."""
     spec = importlib.util.spec_from_file_location(
         "rl_memory_length", REPO / "benchmarks" / "rl_memory_length.py"
     )
@@ -151,11 +151,12 @@ def test_the_memory_length_tables_are_what_their_result_files_draw(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     results = REPO / "benchmarks" / "results" / "rl" / "memory_length"
-    argv = ["--draw", "--check", "--page", str(REPO / "docs" / "rl.md"), "--results", str(results)]
+    pages = [str(REPO / "docs" / "rl.md"), str(REPO / "docs" / "results.md")]
+    argv = ["--draw", "--check", "--results", str(results), "--page", *pages]
     with pytest.raises(SystemExit) as done:
         module.main([*argv, "--out", str(tmp_path / "figure.png")])
     assert done.value.code == 0, (
-        "docs/rl.md differs: run benchmarks/rl_memory_length.py --draw --page docs/rl.md"
+        "a page differs: run benchmarks/rl_memory_length.py --draw --page docs/rl.md docs/results.md"
     )
     assert not (tmp_path / "figure.png").exists()  # a check draws nothing
 
