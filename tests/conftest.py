@@ -94,6 +94,16 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the test, as ``txl rl train`` runs (its thread policy): a run's floats then match
+    the command's; the caller's count is given back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def compiled_steps_dir(tmp_path_factory) -> Iterator[Path]:
     """A folder of compiled decoding steps for the whole session (``TXL_COMPILED_DIR``): each set of sizes

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("gymnasium", reason="txl rl needs gymnasium: pip install 'transformer-xl[rl]'")
 
@@ -33,12 +32,7 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as txl rl train runs: see conftest
 
 
 def test_train_eval_plot_and_resume_from_the_command_line(tmp_path, capsys):

@@ -30,12 +30,7 @@ from txl.runs import latest_checkpoint  # noqa: E402
 TINY = CoreConfig(n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=16, mem_len=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as txl rl train runs: see conftest
 
 
 def _pooled(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

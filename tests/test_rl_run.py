@@ -45,13 +45,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = CoreConfig(n_layer=2, n_head=2, d_head=8, d_model=16, d_inner=16, mem_len=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as ``txl rl train`` runs (its thread policy): a run's floats then match the command's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as txl rl train runs: see conftest
 
 
 def _config(task: str = "MemoryLength-3", **fields) -> RLConfig:

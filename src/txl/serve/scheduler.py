@@ -218,8 +218,8 @@ class Scheduler:
                     self._fail_all(exc)
 
     def _warm(self) -> None:
-        """Compile (or load from disk) the compiled step for the batch's sizes before the first job: one
-        greedy token of ``max_batch`` one-token prompts through an engine of the batch's settings. Jobs
+        """Compile (or load from disk) the compiled step for the batch's sizes before the first job: two
+        greedy tokens (one step) of ``max_batch`` one-token prompts through an engine of the batch's settings. Jobs
         admitted meanwhile wait; a failure here leaves the batch to compile on its first step."""
         from ..inference import SamplingParams, generate
 
